@@ -1,0 +1,114 @@
+"""What to record, as a typed config that travels from `tracekit record` to the workers in env vars."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+
+from tracekit.errors import UsageError
+from tracekit.store.format import DEFAULT_KINDS, KINDS
+
+ENV_STORE = "TRACEKIT_STORE"
+ENV_KINDS = "TRACEKIT_KINDS"
+ENV_PARAMS = "TRACEKIT_PARAMS"
+ENV_RANKS = "TRACEKIT_RANKS"
+ENV_EVERY = "TRACEKIT_EVERY"
+ENV_QUEUE_MB = "TRACEKIT_QUEUE_MB"
+
+RECORDABLE_KINDS = KINDS + ("optimizer_state",)
+DEFAULT_QUEUE_MB = 1024
+
+
+def parse_kinds(spec: str | None) -> tuple[str, ...]:
+    """'outputs,loss' replaces the defaults; '+local_loss,-outputs' edits them."""
+    if not spec:
+        return DEFAULT_KINDS
+    items = [s.strip() for s in spec.split(",") if s.strip()]
+    if all(s[0] in "+-" for s in items):
+        kinds = list(DEFAULT_KINDS)
+        for s in items:
+            name = s[1:]
+            _check_kind(name)
+            if s[0] == "+" and name not in kinds:
+                kinds.append(name)
+            elif s[0] == "-" and name in kinds:
+                kinds.remove(name)
+        return tuple(kinds)
+    if any(s[0] in "+-" for s in items):
+        raise UsageError(f"kinds {spec!r}: either list kinds or edit the defaults with +/-, not both")
+    for s in items:
+        _check_kind(s)
+    return tuple(items)
+
+
+def _check_kind(name: str) -> None:
+    if name not in RECORDABLE_KINDS:
+        raise UsageError(f"unknown kind {name!r}; known kinds: {', '.join(RECORDABLE_KINDS)}")
+
+
+def parse_ranks(spec: str | None) -> frozenset[int] | None:
+    """'0,2-3' -> {0, 2, 3}; empty -> None (all ranks)."""
+    if not spec:
+        return None
+    ranks: set[int] = set()
+    try:
+        for part in spec.split(","):
+            part = part.strip()
+            if "-" in part:
+                lo, hi = part.split("-", 1)
+                ranks.update(range(int(lo), int(hi) + 1))
+            elif part:
+                ranks.add(int(part))
+    except ValueError:
+        raise UsageError(f"ranks {spec!r}: expected a list like 0,2-3") from None
+    return frozenset(ranks)
+
+
+@dataclass(frozen=True)
+class RecordConfig:
+    store: str | None = None  # None: recording is off and the recorder is a pass-through
+    kinds: tuple[str, ...] = DEFAULT_KINDS
+    params: tuple[str, ...] = ()  # fnmatch globs over parameter names; empty: all
+    ranks: frozenset[int] | None = None  # None: every rank writes
+    every: int = 1  # record steps k, 2k, 3k, ... (the initial parameters always)
+    queue_mb: int = DEFAULT_QUEUE_MB  # cap on tensor bytes waiting for the background writer
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        if self.every < 1:
+            raise UsageError(f"every must be at least 1, got {self.every}")
+        if self.queue_mb < 1:
+            raise UsageError(f"queue size must be at least 1 MB, got {self.queue_mb}")
+
+    @classmethod
+    def from_env(cls, environ=None) -> "RecordConfig":
+        env = os.environ if environ is None else environ
+        try:
+            every = int(env.get(ENV_EVERY, "1"))
+            queue_mb = int(env.get(ENV_QUEUE_MB, str(DEFAULT_QUEUE_MB)))
+        except ValueError as e:
+            raise UsageError(f"bad tracekit setting in the environment: {e}") from None
+        return cls(
+            store=env.get(ENV_STORE) or None,
+            kinds=parse_kinds(env.get(ENV_KINDS)),
+            params=tuple(p for p in env.get(ENV_PARAMS, "").split(",") if p),
+            ranks=parse_ranks(env.get(ENV_RANKS)),
+            every=every,
+            queue_mb=queue_mb,
+        )
+
+    def to_env(self) -> dict[str, str]:
+        env = {ENV_KINDS: ",".join(self.kinds), ENV_EVERY: str(self.every), ENV_QUEUE_MB: str(self.queue_mb)}
+        if self.store:
+            env[ENV_STORE] = os.path.abspath(self.store)
+        if self.params:
+            env[ENV_PARAMS] = ",".join(self.params)
+        if self.ranks is not None:
+            env[ENV_RANKS] = ",".join(str(r) for r in sorted(self.ranks))
+        return env
+
+    def with_store(self, store: str | None) -> "RecordConfig":
+        return replace(self, store=store)
+
+    def records_step(self, step: int) -> bool:
+        return step % self.every == 0

@@ -1,0 +1,288 @@
+"""The recorder: captures a rank's tensors at optimizer-step boundaries and streams them to a store.
+
+One step is bracketed by `begin_step` (gradients, parameters before the update) and `end_step`
+(parameters after, deltas); `observe` supplies the step's output and loss. The explicit API hooks
+these to one optimizer; the zero-code bootstrap hooks the same methods to the global optimizer
+hooks, so both paths share this implementation.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import signal
+import sys
+import threading
+from typing import Any, Iterable
+
+import torch
+import torch.distributed as dist
+
+from tracekit.errors import TracekitError
+from tracekit.store import RankWriter, create_store, is_store
+from tracekit.store.format import INITIAL_STEP
+from tracekit.environment import numeric_env, run_environment
+from tracekit.recorders.background import BackgroundWriter
+from tracekit.recorders.config import RecordConfig
+from tracekit.recorders.coords import detect_coords
+from tracekit.recorders.materialize import canonical_name, flatten_output, full_cpu, select, to_store
+
+
+def _named_parameters(model=None, params=None) -> list[tuple[str, torch.nn.Parameter]]:
+    if model is not None:
+        pairs = list(model.named_parameters())
+    elif isinstance(params, dict):
+        pairs = list(params.items())
+    elif params is not None:
+        pairs = [(f"param{i}", p) for i, p in enumerate(params)]
+    else:
+        raise TracekitError("Recorder needs a model or its parameters")
+    out, seen = [], set()
+    for name, p in pairs:
+        cname = canonical_name(name)
+        if cname in seen:
+            raise TracekitError(f"two parameters share the name {cname!r} once wrappers are stripped")
+        seen.add(cname)
+        out.append((cname, p))
+    return out
+
+
+def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values())
+
+
+class Recorder:
+    """Record one rank of a training loop into a tracekit store.
+
+    >>> with Recorder(model, optimizer, run_info={"mode": "ddp"}) as rec:
+    ...     for step in range(1, steps + 1):
+    ...         out = model(x); loss = loss_fn(out, y); loss.backward()
+    ...         rec.observe(output=out, loss=loss)
+    ...         optimizer.step(); optimizer.zero_grad()
+
+    The store is `store=` or $TRACEKIT_STORE (set by `tracekit record`); with neither, the recorder
+    does nothing at all, so an instrumented script runs unchanged outside tracekit.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module | None = None,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        params: Iterable | dict | None = None,
+        store: str | os.PathLike | None = None,
+        config: RecordConfig | None = None,
+        coords: dict | None = None,
+        run_info: dict | None = None,
+    ):
+        config = config or RecordConfig.from_env()
+        if store is not None:
+            config = config.with_store(os.fspath(store))
+        self.config = config
+        self.enabled = config.store is not None
+        self.model = model
+        self.optimizer = optimizer
+        self._params = _named_parameters(model, params)
+        self._recorded_names = set(select([n for n, _ in self._params], config.params))
+        self._coord_overrides = coords or {}
+        self.run_info = dict(run_info or {})
+        self.step = 0  # steps completed so far; the step being trained is step + 1
+        self._staged: dict[str, dict[str, torch.Tensor]] = {}
+        self._before: dict[str, torch.Tensor] | None = None
+        self._in_step = False
+        self._initial_done = False
+        self._hooks: list = []
+        self._writer: RankWriter | None = None
+        self._bg: BackgroundWriter | None = None
+        self._started = False
+        self._closed = False
+        self._prev_sigterm = None
+        self.coords: dict = {}
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    def __enter__(self) -> "Recorder":
+        self.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(status="finished" if exc_type is None else "failed")
+
+    def start(self) -> "Recorder":
+        if self._started or not self.enabled:
+            self._started = True
+            return self
+        self._started = True
+        self._ensure_root()
+        self.coords = detect_coords((p for _, p in self._params), self._coord_overrides)
+        self._writes = self.config.ranks is None or self.coords["rank"] in self.config.ranks
+        if self._writes:
+            self._writer = RankWriter(self.config.store, self.coords["rank"], self._rank_attrs())
+            self._bg = BackgroundWriter(self.config.queue_mb * 1024 * 1024, name=f"tracekit-writer-{self.coords['rank']}")
+        if self.optimizer is not None:
+            self._hooks.append(self.optimizer.register_step_pre_hook(lambda *a: self.begin_step()))
+            self._hooks.append(self.optimizer.register_step_post_hook(lambda *a: self.end_step()))
+        self._install_exit_handlers()
+        return self
+
+    def _ensure_root(self) -> None:
+        """With no launcher, rank 0 creates the store root and the others wait for it (a barrier)."""
+        path = self.config.store
+        distributed = dist.is_available() and dist.is_initialized()
+        rank = dist.get_rank() if distributed else int(os.environ.get("RANK", 0))
+        if rank == 0 and not is_store(path):
+            create_store(path, {"launcher": None, **run_environment()})
+        if distributed:
+            dist.barrier()
+        if not is_store(path):
+            raise TracekitError(f"{path} is not a tracekit store and rank 0 did not create it")
+
+    def _rank_attrs(self) -> dict:
+        backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else None
+        devices = sorted({p.device.type for _, p in self._params})
+        run = {"backend": backend, "device": devices[0] if len(devices) == 1 else devices,
+               "world_size": self.coords["world_size"], **self.run_info}
+        return {
+            "coords": self.coords,
+            "run": run,
+            "env": numeric_env(),
+            "pid": os.getpid(),
+            "config": {"kinds": list(self.config.kinds), "params": list(self.config.params), "every": self.config.every},
+        }
+
+    def _install_exit_handlers(self) -> None:
+        atexit.register(self.close, "finished")
+        if threading.current_thread() is threading.main_thread():
+            self._prev_sigterm = signal.getsignal(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame) -> None:
+        # Flush what was fully captured, then die the way SIGTERM would have killed us.
+        try:
+            self.close(status="terminated")
+        finally:
+            prev = self._prev_sigterm
+            if callable(prev):
+                prev(signum, frame)
+            else:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    def close(self, status: str = "finished") -> None:
+        """Write out everything queued and mark the rank's status. Safe to call more than once."""
+        if self._closed or not self._started:
+            return
+        self._closed = True
+        for h in self._hooks:
+            h.remove()
+        self._hooks.clear()
+        if threading.current_thread() is threading.main_thread() and self._prev_sigterm is not None:
+            if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+                signal.signal(signal.SIGTERM, self._prev_sigterm)
+        if self._bg is None:
+            return
+        try:
+            self._bg.close()
+        except TracekitError as e:
+            status = "failed"
+            print(f"tracekit: {e}", file=sys.stderr)
+        fallback = _neuron_fallback_ops()
+        if fallback is not None:
+            self._writer.update_attrs(fallback_ops=fallback)
+        self._writer.close(status=status)
+
+    # ---- the step ----------------------------------------------------------------------------
+    def _active(self, step: int) -> bool:
+        return self.enabled and self._started and not self._closed and self.config.records_step(step)
+
+    def _gather(self, tensors: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        """Full CPU copies of the recorded tensors; every rank gathers, only writers keep."""
+        out = {}
+        for name, t in tensors:
+            if name in self._recorded_names:
+                copy = full_cpu(t, keep=self._writes)
+                if copy is not None:
+                    out[name] = copy
+        return out
+
+    def observe(self, output: Any = None, loss: torch.Tensor | float | None = None,
+                local_loss: torch.Tensor | float | None = None) -> None:
+        """Give the recorder the step's model output and (global) loss; call before optimizer.step()."""
+        step = self.step + 1
+        if not self._active(step):
+            return
+        kinds = self.config.kinds
+        if output is not None and "outputs" in kinds:
+            items = list(flatten_output(output))
+            self._staged["outputs"] = {n: c for n, t in items if (c := full_cpu(t, keep=self._writes)) is not None}
+        for kind, value in (("loss", loss), ("local_loss", local_loss)):
+            if value is not None and kind in kinds:
+                t = value if isinstance(value, torch.Tensor) else torch.tensor(float(value))
+                copy = full_cpu(t, keep=self._writes)
+                if copy is not None:
+                    self._staged[kind] = {kind: copy.reshape(())}
+
+    def begin_step(self) -> None:
+        """Before the optimizer update: capture gradients and the parameters about to change."""
+        step = self.step + 1
+        self._in_step = True
+        if not (self.enabled and self._started and not self._closed):
+            return
+        kinds = self.config.kinds
+        recording = self.config.records_step(step)
+        initial = "parameters" in kinds and not self._initial_done
+        if recording and "gradients" in kinds:
+            self._staged["gradients"] = self._gather([(n, p.grad) for n, p in self._params if p.grad is not None])
+        before = self._gather(self._params) if initial or (recording and "deltas" in kinds) else None
+        if initial:
+            # step 0: the parameters the first update starts from (after any restore or replay load)
+            self._initial_done = True
+            if self._writes:
+                self._submit(INITIAL_STEP, {"parameters": before}, complete=False)
+        self._before = before if recording else None
+
+    def end_step(self) -> None:
+        """After the optimizer update: capture parameters and deltas, and hand the step to the writer."""
+        if not self._in_step:
+            return
+        self._in_step = False
+        self.step += 1
+        step = self.step
+        if not self._active(step):
+            self._staged.clear()
+            return
+        kinds = self.config.kinds
+        after = self._gather(self._params) if ("parameters" in kinds or "deltas" in kinds) else {}
+        staged, self._staged = self._staged, {}
+        if "parameters" in kinds:
+            staged["parameters"] = after
+        before, self._before = self._before, None
+        if self._writes:
+            self._submit(step, staged, complete=True, delta_from=(before, after) if "deltas" in kinds else None)
+
+    def _submit(self, step: int, kinds: dict[str, dict[str, torch.Tensor]], complete: bool, delta_from=None) -> None:
+        writer = self._writer
+        nbytes = sum(_nbytes(t) for t in kinds.values()) + (_nbytes(delta_from[1]) if delta_from else 0)
+
+        def job():
+            for kind, tensors in kinds.items():
+                writer.write(step, kind, [to_store(n, t) for n, t in tensors.items()])
+            if delta_from is not None:
+                before, after = delta_from
+                # delta in the parameter's own dtype: exactly what adding it back would need
+                writer.write(step, "deltas", [to_store(n, after[n] - before[n]) for n in after if n in before])
+            if complete:
+                writer.complete_step(step)
+
+        self._bg.submit(job, nbytes)
+
+
+def _neuron_fallback_ops():
+    """Ops torch-neuronx ran on the CPU instead of the device (a classic parity trap), if it is here."""
+    try:
+        import torch_neuronx  # noqa: F401
+    except Exception:
+        return None
+    try:
+        return [str(op) for op in torch_neuronx.get_fallback_ops()]
+    except Exception as e:
+        return [f"<unavailable: {e.__class__.__name__}: {e}>"]

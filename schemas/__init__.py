@@ -1,0 +1,1 @@
+"""JSON Schemas of the store metadata and the diff report."""

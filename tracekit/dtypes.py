@@ -1,0 +1,52 @@
+"""How tensor dtypes are kept on disk.
+
+zarr has no bfloat16 (nor float8), so those are stored losslessly as their raw bits in an unsigned
+integer array of the same width, and the logical dtype is recorded in the tensor index. Readers
+turn bfloat16 back into float32 for numpy (exact: every bfloat16 value is a float32 value).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+# logical dtype name -> numpy dtype the bits are stored as
+_BIT_STORED = {
+    "bfloat16": np.uint16,
+    "float8_e4m3fn": np.uint8,
+    "float8_e5m2": np.uint8,
+}
+
+_NUMPY_NATIVE = {
+    "float64", "float32", "float16",
+    "int64", "int32", "int16", "int8", "uint8", "uint16", "uint32", "uint64", "bool",
+    "complex64", "complex128",
+}
+
+
+def storage_dtype(logical: str) -> np.dtype:
+    """The numpy dtype an array of this logical dtype is written as."""
+    if logical in _BIT_STORED:
+        return np.dtype(_BIT_STORED[logical])
+    if logical in _NUMPY_NATIVE:
+        return np.dtype(logical)
+    raise ValueError(f"unsupported tensor dtype {logical!r}")
+
+
+def is_bit_stored(logical: str) -> bool:
+    return logical in _BIT_STORED
+
+
+def to_numpy_values(bits: np.ndarray, logical: str) -> np.ndarray:
+    """Stored data -> numpy values (bfloat16 widened to float32 exactly)."""
+    if logical == "bfloat16":
+        return (bits.astype(np.uint32) << 16).view(np.float32)
+    if logical in _BIT_STORED:
+        import torch  # float8 decoding needs torch's tables; only then is torch imported
+
+        return torch.from_numpy(bits.copy()).view(getattr(torch, logical)).float().numpy()
+    return bits
+
+
+def torch_dtype_name(dtype) -> str:
+    """'torch.bfloat16' -> 'bfloat16'."""
+    return str(dtype).removeprefix("torch.")

@@ -1,0 +1,19 @@
+"""Interactive inspection with xarray: `open` a store, `open_diff` two of them.
+
+Importing this package is cheap: xarray and dask are imported only when a function is called.
+"""
+
+from __future__ import annotations
+
+
+def open(path, kinds=None):  # noqa: A001 - `tracekit.open` mirrors xarray.open_dataset & co.
+    """A store as a lazy, dask-backed xarray DataTree: one node per kind, one variable per tensor.
+
+    See :func:`tracekit.inspect.opener.open_tree` and docs/INSPECT.md.
+    """
+    from tracekit.inspect.opener import open_tree
+
+    return open_tree(path, kinds=kinds)
+
+
+__all__ = ["open"]

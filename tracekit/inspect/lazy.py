@@ -1,0 +1,79 @@
+"""Dask arrays over a store's packed arrays: nothing is read until a value is computed.
+
+One dask array per (rank, kind, packed array) is built on the zarr array itself; every tensor of
+that array is a column slice of it, decoded (bfloat16 bits -> float32) block by block, and its
+rows are the steps asked for, in order, with NaN rows where the rank has no such step.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+import numpy as np
+
+from tracekit.dtypes import storage_dtype, to_numpy_values
+from tracekit.errors import UsageError
+
+
+def require_dask():
+    try:
+        import dask.array as da
+    except ImportError:  # dask is the optional extra `dask`
+        raise UsageError("tracekit.open needs dask: pip install 'tracekit[dask]'") from None
+    return da
+
+
+def value_dtype(logical: str) -> np.dtype:
+    """The numpy dtype a tensor reads as (bit-stored dtypes widen to float32)."""
+    sdt = storage_dtype(logical)
+    return np.dtype(np.float32) if logical != sdt.name else sdt
+
+
+def packed_dask(zarr_array, label: str):
+    """A dask array over one packed zarr array, one dask chunk per zarr chunk; reads nothing now."""
+    da = require_dask()
+    # An explicit name spares dask hashing the zarr array; the uuid keeps two opens of one path
+    # (say before and after the store was rewritten) from ever sharing a graph key.
+    name = f"tracekit-{label}-{uuid.uuid4().hex}"
+    return da.from_array(zarr_array, chunks=zarr_array.chunks, name=name, asarray=False, inline_array=True)
+
+
+def _runs(flags: list[bool]) -> list[tuple[int, int, bool]]:
+    """Maximal runs [start, stop) of equal flags."""
+    out = []
+    start = 0
+    for i in range(1, len(flags) + 1):
+        if i == len(flags) or flags[i] != flags[start]:
+            out.append((start, i, flags[start]))
+            start = i
+    return out
+
+
+def tensor_rows(packed, info, rows: list[int | None]):
+    """Tensor `info` at the given rows of its packed dask array, shaped (len(rows), *info.shape).
+
+    A None row is a step this rank lacks: it reads as NaN (the result is then a float dtype);
+    `packed` may be None when every row is None (a rank that never wrote this kind).
+    """
+    da = require_dask()
+    dtype = value_dtype(info.dtype)
+    present = [r is not None for r in rows]
+    if not all(present):
+        dtype = np.result_type(dtype, np.float32)
+    pieces = []
+    for start, stop, has in _runs(present):
+        if has:
+            cols = packed[:, info.offset : info.offset + info.numel]
+            idx = rows[start:stop]
+            contiguous = idx == list(range(idx[0], idx[0] + len(idx)))
+            part = cols[idx[0] : idx[-1] + 1] if contiguous else cols[idx]
+            if info.dtype != storage_dtype(info.dtype).name:
+                part = part.map_blocks(to_numpy_values, info.dtype, dtype=np.float32)
+            pieces.append(part.astype(dtype, copy=False))
+        else:
+            pieces.append(da.full((stop - start, info.numel), np.nan, dtype=dtype))
+    if not pieces:
+        flat = da.zeros((0, info.numel), dtype=dtype)
+    else:
+        flat = pieces[0] if len(pieces) == 1 else da.concatenate(pieces, axis=0)
+    return flat.reshape((len(rows), *info.shape))

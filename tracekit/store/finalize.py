@@ -1,0 +1,41 @@
+"""Closing a store after every rank has stopped: the run summary the launcher adds at the end."""
+
+from __future__ import annotations
+
+import warnings
+
+import zarr
+
+from tracekit.store.reader import open_store
+from tracekit.store.writer import now_iso, update_root_meta
+
+
+def finalize_store(path: str, exit_status: int) -> dict:
+    """Record end time, exit status and per-rank completion in the root metadata; return them.
+
+    Only safe once no rank writes any more (the launcher calls it after its command exited).
+    """
+    store = open_store(path)
+    ranks = {}
+    run: dict = {}
+    for r in store.ranks:
+        view = store.rank(r)
+        ranks[str(r)] = {"completed_steps": view.completed_steps, "status": view.status}
+        if not run:
+            run = dict(view.attrs.get("run", {}))
+    summary = {
+        "end_time": now_iso(),
+        "exit_status": exit_status,
+        "world_size": run.get("world_size", len(ranks) or None),
+        "run": run,
+        "ranks": ranks,
+    }
+    update_root_meta(path, **summary)
+    try:
+        # Consolidated metadata lets plain xarray/zarr open the finished store in one read.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            zarr.consolidate_metadata(path)
+    except Exception:  # an optimisation only; the store is complete without it
+        pass
+    return summary

@@ -1,0 +1,230 @@
+"""Reading a store: ranks, their coordinates, completed steps, and tensors by name.
+
+Only rows listed in a kind's `steps` and steps listed in a rank's `completed_steps` are visible,
+so a store left behind by a crash reads as exactly the steps that were fully written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from functools import cached_property
+
+import numpy as np
+import zarr
+
+from tracekit.dtypes import to_numpy_values
+from tracekit.errors import StoreError
+from tracekit.store.format import FORMAT_VERSION, RANK_PREFIX, ROOT_KEY, kind_order
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str  # logical dtype: float32, bfloat16, ...
+    shape: tuple[int, ...]
+    array: str  # packed array holding it
+    offset: int
+    numel: int
+
+    @property
+    def nbytes(self) -> int:
+        from tracekit.dtypes import storage_dtype
+
+        return self.numel * storage_dtype(self.dtype).itemsize
+
+
+def _read_root_attrs(path: str) -> dict:
+    if not os.path.exists(path):
+        raise StoreError(f"{path}: no such store")
+    if not os.path.isdir(path):
+        raise StoreError(f"{path} is not a directory, so not a tracekit store")
+    meta_file = os.path.join(path, "zarr.json")
+    if not os.path.isfile(meta_file):
+        raise StoreError(f"{path} is not a tracekit store (no zarr.json at its root)")
+    try:
+        with open(meta_file) as f:
+            doc = json.load(f)
+    except (OSError, ValueError) as e:
+        raise StoreError(f"{path}: unreadable root metadata ({e.__class__.__name__})") from None
+    attrs = doc.get("attributes", {}) if isinstance(doc, dict) else {}
+    if ROOT_KEY not in attrs:
+        raise StoreError(f"{path} is a zarr store but not a tracekit store (no '{ROOT_KEY}' metadata)")
+    meta = attrs[ROOT_KEY]
+    version = meta.get("format_version")
+    if not isinstance(version, int):
+        raise StoreError(f"{path}: tracekit metadata has no format version (half-written store?)")
+    if version > FORMAT_VERSION:
+        raise StoreError(
+            f"{path} has store format {version}, newer than this tracekit reads ({FORMAT_VERSION}); upgrade tracekit"
+        )
+    return meta
+
+
+class RankView:
+    """One rank's recorded data."""
+
+    def __init__(self, store: "RunStore", rank: int, group: zarr.Group):
+        self.store = store
+        self.rank = rank
+        self.group = group
+        self.attrs = dict(group.attrs)
+
+    @property
+    def coords(self) -> dict:
+        return self.attrs.get("coords", {"rank": self.rank})
+
+    @property
+    def completed_steps(self) -> list[int]:
+        return sorted(self.attrs.get("completed_steps", []))
+
+    @property
+    def status(self) -> str:
+        return self.attrs.get("status", "unknown")
+
+    @cached_property
+    def _kind_groups(self) -> dict[str, zarr.Group]:
+        groups = {}
+        for name, node in self.group.members():
+            if isinstance(node, zarr.Group) and "tensors" in node.attrs:
+                groups[name] = node
+        return groups
+
+    @property
+    def kinds(self) -> list[str]:
+        return sorted(self._kind_groups, key=lambda k: (kind_order(k), k))
+
+    def _kind(self, kind: str) -> zarr.Group:
+        try:
+            return self._kind_groups[kind]
+        except KeyError:
+            raise StoreError(f"rank {self.rank} has no {kind!r} data") from None
+
+    @cached_property
+    def _index(self) -> dict[str, dict[str, TensorInfo]]:
+        out = {}
+        for kind, g in self._kind_groups.items():
+            out[kind] = {
+                e["name"]: TensorInfo(e["name"], e["dtype"], tuple(e["shape"]), e["array"], e["offset"], e["numel"])
+                for e in g.attrs["tensors"]
+            }
+        return out
+
+    def tensors(self, kind: str) -> list[TensorInfo]:
+        self._kind(kind)
+        return list(self._index[kind].values())
+
+    def tensor(self, kind: str, name: str) -> TensorInfo:
+        try:
+            return self._index[kind][name]
+        except KeyError:
+            raise StoreError(f"rank {self.rank} has no {kind} tensor {name!r}") from None
+
+    def steps(self, kind: str) -> list[int]:
+        """Steps for which `kind` holds data and the step was completed (step 0: initial parameters)."""
+        rows = self._kind(kind).attrs.get("steps", [])
+        done = set(self.completed_steps) | {0}
+        return [s for s in rows if s in done]
+
+    def _row(self, kind: str, step: int) -> int:
+        rows = self._kind(kind).attrs.get("steps", [])
+        if step not in self.steps(kind):
+            raise StoreError(f"rank {self.rank} has no {kind} data for step {step}")
+        return rows.index(step)
+
+    def array(self, kind: str, key: str) -> zarr.Array:
+        return self._kind(kind)[key]
+
+    def read_bits(self, kind: str, step: int, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """A tensor's stored data, flat, in storage dtype (bfloat16 as uint16 bits); a slice of it with start/stop."""
+        info = self.tensor(kind, name)
+        row = self._row(kind, step)
+        stop = info.numel if stop is None else min(stop, info.numel)
+        try:
+            return self.array(kind, info.array)[row, info.offset + start : info.offset + stop]
+        except Exception as e:  # a missing or corrupt chunk must surface as one line, not a zarr traceback
+            raise StoreError(
+                f"{self.store.path}: rank {self.rank} {kind} step {step}: unreadable data ({e.__class__.__name__}: {e})"
+            ) from None
+
+    def read(self, kind: str, step: int, name: str) -> np.ndarray:
+        """A tensor as numpy values in its shape (bfloat16 widened exactly to float32)."""
+        info = self.tensor(kind, name)
+        return to_numpy_values(self.read_bits(kind, step, name), info.dtype).reshape(info.shape)
+
+    def read_kind(self, kind: str, step: int) -> dict[str, np.ndarray]:
+        """Every tensor of a kind at a step, reading each packed row once."""
+        row = self._row(kind, step)
+        rows = {}
+        out = {}
+        for info in self.tensors(kind):
+            if info.array not in rows:
+                try:
+                    rows[info.array] = self.array(kind, info.array)[row]
+                except Exception as e:
+                    raise StoreError(
+                        f"{self.store.path}: rank {self.rank} {kind} step {step}: unreadable data ({e.__class__.__name__}: {e})"
+                    ) from None
+            bits = rows[info.array][info.offset : info.offset + info.numel]
+            out[info.name] = to_numpy_values(bits, info.dtype).reshape(info.shape)
+        return out
+
+
+class RunStore:
+    """A recorded run, opened read-only."""
+
+    def __init__(self, path: str):
+        self.path = os.fspath(path)
+        self.meta = _read_root_attrs(self.path)
+        try:
+            self.root = zarr.open_group(self.path, mode="r", use_consolidated=False)
+        except Exception as e:
+            raise StoreError(f"{self.path}: cannot open as zarr ({e.__class__.__name__}: {e})") from None
+
+    @cached_property
+    def _rank_groups(self) -> dict[int, zarr.Group]:
+        out = {}
+        for name, node in self.root.members():
+            if name.startswith(RANK_PREFIX) and isinstance(node, zarr.Group):
+                try:
+                    out[int(name[len(RANK_PREFIX) :])] = node
+                except ValueError:
+                    continue
+        return dict(sorted(out.items()))
+
+    @property
+    def ranks(self) -> list[int]:
+        return list(self._rank_groups)
+
+    @cached_property
+    def _views(self) -> dict[int, RankView]:
+        return {r: RankView(self, r, g) for r, g in self._rank_groups.items()}
+
+    def rank(self, rank: int) -> RankView:
+        try:
+            return self._views[rank]
+        except KeyError:
+            raise StoreError(f"{self.path} has no rank {rank}") from None
+
+    @property
+    def run(self) -> dict:
+        """Run-level facts: the root metadata merged over what rank 0 (or the lowest rank) reported."""
+        info = {}
+        if self.ranks:
+            info.update(self.rank(self.ranks[0]).attrs.get("run", {}))
+        info.update({k: v for k, v in self.meta.items() if v is not None})
+        return info
+
+    @property
+    def finished(self) -> bool:
+        """True once the launcher finalized the store (end time and exit status known)."""
+        return "exit_status" in self.meta
+
+    def __repr__(self) -> str:
+        return f"RunStore({self.path!r}, ranks={self.ranks})"
+
+
+def open_store(path) -> RunStore:
+    """Open a tracekit store read-only; raises StoreError (one readable line) if it is not one."""
+    return RunStore(path)
