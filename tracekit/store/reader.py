@@ -136,17 +136,29 @@ class RankView:
     def array(self, kind: str, key: str) -> zarr.Array:
         return self._kind(kind)[key]
 
-    def read_bits(self, kind: str, step: int, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """A tensor's stored data, flat, in storage dtype (bfloat16 as uint16 bits); a slice of it with start/stop."""
-        info = self.tensor(kind, name)
+    def _require_chunks(self, kind: str, key: str, row: int, start: int, stop: int) -> None:
+        """zarr 3.1 silently returns fill values for a missing chunk; a store must never do that."""
+        width = self.array(kind, key).chunks[1]
+        folder = os.path.join(self.store.path, self.group.path, kind, key, "c", str(row))
+        for j in range(start // width, (max(stop, start + 1) - 1) // width + 1):
+            if not os.path.isfile(os.path.join(folder, str(j))):
+                raise FileNotFoundError(f"chunk c/{row}/{j} of {key} is missing")
+
+    def _read_row(self, kind: str, step: int, key: str, start: int, stop: int) -> np.ndarray:
         row = self._row(kind, step)
-        stop = info.numel if stop is None else min(stop, info.numel)
         try:
-            return self.array(kind, info.array)[row, info.offset + start : info.offset + stop]
+            self._require_chunks(kind, key, row, start, stop)
+            return self.array(kind, key)[row, start:stop]
         except Exception as e:  # a missing or corrupt chunk must surface as one line, not a zarr traceback
             raise StoreError(
                 f"{self.store.path}: rank {self.rank} {kind} step {step}: unreadable data ({e.__class__.__name__}: {e})"
             ) from None
+
+    def read_bits(self, kind: str, step: int, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """A tensor's stored data, flat, in storage dtype (bfloat16 as uint16 bits); a slice of it with start/stop."""
+        info = self.tensor(kind, name)
+        stop = info.numel if stop is None else min(stop, info.numel)
+        return self._read_row(kind, step, info.array, info.offset + start, info.offset + stop)
 
     def read(self, kind: str, step: int, name: str) -> np.ndarray:
         """A tensor as numpy values in its shape (bfloat16 widened exactly to float32)."""
@@ -155,17 +167,11 @@ class RankView:
 
     def read_kind(self, kind: str, step: int) -> dict[str, np.ndarray]:
         """Every tensor of a kind at a step, reading each packed row once."""
-        row = self._row(kind, step)
         rows = {}
         out = {}
         for info in self.tensors(kind):
             if info.array not in rows:
-                try:
-                    rows[info.array] = self.array(kind, info.array)[row]
-                except Exception as e:
-                    raise StoreError(
-                        f"{self.store.path}: rank {self.rank} {kind} step {step}: unreadable data ({e.__class__.__name__}: {e})"
-                    ) from None
+                rows[info.array] = self._read_row(kind, step, info.array, 0, self.array(kind, info.array).shape[1])
             bits = rows[info.array][info.offset : info.offset + info.numel]
             out[info.name] = to_numpy_values(bits, info.dtype).reshape(info.shape)
         return out

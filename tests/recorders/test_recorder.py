@@ -1,0 +1,196 @@
+import json
+import os
+import threading
+
+import jsonschema
+import numpy as np
+import pytest
+import torch
+
+from tracekit import open_store
+from tracekit.recorders import RecordConfig, Recorder
+from tracekit.recorders.background import BackgroundWriter, WriterFailed
+from tracekit.schemas import load, part
+from tracekit.store import finalize_store
+
+
+def _model(dtype=torch.float32):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4)).to(dtype)
+
+
+def _train(model, opt, steps, rec=None, clones=None, raise_at=None):
+    for step in range(1, steps + 1):
+        g = torch.Generator().manual_seed(step)
+        x = torch.randn(32, 8, generator=g).to(next(model.parameters()).dtype)
+        y = torch.randn(32, 4, generator=g).to(x.dtype)
+        out = model(x)
+        loss = torch.nn.functional.mse_loss(out, y)
+        loss.backward()
+        if rec is not None:
+            rec.observe(output=out, loss=loss)
+        if clones is not None:
+            clones[step] = {
+                "output": out.detach().clone(), "loss": loss.detach().clone(),
+                "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+                "before": {n: p.detach().clone() for n, p in model.named_parameters()},
+            }
+        if raise_at == step:
+            raise RuntimeError("boom")
+        opt.step()
+        opt.zero_grad()
+        if clones is not None:
+            clones[step]["after"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _bits(t: torch.Tensor) -> np.ndarray:
+    return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_recorded_tensors_equal_loop_tensors_bitwise(tmp_path, dtype):
+    model = _model(dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    clones = {}
+    initial = {n: p.detach().clone() for n, p in model.named_parameters()}
+    with Recorder(model, opt, store=str(tmp_path / "s")) as rec:
+        _train(model, opt, 3, rec, clones)
+    rank = open_store(tmp_path / "s").rank(0)
+    assert rank.completed_steps == [1, 2, 3]
+    assert rank.steps("parameters") == [0, 1, 2, 3]
+    for name, t in initial.items():
+        assert np.array_equal(rank.read_bits("parameters", 0, name), _bits(t).reshape(-1))
+    for step, c in clones.items():
+        assert np.array_equal(rank.read_bits("outputs", step, "output"), _bits(c["output"]).reshape(-1))
+        assert np.array_equal(rank.read_bits("loss", step, "loss"), _bits(c["loss"]).reshape(-1))
+        for name in c["grads"]:
+            assert np.array_equal(rank.read_bits("gradients", step, name), _bits(c["grads"][name]).reshape(-1))
+            assert np.array_equal(rank.read_bits("parameters", step, name), _bits(c["after"][name]).reshape(-1))
+            delta = c["after"][name] - c["before"][name]
+            assert np.array_equal(rank.read_bits("deltas", step, name), _bits(delta).reshape(-1))
+            assert rank.tensor("parameters", name).dtype == str(dtype).removeprefix("torch.")
+
+
+def test_recording_does_not_change_training(tmp_path):
+    results = []
+    for store in (None, str(tmp_path / "s")):
+        model = _model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        with Recorder(model, opt, store=store, config=RecordConfig()) as rec:
+            _train(model, opt, 3, rec)
+        results.append([p.detach().clone() for p in model.parameters()])
+    for a, b in zip(*results):
+        assert torch.equal(a, b)
+
+
+def test_without_store_recorder_is_a_pass_through(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRACEKIT_STORE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Recorder(model, opt) as rec:
+        assert not rec.enabled
+        _train(model, opt, 2, rec)
+    assert os.listdir(tmp_path) == []
+
+
+def test_store_comes_from_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRACEKIT_STORE", str(tmp_path / "env_store"))
+    monkeypatch.setenv("TRACEKIT_KINDS", "loss,parameters")
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Recorder(model, opt) as rec:
+        _train(model, opt, 2, rec)
+    assert open_store(tmp_path / "env_store").rank(0).kinds == ["loss", "parameters"]
+
+
+def test_every_params_and_kinds_select_what_is_written(tmp_path):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    config = RecordConfig(store=str(tmp_path / "s"), every=2, params=("2.*",), kinds=("gradients", "parameters"))
+    with Recorder(model, opt, config=config) as rec:
+        _train(model, opt, 5, rec)
+    rank = open_store(tmp_path / "s").rank(0)
+    assert rank.kinds == ["gradients", "parameters"]
+    assert rank.completed_steps == [2, 4]
+    assert rank.steps("parameters") == [0, 2, 4]
+    assert [t.name for t in rank.tensors("gradients")] == ["2.weight", "2.bias"]
+
+
+def test_unselected_rank_writes_nothing(tmp_path):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    config = RecordConfig(store=str(tmp_path / "s"), ranks=frozenset({0}))
+    with Recorder(model, opt, config=config, coords={"rank": 1}) as rec:
+        _train(model, opt, 2, rec)
+    assert open_store(tmp_path / "s").ranks == []
+
+
+def test_exception_keeps_completed_steps_and_marks_failure(tmp_path):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with pytest.raises(RuntimeError, match="boom"):
+        with Recorder(model, opt, store=str(tmp_path / "s")) as rec:
+            _train(model, opt, 4, rec, raise_at=3)
+    rank = open_store(tmp_path / "s").rank(0)
+    assert rank.status == "failed"
+    assert rank.completed_steps == [1, 2]
+    assert rank.steps("gradients") == [1, 2]
+
+
+def test_wrapper_prefixes_are_stripped_from_names(tmp_path):
+    model = _model()
+    compiled_like = torch.nn.Module()
+    compiled_like._orig_mod = model  # the attribute torch.compile uses for the wrapped module
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Recorder(compiled_like, opt, store=str(tmp_path / "s")) as rec:
+        _train(model, opt, 1, rec)
+    names = [t.name for t in open_store(tmp_path / "s").rank(0).tensors("parameters")]
+    assert names == ["0.weight", "0.bias", "2.weight", "2.bias"]
+
+
+def test_written_metadata_validates_against_schema(tmp_path):
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Recorder(model, opt, store=str(tmp_path / "s"), run_info={"mode": "plain", "seed": 0}) as rec:
+        _train(model, opt, 2, rec)
+    finalize_store(str(tmp_path / "s"), 0)
+    schema = load("store-metadata")
+    root = json.load(open(tmp_path / "s" / "zarr.json"))["attributes"]
+    jsonschema.validate(root, schema)
+    jsonschema.validate(json.load(open(tmp_path / "s" / "rank_0" / "zarr.json"))["attributes"], part(schema, "rank"))
+    kind = json.load(open(tmp_path / "s" / "rank_0" / "gradients" / "zarr.json"))["attributes"]
+    jsonschema.validate(kind, part(schema, "kind"))
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"tracekit": {**root["tracekit"], "format_version": 2}}, schema)
+
+
+def test_background_writer_bounds_memory_and_keeps_order():
+    done = []
+    gate = threading.Event()
+    bg = BackgroundWriter(max_bytes=100)
+
+    def job(i):
+        def run():
+            gate.wait(5)
+            done.append(i)
+        return run
+
+    submitter = threading.Thread(target=lambda: [bg.submit(job(i), 40) for i in range(6)])
+    submitter.start()
+    submitter.join(0.2)
+    assert submitter.is_alive()  # blocked: 3 x 40 bytes would exceed the 100-byte cap
+    gate.set()
+    submitter.join(5)
+    bg.close()
+    assert done == list(range(6))
+    assert bg.peak_pending <= 100
+
+
+def test_background_writer_reports_failure_on_next_submit():
+    bg = BackgroundWriter(max_bytes=1 << 20)
+    bg.submit(lambda: (_ for _ in ()).throw(OSError("disk full")), 1)
+    with pytest.raises(WriterFailed, match="disk full"):
+        bg.flush()
+    with pytest.raises(WriterFailed, match="disk full"):
+        bg.submit(lambda: None, 1)

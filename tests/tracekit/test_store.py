@@ -1,0 +1,150 @@
+import json
+import os
+
+import numpy as np
+import pytest
+import xarray as xr
+import zarr
+
+from tracekit import StoreError, open_store
+from tracekit.store import RankWriter, TensorData, create_store, finalize_store
+from tracekit.store.format import FORMAT_VERSION
+
+
+def _bf16_bits(values):
+    import torch
+
+    return torch.tensor(values).bfloat16().view(torch.int16).numpy().view(np.uint16)
+
+
+def write_run(path, ranks=2, steps=3, crash_after=None):
+    create_store(path, {"command": ["test"]})
+    for r in range(ranks):
+        w = RankWriter(path, r, {"coords": {"rank": r, "world_size": ranks}, "run": {"device": "cpu"}})
+        for s in range(0, steps + 1):
+            w.write(s, "parameters", [
+                TensorData("w", "float32", (2, 3), np.arange(6, dtype=np.float32) * (s + 1) + r),
+                TensorData("h", "bfloat16", (4,), _bf16_bits([1.0, -2.5, 3.0e38, 0.0078125])),
+                TensorData("n", "int64", (), np.array(s, dtype=np.int64)),
+            ])
+            if s == 0:
+                continue
+            w.write(s, "loss", [TensorData("loss", "float32", (), np.array(0.5 / s, dtype=np.float32))])
+            if crash_after is not None and s > crash_after:
+                break  # written but never completed, as when a rank dies mid-step
+            w.complete_step(s)
+        w.close()
+    return path
+
+
+def test_roundtrip_values_dtypes_and_steps(tmp_path):
+    store = open_store(write_run(str(tmp_path / "s")))
+    assert store.ranks == [0, 1]
+    r1 = store.rank(1)
+    assert r1.completed_steps == [1, 2, 3]
+    assert r1.steps("parameters") == [0, 1, 2, 3]
+    assert r1.steps("loss") == [1, 2, 3]
+    np.testing.assert_array_equal(r1.read("parameters", 2, "w"), np.arange(6, dtype=np.float32).reshape(2, 3) * 3 + 1)
+    assert r1.read("parameters", 3, "n") == 3
+    info = {t.name: t for t in r1.tensors("parameters")}
+    assert info["h"].dtype == "bfloat16" and info["h"].shape == (4,)
+
+
+def test_bfloat16_roundtrips_bitwise(tmp_path):
+    import torch
+
+    store = open_store(write_run(str(tmp_path / "s")))
+    bits = store.rank(0).read_bits("parameters", 1, "h")
+    want = torch.tensor([1.0, -2.5, 3.0e38, 0.0078125]).bfloat16()
+    assert np.array_equal(bits, want.view(torch.int16).numpy().view(np.uint16))
+    np.testing.assert_array_equal(store.rank(0).read("parameters", 1, "h"), want.float().numpy())
+
+
+def test_crashed_rank_shows_only_completed_steps(tmp_path):
+    store = open_store(write_run(str(tmp_path / "s"), crash_after=2))
+    r0 = store.rank(0)
+    assert r0.completed_steps == [1, 2]
+    assert r0.steps("loss") == [1, 2]  # step 3's row was written but never completed
+    with pytest.raises(StoreError, match="no loss data for step 3"):
+        r0.read("loss", 3, "loss")
+
+
+def test_plain_xarray_opens_store_with_named_dims(tmp_path):
+    path = write_run(str(tmp_path / "s"))
+    finalize_store(path, 0)
+    tree = xr.open_datatree(path, engine="zarr")
+    ds = tree["rank_1/parameters"].to_dataset()
+    assert ds["float32"].dims == ("step", "float32_element")
+    assert ds.sizes["step"] == 4
+    np.testing.assert_array_equal(ds["float32"].values[2, :6], np.arange(6, dtype=np.float32) * 3 + 1)
+
+
+def test_finalize_records_exit_status_and_ranks(tmp_path):
+    path = write_run(str(tmp_path / "s"), crash_after=1)
+    summary = finalize_store(path, 137)
+    meta = open_store(path).meta
+    assert meta["exit_status"] == 137 == summary["exit_status"]
+    assert meta["ranks"]["0"] == {"completed_steps": [1], "status": "finished"}
+    assert meta["format_version"] == FORMAT_VERSION
+
+
+def test_create_refuses_existing_store_and_foreign_dirs(tmp_path):
+    path = write_run(str(tmp_path / "s"))
+    with pytest.raises(StoreError, match="--force"):
+        create_store(path, {"command": []})
+    create_store(path, {"command": ["again"]}, force=True)
+    assert open_store(path).ranks == []
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "precious.txt").write_text("keep me")
+    with pytest.raises(StoreError, match="not a tracekit store"):
+        create_store(str(foreign), {"command": []}, force=True)
+    assert (foreign / "precious.txt").read_text() == "keep me"
+
+
+def test_rank_cannot_be_written_twice(tmp_path):
+    path = write_run(str(tmp_path / "s"), ranks=1)
+    with pytest.raises(StoreError, match="already holds data of rank 0"):
+        RankWriter(path, 0, {})
+
+
+def test_tensor_set_is_fixed_per_kind(tmp_path):
+    path = str(tmp_path / "s")
+    create_store(path, {"command": []})
+    w = RankWriter(path, 0, {})
+    w.write(1, "gradients", [TensorData("a", "float32", (2,), np.zeros(2, np.float32))])
+    with pytest.raises(StoreError, match="changed between steps"):
+        w.write(2, "gradients", [TensorData("a", "float32", (3,), np.zeros(3, np.float32))])
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("missing", "no such store"),
+    ("empty_dir", "no zarr.json"),
+    ("foreign_zarr", "not a tracekit store"),
+    ("newer", "newer than this tracekit reads"),
+    ("garbage_json", "unreadable root metadata"),
+])
+def test_open_rejects_bad_stores_in_one_line(tmp_path, damage, message):
+    path = str(tmp_path / "s")
+    if damage == "empty_dir":
+        os.mkdir(path)
+    elif damage == "foreign_zarr":
+        zarr.open_group(path, mode="w", attributes={"something": 1})
+    elif damage == "newer":
+        write_run(path, ranks=1)
+        doc = json.load(open(os.path.join(path, "zarr.json")))
+        doc["attributes"]["tracekit"]["format_version"] = FORMAT_VERSION + 1
+        json.dump(doc, open(os.path.join(path, "zarr.json"), "w"))
+    elif damage == "garbage_json":
+        os.mkdir(path)
+        open(os.path.join(path, "zarr.json"), "w").write("{not json")
+    with pytest.raises(StoreError, match=message) as info:
+        open_store(path)
+    assert "\n" not in str(info.value)
+
+
+def test_missing_chunk_is_a_store_error(tmp_path):
+    path = write_run(str(tmp_path / "s"), ranks=1)
+    os.remove(os.path.join(path, "rank_0", "loss", "float32", "c", "1", "0"))
+    with pytest.raises(StoreError, match="rank 0 loss step 2"):
+        open_store(path).rank(0).read_kind("loss", 2)
