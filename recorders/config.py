@@ -14,6 +14,8 @@ ENV_PARAMS = "TRACEKIT_PARAMS"
 ENV_RANKS = "TRACEKIT_RANKS"
 ENV_EVERY = "TRACEKIT_EVERY"
 ENV_QUEUE_MB = "TRACEKIT_QUEUE_MB"
+ENV_REPLAY_FROM = "TRACEKIT_REPLAY_FROM"
+ENV_REPLAY_STEPS = "TRACEKIT_REPLAY_STEPS"
 
 RECORDABLE_KINDS = KINDS + ("optimizer_state",)
 DEFAULT_QUEUE_MB = 1024
@@ -64,6 +66,25 @@ def parse_ranks(spec: str | None) -> frozenset[int] | None:
     return frozenset(ranks)
 
 
+def parse_step_range(spec: str | None) -> tuple[int, int | None]:
+    """'A:B' -> (A, B) inclusive; 'A:' or ':B' leave an end open (None: no last step); 'A' is A:A."""
+    if not spec or not spec.strip():
+        return (1, None)
+    lo_s, sep, hi_s = spec.strip().partition(":")
+    try:
+        lo = int(lo_s) if lo_s.strip() else 1
+        hi = (int(hi_s) if hi_s.strip() else None) if sep else lo
+    except ValueError:
+        raise UsageError(f"steps {spec!r}: expected A:B, A: or :B with step numbers (steps count from 1)") from None
+    if lo < 1 or (hi is not None and hi < lo):
+        raise UsageError(f"steps {spec!r}: need 1 <= A <= B (steps count from 1)")
+    return (lo, hi)
+
+
+def format_step_range(steps: tuple[int, int | None]) -> str:
+    return f"{steps[0]}:{'' if steps[1] is None else steps[1]}"
+
+
 @dataclass(frozen=True)
 class RecordConfig:
     store: str | None = None  # None: recording is off and the recorder is a pass-through
@@ -72,6 +93,8 @@ class RecordConfig:
     ranks: frozenset[int] | None = None  # None: every rank writes
     every: int = 1  # record steps k, 2k, 3k, ... (the initial parameters always)
     queue_mb: int = DEFAULT_QUEUE_MB  # cap on tensor bytes waiting for the background writer
+    replay_from: str | None = None  # a reference store: each replayed step starts from its state
+    replay_steps: tuple[int, int | None] = (1, None)  # replayed steps, inclusive (None: to the end)
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -95,6 +118,8 @@ class RecordConfig:
             ranks=parse_ranks(env.get(ENV_RANKS)),
             every=every,
             queue_mb=queue_mb,
+            replay_from=env.get(ENV_REPLAY_FROM) or None,
+            replay_steps=parse_step_range(env.get(ENV_REPLAY_STEPS)),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -105,6 +130,9 @@ class RecordConfig:
             env[ENV_PARAMS] = ",".join(self.params)
         if self.ranks is not None:
             env[ENV_RANKS] = ",".join(str(r) for r in sorted(self.ranks))
+        if self.replay_from:
+            env[ENV_REPLAY_FROM] = os.path.abspath(self.replay_from)
+            env[ENV_REPLAY_STEPS] = format_step_range(self.replay_steps)
         return env
 
     def with_store(self, store: str | None) -> "RecordConfig":

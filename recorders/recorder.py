@@ -25,7 +25,9 @@ from tracekit.environment import numeric_env, run_environment
 from tracekit.recorders.background import BackgroundWriter
 from tracekit.recorders.config import RecordConfig
 from tracekit.recorders.coords import detect_coords
-from tracekit.recorders.materialize import canonical_name, flatten_output, full_cpu, select, to_store
+from tracekit.recorders.materialize import canonical_name, flatten_output, full_cpu, gather_full_cpu, select, to_store
+from tracekit.recorders.optim_state import state_tensors
+from tracekit.recorders.replay import Replay
 
 
 def _named_parameters(model=None, params=None) -> list[tuple[str, torch.nn.Parameter]]:
@@ -91,6 +93,7 @@ class Recorder:
         self._before: dict[str, torch.Tensor] | None = None
         self._in_step = False
         self._initial_done = False
+        self._grad_snapshot: list | None = None
         self._hooks: list = []
         self._writer: RankWriter | None = None
         self._bg: BackgroundWriter | None = None
@@ -98,6 +101,7 @@ class Recorder:
         self._closed = False
         self._prev_sigterm = None
         self.coords: dict = {}
+        self._replay: Replay | None = None  # set in start() when config.replay_from names a reference
 
     # ---- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> "Recorder":
@@ -115,9 +119,13 @@ class Recorder:
         self._ensure_root()
         self.coords = detect_coords((p for _, p in self._params), self._coord_overrides)
         self._writes = self.config.ranks is None or self.coords["rank"] in self.config.ranks
+        if self.config.replay_from:
+            self._replay = Replay.open(self.config, self.coords["rank"], self._params, lambda: self.optimizer)
         if self._writes:
             self._writer = RankWriter(self.config.store, self.coords["rank"], self._rank_attrs())
             self._bg = BackgroundWriter(self.config.queue_mb * 1024 * 1024, name=f"tracekit-writer-{self.coords['rank']}")
+        if self._replay is not None:
+            self._replay.before_step(1)  # step 1 starts from the reference's initial parameters
         if self.optimizer is not None:
             self._hooks.append(self.optimizer.register_step_pre_hook(lambda *a: self.begin_step()))
             self._hooks.append(self.optimizer.register_step_post_hook(lambda *a: self.end_step()))
@@ -130,7 +138,8 @@ class Recorder:
         distributed = dist.is_available() and dist.is_initialized()
         rank = dist.get_rank() if distributed else int(os.environ.get("RANK", 0))
         if rank == 0 and not is_store(path):
-            create_store(path, {"launcher": None, **run_environment()})
+            replay = {"replay_of": os.path.abspath(self.config.replay_from)} if self.config.replay_from else {}
+            create_store(path, {"launcher": None, **run_environment(), **replay})
         if distributed:
             dist.barrier()
         if not is_store(path):
@@ -147,6 +156,7 @@ class Recorder:
             "env": numeric_env(),
             "pid": os.getpid(),
             "config": {"kinds": list(self.config.kinds), "params": list(self.config.params), "every": self.config.every},
+            **(self._replay.attrs() if self._replay is not None else {}),
         }
 
     def _install_exit_handlers(self) -> None:
@@ -188,6 +198,8 @@ class Recorder:
         fallback = _neuron_fallback_ops()
         if fallback is not None:
             self._writer.update_attrs(fallback_ops=fallback)
+        if self._replay is not None:
+            self._writer.update_attrs(**self._replay.attrs())  # now with the steps actually replayed
         self._writer.close(status=status)
 
     # ---- the step ----------------------------------------------------------------------------
@@ -196,13 +208,10 @@ class Recorder:
 
     def _gather(self, tensors: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         """Full CPU copies of the recorded tensors; every rank gathers, only writers keep."""
-        out = {}
-        for name, t in tensors:
-            if name in self._recorded_names:
-                copy = full_cpu(t, keep=self._writes)
-                if copy is not None:
-                    out[name] = copy
-        return out
+        return self._gather_all([(n, t) for n, t in tensors if n in self._recorded_names])
+
+    def _gather_all(self, tensors: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+        return gather_full_cpu(tensors, keep=self._writes)
 
     def observe(self, output: Any = None, loss: torch.Tensor | float | None = None,
                 local_loss: torch.Tensor | float | None = None) -> None:
@@ -230,15 +239,19 @@ class Recorder:
         kinds = self.config.kinds
         recording = self.config.records_step(step)
         initial = "parameters" in kinds and not self._initial_done
-        if recording and "gradients" in kinds:
-            self._staged["gradients"] = self._gather([(n, p.grad) for n, p in self._params if p.grad is not None])
-        before = self._gather(self._params) if initial or (recording and "deltas" in kinds) else None
         if initial:
             # step 0: the parameters the first update starts from (after any restore or replay load)
             self._initial_done = True
+            initial_params = self._gather(self._params)
             if self._writes:
-                self._submit(INITIAL_STEP, {"parameters": before}, complete=False)
-        self._before = before if recording else None
+                self._submit(INITIAL_STEP, {"parameters": initial_params}, complete=False)
+        # Local snapshots only (no communication): the gathers of gradients, parameters and deltas
+        # happen together after the update, in one collective per mesh and dtype.
+        if recording and "gradients" in kinds:
+            self._grad_snapshot = [(n, p.grad.detach().clone()) for n, p in self._params
+                                   if p.grad is not None and n in self._recorded_names]
+        if recording and "deltas" in kinds:
+            self._before = [(n, p.detach().clone()) for n, p in self._params if n in self._recorded_names]
 
     def end_step(self) -> None:
         """After the optimizer update: capture parameters and deltas, and hand the step to the writer."""
@@ -249,27 +262,41 @@ class Recorder:
         step = self.step
         if not self._active(step):
             self._staged.clear()
-            return
-        kinds = self.config.kinds
-        after = self._gather(self._params) if ("parameters" in kinds or "deltas" in kinds) else {}
-        staged, self._staged = self._staged, {}
-        if "parameters" in kinds:
-            staged["parameters"] = after
-        before, self._before = self._before, None
-        if self._writes:
-            self._submit(step, staged, complete=True, delta_from=(before, after) if "deltas" in kinds else None)
+        else:
+            self._capture_after(step)
+        if self._replay is not None and not self._closed:
+            # after the capture: the recorded step k is the candidate's; step k+1 restarts from the reference
+            self._replay.before_step(step + 1)
 
-    def _submit(self, step: int, kinds: dict[str, dict[str, torch.Tensor]], complete: bool, delta_from=None) -> None:
+    def _capture_after(self, step: int) -> None:
+        kinds = self.config.kinds
+        current = dict(self._params)
+        before, self._before = self._before or [], None
+        grads, self._grad_snapshot = self._grad_snapshot or [], None
+        wanted = [("gradients", n, g) for n, g in grads]
+        if "parameters" in kinds:
+            wanted += [("parameters", n, p) for n, p in self._params if n in self._recorded_names]
+        # delta on the local shards, in the parameter's dtype: elementwise, so it equals after - before of the full tensors
+        wanted += [("deltas", n, current[n].detach() - b) for n, b in before]
+        full = self._gather_all([(f"{kind}/{n}", t) for kind, n, t in wanted])
+        staged, self._staged = self._staged, {}
+        for kind, n, _ in wanted:
+            if f"{kind}/{n}" in full:
+                staged.setdefault(kind, {})[n] = full[f"{kind}/{n}"]
+        if "optimizer_state" in kinds:
+            chosen = [(n, p) for n, p in self._params if n in self._recorded_names]
+            staged["optimizer_state"] = {n: c for n, t in state_tensors(self.optimizer, chosen)
+                                         if (c := full_cpu(t, keep=self._writes)) is not None}
+        if self._writes:
+            self._submit(step, staged, complete=True)
+
+    def _submit(self, step: int, kinds: dict[str, dict[str, torch.Tensor]], complete: bool) -> None:
         writer = self._writer
-        nbytes = sum(_nbytes(t) for t in kinds.values()) + (_nbytes(delta_from[1]) if delta_from else 0)
+        nbytes = sum(_nbytes(t) for t in kinds.values())
 
         def job():
             for kind, tensors in kinds.items():
                 writer.write(step, kind, [to_store(n, t) for n, t in tensors.items()])
-            if delta_from is not None:
-                before, after = delta_from
-                # delta in the parameter's own dtype: exactly what adding it back would need
-                writer.write(step, "deltas", [to_store(n, after[n] - before[n]) for n in after if n in before])
             if complete:
                 writer.complete_step(step)
 
