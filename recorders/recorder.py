@@ -53,6 +53,11 @@ def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in tensors.values())
 
 
+# Set once a script's own Recorder starts recording in this process: the zero-code bootstrap
+# (zerocode.py) then stands down, so nothing is recorded twice.
+explicit_recorder_started = False
+
+
 class Recorder:
     """Record one rank of a training loop into a tracekit store.
 
@@ -65,6 +70,8 @@ class Recorder:
     The store is `store=` or $TRACEKIT_STORE (set by `tracekit record`); with neither, the recorder
     does nothing at all, so an instrumented script runs unchanged outside tracekit.
     """
+
+    zero_code = False  # True for the recorder the zero-code bootstrap drives
 
     def __init__(
         self,
@@ -94,6 +101,7 @@ class Recorder:
         self._in_step = False
         self._initial_done = False
         self._grad_snapshot: list | None = None
+        self._captured: dict | None = None  # capture_after()'s tensors, handed over by finish_step()
         self._hooks: list = []
         self._writer: RankWriter | None = None
         self._bg: BackgroundWriter | None = None
@@ -116,6 +124,9 @@ class Recorder:
             self._started = True
             return self
         self._started = True
+        if not self.zero_code:
+            global explicit_recorder_started
+            explicit_recorder_started = True
         self._ensure_root()
         self.coords = detect_coords((p for _, p in self._params), self._coord_overrides)
         self._writes = self.config.ranks is None or self.coords["rank"] in self.config.ranks
@@ -124,8 +135,10 @@ class Recorder:
         if self._writes:
             self._writer = RankWriter(self.config.store, self.coords["rank"], self._rank_attrs())
             self._bg = BackgroundWriter(self.config.queue_mb * 1024 * 1024, name=f"tracekit-writer-{self.coords['rank']}")
-        if self._replay is not None:
-            self._replay.before_step(1)  # step 1 starts from the reference's initial parameters
+        if self._replay is not None and not self.zero_code:
+            # step 1 starts from the reference's initial parameters. (Zero-code starts us at the first
+            # optimizer step, after step 1's backward: too late to load; its step 1 is its own.)
+            self._replay.before_step(1)
         if self.optimizer is not None:
             self._hooks.append(self.optimizer.register_step_pre_hook(lambda *a: self.begin_step()))
             self._hooks.append(self.optimizer.register_step_post_hook(lambda *a: self.end_step()))
@@ -161,6 +174,7 @@ class Recorder:
 
     def _install_exit_handlers(self) -> None:
         atexit.register(self.close, "finished")
+        os.register_at_fork(after_in_child=self._forget_in_child)
         if threading.current_thread() is threading.main_thread():
             self._prev_sigterm = signal.getsignal(signal.SIGTERM)
             signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -176,6 +190,21 @@ class Recorder:
             else:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 os.kill(os.getpid(), signal.SIGTERM)
+
+    def _forget_in_child(self) -> None:
+        # A forked child (a DataLoader worker) must never close the parent's rank group.
+        self._closed = True
+        if self._prev_sigterm is not None and signal.getsignal(signal.SIGTERM) == self._on_sigterm:
+            signal.signal(signal.SIGTERM, self._prev_sigterm)
+
+    def stop_writing(self) -> None:
+        """After a failure: keep taking part in the gathers (collectives other ranks wait on), keep nothing."""
+        self._writes = False
+
+    def flush(self) -> None:
+        """Block until every step handed to the background writer is on disk."""
+        if self._bg is not None:
+            self._bg.flush()
 
     def close(self, status: str = "finished") -> None:
         """Write out everything queued and mark the rank's status. Safe to call more than once."""
@@ -255,31 +284,43 @@ class Recorder:
 
     def end_step(self) -> None:
         """After the optimizer update: capture parameters and deltas, and hand the step to the writer."""
+        self.capture_after()
+        self.finish_step()
+
+    def capture_after(self) -> None:
+        """Gather the step's tensors as they are after the update (collectives on sharded tensors).
+        Zero-code recording calls it again after each further optimizer of the same training step."""
+        if self._in_step and self._active(self.step + 1):
+            self._captured = self._capture_after()
+        if self._in_step and self._replay is not None and not self._closed:
+            # right after the update and its capture, before any next forward: the step taken is
+            # the candidate's own; the next one restarts from the reference's state after it
+            self._replay.before_step(self.step + 2)
+
+    def finish_step(self) -> None:
+        """Count the step and hand its capture to the writer; takes no collective."""
         if not self._in_step:
             return
         self._in_step = False
         self.step += 1
         step = self.step
-        if not self._active(step):
-            self._staged.clear()
-        else:
-            self._capture_after(step)
-        if self._replay is not None and not self._closed:
-            # after the capture: the recorded step k is the candidate's; step k+1 restarts from the reference
-            self._replay.before_step(step + 1)
+        captured, self._captured = self._captured, None
+        staged, self._staged = self._staged, {}
+        self._before = self._grad_snapshot = None
+        if captured is not None and self._writes and not self._closed:
+            self._submit(step, {**staged, **captured}, complete=True)
 
-    def _capture_after(self, step: int) -> None:
+    def _capture_after(self) -> dict[str, dict[str, torch.Tensor]]:
         kinds = self.config.kinds
         current = dict(self._params)
-        before, self._before = self._before or [], None
-        grads, self._grad_snapshot = self._grad_snapshot or [], None
+        before, grads = self._before or [], self._grad_snapshot or []
         wanted = [("gradients", n, g) for n, g in grads]
         if "parameters" in kinds:
             wanted += [("parameters", n, p) for n, p in self._params if n in self._recorded_names]
         # delta on the local shards, in the parameter's dtype: elementwise, so it equals after - before of the full tensors
         wanted += [("deltas", n, current[n].detach() - b) for n, b in before]
         full = self._gather_all([(f"{kind}/{n}", t) for kind, n, t in wanted])
-        staged, self._staged = self._staged, {}
+        staged: dict[str, dict[str, torch.Tensor]] = {}
         for kind, n, _ in wanted:
             if f"{kind}/{n}" in full:
                 staged.setdefault(kind, {})[n] = full[f"{kind}/{n}"]
@@ -287,8 +328,7 @@ class Recorder:
             chosen = [(n, p) for n, p in self._params if n in self._recorded_names]
             staged["optimizer_state"] = {n: c for n, t in state_tensors(self.optimizer, chosen)
                                          if (c := full_cpu(t, keep=self._writes)) is not None}
-        if self._writes:
-            self._submit(step, staged, complete=True)
+        return staged
 
     def _submit(self, step: int, kinds: dict[str, dict[str, torch.Tensor]], complete: bool) -> None:
         writer = self._writer

@@ -1,0 +1,39 @@
+"""A tiny recorded training loop for launcher tests: exits, crashes or signals itself on request."""
+
+import argparse
+import os
+import signal
+import sys
+
+import torch
+import torch.distributed as dist
+
+from tracekit.recorders import Recorder
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=4)
+p.add_argument("--exit-code", type=int, default=0)
+p.add_argument("--die-rank", type=int, default=None)
+p.add_argument("--die-step", type=int, default=None)
+p.add_argument("--signal", choices=["KILL", "TERM"], default="KILL")
+args = p.parse_args()
+
+if "WORLD_SIZE" in os.environ:
+    dist.init_process_group("gloo")
+rank = dist.get_rank() if dist.is_initialized() else 0
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+with Recorder(model, opt, run_info={"mode": "tiny"}) as rec:
+    for step in range(1, args.steps + 1):
+        if rank == args.die_rank and step == args.die_step:
+            rec.flush()  # what a SIGKILL can take is only what is still queued; make the test deterministic
+            os.kill(os.getpid(), getattr(signal, f"SIG{args.signal}"))
+        out = model(torch.full((3, 4), float(step)))
+        loss = out.square().mean()
+        loss.backward()
+        rec.observe(output=out, loss=loss)
+        opt.step()
+        opt.zero_grad()
+        print(f"rank={rank} step={step}", flush=True)
+sys.exit(args.exit_code)

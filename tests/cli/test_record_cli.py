@@ -1,0 +1,95 @@
+import os
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from tracekit import open_store
+from tracekit.cli.main import main
+
+HERE = os.path.dirname(__file__)
+TINY = os.path.join(HERE, "scripts", "tiny_train.py")
+
+
+def run_cli(*args, timeout=120):
+    """The installed console entry point as a user runs it (a real process: signals, exit codes)."""
+    return subprocess.run([sys.executable, "-m", "tracekit.cli.main", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_help_shows_a_working_example():
+    result = CliRunner().invoke(main, ["record", "--help"])
+    assert result.exit_code == 0
+    assert "tracekit record -o runs/ref -- torchrun --standalone" in result.output
+
+
+def test_records_a_world_of_one_and_propagates_exit_code(tmp_path):
+    store = str(tmp_path / "s")
+    result = run_cli("record", "-o", store, "--", sys.executable, TINY, "--steps", "3", "--exit-code", "3")
+    assert result.returncode == 3, result.stderr
+    s = open_store(store)
+    assert s.meta["exit_status"] == 3
+    assert s.meta["launcher"] == "tracekit record"
+    assert s.rank(0).completed_steps == [1, 2, 3]
+    assert s.run["mode"] == "tiny"
+
+
+def test_refuses_existing_store_without_force_and_keeps_it(tmp_path):
+    store = str(tmp_path / "s")
+    assert run_cli("record", "-o", store, "--", sys.executable, TINY, "--steps", "1").returncode == 0
+    again = run_cli("record", "-o", store, "--", sys.executable, TINY, "--steps", "2")
+    assert again.returncode == 2
+    assert again.stderr.strip() == f"Error: {store} already holds a tracekit store; pass --force to overwrite it"
+    assert open_store(store).rank(0).completed_steps == [1]
+    forced = run_cli("record", "-o", store, "--force", "--", sys.executable, TINY, "--steps", "2")
+    assert forced.returncode == 0
+    assert open_store(store).rank(0).completed_steps == [1, 2]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--", "no-such-command-xyz"], "command not found: no-such-command-xyz"),
+    (["--kinds", "bogus", "--", "true"], "unknown kind 'bogus'"),
+    (["--ranks", "a-b", "--", "true"], "ranks 'a-b'"),
+])
+def test_bad_arguments_fail_in_one_line(tmp_path, args, message):
+    result = CliRunner().invoke(main, ["record", "-o", str(tmp_path / "s"), *args])
+    assert result.exit_code == 2
+    assert message in result.output
+    assert "Traceback" not in result.output
+    assert not os.path.exists(tmp_path / "s")
+
+
+def test_refuses_non_empty_foreign_directory_even_with_force(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    result = CliRunner().invoke(main, ["record", "-o", str(tmp_path), "--force", "--", "true"])
+    assert result.exit_code == 2
+    assert "not a tracekit store" in result.output
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_sigterm_flushes_completed_steps(tmp_path):
+    store = str(tmp_path / "s")
+    result = run_cli("record", "-o", store, "--", sys.executable, TINY, "--steps", "5",
+                     "--die-rank", "0", "--die-step", "4", "--signal", "TERM")
+    assert result.returncode == 128 + 15
+    rank = open_store(store).rank(0)
+    assert rank.status == "terminated"
+    assert rank.completed_steps == [1, 2, 3]
+    assert rank.steps("parameters") == [0, 1, 2, 3]
+
+
+@pytest.mark.torchrun
+def test_killed_rank_leaves_readable_store(tmp_path):
+    store = str(tmp_path / "s")
+    result = run_cli("record", "-o", store, "--", sys.executable, "-m", "torch.distributed.run", "--standalone",
+                     "--nproc-per-node=2", TINY, "--steps", "4", "--die-rank", "1", "--die-step", "3", timeout=180)
+    assert result.returncode != 0
+    s = open_store(store)
+    assert s.meta["exit_status"] == result.returncode
+    assert s.ranks == [0, 1]
+    dead = s.rank(1)
+    assert dead.completed_steps == [1, 2]
+    assert dead.status == "running"  # SIGKILL: no chance to say anything
+    assert dead.read("loss", 2, "loss").shape == ()
+    assert s.meta["ranks"]["1"]["completed_steps"] == [1, 2]
