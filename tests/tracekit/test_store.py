@@ -148,3 +148,13 @@ def test_missing_chunk_is_a_store_error(tmp_path):
     os.remove(os.path.join(path, "rank_0", "loss", "float32", "c", "1", "0"))
     with pytest.raises(StoreError, match="rank 0 loss step 2"):
         open_store(path).rank(0).read_kind("loss", 2)
+
+
+def test_all_zero_rows_are_written_and_read_back(tmp_path):
+    path = str(tmp_path / "s")
+    create_store(path, {"command": []})
+    w = RankWriter(path, 0, {})
+    w.write(1, "gradients", [TensorData("frozen", "float32", (3,), np.zeros(3, np.float32))])
+    w.complete_step(1)
+    assert os.path.isfile(os.path.join(path, "rank_0", "gradients", "float32", "c", "0", "0"))
+    np.testing.assert_array_equal(open_store(path).rank(0).read("gradients", 1, "frozen"), np.zeros(3))

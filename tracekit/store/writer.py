@@ -100,6 +100,8 @@ class _KindWriter:
             self.arrays[key] = self.group.create_array(
                 key, shape=(0, total), chunks=(1, _chunk_elements(total, sdt.itemsize)), dtype=sdt,
                 dimension_names=("step", f"{key}_element"), compressors=None, fill_value=0,
+                # zarr skips all-zero chunks by default; we write them, so a missing chunk always means damage
+                config={"write_empty_chunks": True},
             )
         self.index = index
         self.group.attrs.update({"tensors": index, "steps": []})
