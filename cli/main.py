@@ -20,8 +20,20 @@ def main():
 
 # Each command module registers itself here, one line each.
 from tracekit.cli.record import record  # noqa: E402
+from tracekit.cli.show import show  # noqa: E402
+from tracekit.cli.loss import loss  # noqa: E402
+from tracekit.cli.report import report  # noqa: E402
+from tracekit.cli.export import export  # noqa: E402
+from tracekit.cli.import_ import import_  # noqa: E402
+from tracekit.cli.diff import diff  # noqa: E402
 
 main.add_command(record)
+main.add_command(show)
+main.add_command(loss)
+main.add_command(report)
+main.add_command(export)
+main.add_command(import_)
+main.add_command(diff)
 
 
 if __name__ == "__main__":

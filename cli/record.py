@@ -5,7 +5,10 @@ import sys
 import click
 
 from tracekit.cli.common import one_line_errors
-from tracekit.recorders.config import RECORDABLE_KINDS, DEFAULT_QUEUE_MB, RecordConfig, parse_kinds, parse_ranks
+from tracekit.errors import UsageError
+from tracekit.recorders.config import (RECORDABLE_KINDS, DEFAULT_QUEUE_MB, RecordConfig, parse_kinds, parse_ranks,
+                                       parse_step_range)
+from tracekit.recorders.bootstrap_env import bootstrap_env
 from tracekit.recorders.launch import launch
 
 
@@ -20,20 +23,35 @@ from tracekit.recorders.launch import launch
 @click.option("--every", default=1, show_default=True, type=click.IntRange(min=1), help="Record every k-th step (k, 2k, ...).")
 @click.option("--queue-mb", default=DEFAULT_QUEUE_MB, show_default=True, type=click.IntRange(min=1),
               help="Per rank, at most this many MB of copied tensors wait for the background writer.")
+@click.option("--replay-from", "replay_from", default=None, metavar="REF", type=click.Path(),
+              help="Replay: start each step from REF's recorded state (parameters, and optimizer state if REF has it), "
+                   "so each step's error is its own. See docs/REPLAY.md.")
+@click.option("--replay-steps", default=None, metavar="A:B",
+              help="With --replay-from: replay only steps A to B (A:, :B leave an end open). Default: all.")
+@click.option("--zero-code/--no-zero-code", default=True, show_default=True,
+              help="Record scripts that do not use tracekit's Recorder (a bootstrap on PYTHONPATH). See docs/ZEROCODE.md.")
+@click.option("--strict", is_flag=True, help="Fail the job if zero-code recording cannot instrument it (default: warn once, go on).")
+@click.option("--optimizer", "optimizer_name", default=None, metavar="CLASS",
+              help="Zero-code: the training optimizer's class name, when the first one stepped after backward() is not it.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @one_line_errors
-def record(store, force, kinds, param_globs, ranks, every, queue_mb, command):
+def record(store, force, kinds, param_globs, ranks, every, queue_mb, replay_from, replay_steps, zero_code, strict,
+           optimizer_name, command):
     """Run COMMAND (usually torchrun ...) and record what every rank computes into STORE.
 
     \b
-    Example (a CPU reference of the FSDP sample on 4 ranks):
+    Example (a CPU reference of the FSDP sample on 4 ranks; the script never imports tracekit):
       tracekit record -o runs/ref -- torchrun --standalone --nproc-per-node=4 \\
-          samples/tutorial/train.py --parallelism fsdp --device cpu --backend gloo
+          samples/plain/train.py --parallelism fsdp --device cpu --backend gloo
 
     The store is created before the command starts; workers find it through TRACEKIT_* environment
     variables. The exit status is the command's; the store then records the end time, the exit
     status and which steps each rank completed (a crashed rank keeps its completed steps readable).
     """
     config = RecordConfig(store=store, kinds=parse_kinds(kinds), params=tuple(param_globs),
-                          ranks=parse_ranks(ranks), every=every, queue_mb=queue_mb)
-    sys.exit(launch(list(command), config, force=force))
+                          ranks=parse_ranks(ranks), every=every, queue_mb=queue_mb,
+                          replay_from=replay_from, replay_steps=parse_step_range(replay_steps))
+    if replay_steps and not replay_from:
+        raise UsageError("--replay-steps needs --replay-from REF")
+    env = bootstrap_env(strict=strict, optimizer=optimizer_name) if zero_code else None
+    sys.exit(launch(list(command), config, force=force, env_updates=env, extra_meta={"zero_code": zero_code}))

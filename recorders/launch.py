@@ -16,7 +16,7 @@ from typing import Sequence
 from tracekit.environment import run_environment
 from tracekit.errors import UsageError
 from tracekit.store import create_store, finalize_store
-from tracekit.recorders.config import RecordConfig
+from tracekit.recorders.config import RecordConfig, format_step_range
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -40,6 +40,10 @@ def launch(command: Sequence[str], config: RecordConfig, force: bool = False, ex
                               "ranks": sorted(config.ranks) if config.ranks is not None else None,
                               "every": config.every},
             **(extra_meta or {})}
+    if config.replay_from:
+        from tracekit.recorders.replay import check_reference  # imports torch: only when replaying
+
+        meta.update(check_reference(config.replay_from, store), replay_steps=format_step_range(config.replay_steps))
     create_store(store, meta, force=force)
     env = worker_env(config.with_store(store))
     env.update(env_updates or {})

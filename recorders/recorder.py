@@ -174,6 +174,15 @@ class Recorder:
 
     def _install_exit_handlers(self) -> None:
         atexit.register(self.close, "finished")
+        # zarr does its I/O through concurrent.futures, whose executors refuse new work once the
+        # interpreter starts shutting down (before atexit handlers run). Closing from threading's
+        # own exit hooks, registered after theirs and so run before them, lets the queue drain.
+        register = getattr(threading, "_register_atexit", None)
+        if register is not None:
+            try:
+                register(self.close, "finished")
+            except RuntimeError:  # already shutting down: atexit above is all we can do
+                pass
         os.register_at_fork(after_in_child=self._forget_in_child)
         if threading.current_thread() is threading.main_thread():
             self._prev_sigterm = signal.getsignal(signal.SIGTERM)

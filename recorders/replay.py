@@ -5,9 +5,11 @@ step that compounds. Replay tells them apart: before step k the rank's parameter
 state, when the reference recorded it) are overwritten with the reference's values after step k-1,
 so what the candidate records at step k is one step taken from the reference state.
 
-The recorder calls `before_step(1)` in start() and `before_step(k + 1)` at the end of end_step(k),
-on every rank. The reference holds full tensors; each rank copies in its own local shard (DTensor,
-FSDP2) in place, so the optimizer and FSDP keep their references to the same storage.
+The recorder calls `before_step(1)` in start() and `before_step(k + 1)` right after the optimizer
+update of step k has been captured, on every rank (zero-code recording starts at the first
+optimizer step, after step 1's backward, so there step 1 is the run's own and replay starts at 2).
+The reference holds full tensors; each rank copies in its own local shard (DTensor, FSDP2) in
+place, so the optimizer and FSDP keep their references to the same storage.
 """
 
 from __future__ import annotations
@@ -136,6 +138,11 @@ class Replay:
 
         Called when step-1 has ended, which is when a load for step-1 counts as replayed (the load
         after a run's last step is for a step that never comes)."""
+        if self._pending == step:
+            # A second optimizer stepped in the same training step (zero-code brackets a step by the
+            # training optimizer): its update would land on the reference state just loaded.
+            raise ReplayError("replay restarts each step after one optimizer step, but another optimizer "
+                              "stepped in the same training step; record this script with the explicit Recorder")
         if self._pending == step - 1:
             self.replayed.append(self._pending)
         self._pending = None

@@ -20,5 +20,7 @@ if _os.path.isfile(_os.path.join(_root, "pyproject.toml")) and _os.path.isfile(
 
 from tracekit.errors import StoreError, TracekitError  # noqa: E402
 from tracekit.store import RunStore, open_store  # noqa: E402
+from tracekit.compare import diff  # noqa: E402  (a function: the engine is the tracekit.compare package)
+from tracekit.inspect import open, open_diff  # noqa: E402,A004 - lazy: xarray/dask load on first call
 
-__all__ = ["RunStore", "StoreError", "TracekitError", "open_store", "__version__"]
+__all__ = ["RunStore", "StoreError", "TracekitError", "diff", "open", "open_diff", "open_store", "__version__"]

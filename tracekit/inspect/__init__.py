@@ -16,4 +16,15 @@ def open(path, kinds=None):  # noqa: A001 - `tracekit.open` mirrors xarray.open_
     return open_tree(path, kinds=kinds)
 
 
-__all__ = ["open"]
+def open_diff(ref, cand, **diff_kwargs):
+    """The per-(rank, step, tensor) metrics of `tracekit diff REF CAND` as an xarray Dataset, plus
+    lazy elementwise errors; `ds.tracekit` answers the common questions.
+
+    See :func:`tracekit.inspect.diffview.open_diff` and docs/INSPECT.md.
+    """
+    from tracekit.inspect.diffview import open_diff as _open_diff
+
+    return _open_diff(ref, cand, **diff_kwargs)
+
+
+__all__ = ["open", "open_diff"]

@@ -12,7 +12,7 @@ import uuid
 import numpy as np
 
 from tracekit.dtypes import storage_dtype, to_numpy_values
-from tracekit.errors import UsageError
+from tracekit.errors import StoreError, UsageError
 
 
 def require_dask():
@@ -29,13 +29,33 @@ def value_dtype(logical: str) -> np.dtype:
     return np.dtype(np.float32) if logical != sdt.name else sdt
 
 
-def packed_dask(zarr_array, label: str):
+class CheckedArray:
+    """A zarr array whose read errors (a truncated or corrupt chunk) surface as one StoreError line.
+
+    A chunk file that does not exist reads as zeros, as zarr intends: the writer's zarr skips
+    chunks that are all fill value (0), so an absent chunk is a legitimate all-zero row.
+    """
+
+    def __init__(self, array, where: str):
+        self.array = array
+        self.where = where
+        self.shape, self.dtype, self.ndim, self.chunks = array.shape, array.dtype, array.ndim, array.chunks
+
+    def __getitem__(self, key):
+        try:
+            return self.array[key]
+        except Exception as e:
+            raise StoreError(f"{self.where}: unreadable data ({e.__class__.__name__}: {e})") from None
+
+
+def packed_dask(zarr_array, label: str, where: str):
     """A dask array over one packed zarr array, one dask chunk per zarr chunk; reads nothing now."""
     da = require_dask()
     # An explicit name spares dask hashing the zarr array; the uuid keeps two opens of one path
     # (say before and after the store was rewritten) from ever sharing a graph key.
     name = f"tracekit-{label}-{uuid.uuid4().hex}"
-    return da.from_array(zarr_array, chunks=zarr_array.chunks, name=name, asarray=False, inline_array=True)
+    return da.from_array(CheckedArray(zarr_array, where), chunks=zarr_array.chunks, name=name, asarray=False,
+                         inline_array=True, meta=np.empty((0, 0), zarr_array.dtype))
 
 
 def _runs(flags: list[bool]) -> list[tuple[int, int, bool]]:

@@ -8,7 +8,8 @@ import numpy as np
 
 from tracekit.inspect.coords import rank_columns
 from tracekit.inspect.lazy import packed_dask, require_dask, tensor_rows
-from tracekit.store import open_store
+from tracekit.inspect.summary import run_metadata
+from tracekit.store import RunStore, open_store
 from tracekit.store.format import kind_order
 
 
@@ -25,12 +26,20 @@ def _row_maps(store, kind: str) -> dict[int, dict[int, int]]:
         if kind not in view.kinds:
             out[r] = {}
             continue
-        rows = view.group[kind].attrs.get("steps", [])
+        rows = view._kind(kind).attrs.get("steps", [])  # the reader's cached group: no second metadata read
         out[r] = {s: rows.index(s) for s in view.steps(kind)}
     return out
 
 
-def _kind_dataset(store, kind: str):
+def _rank_coords(store) -> tuple[dict, dict]:
+    """(coords along rank, run-wide attrs): the rank index plus dp_rank, tp_rank, mesh positions, ..."""
+    columns, attrs = rank_columns({r: store.rank(r).coords for r in store.ranks})
+    coords = {"rank": np.asarray(store.ranks, dtype=np.int64)}
+    coords.update({k: ("rank", np.asarray(v, dtype=np.int64)) for k, v in columns.items()})
+    return coords, attrs
+
+
+def _kind_dataset(store, kind: str, rank_coords: dict):
     import xarray as xr
 
     ranks = store.ranks
@@ -47,7 +56,8 @@ def _kind_dataset(store, kind: str):
     def packed_for(r, info):
         key = (r, info.array)
         if key not in packed:
-            packed[key] = packed_dask(store.rank(r).array(kind, info.array), f"r{r}-{kind}-{info.array}")
+            packed[key] = packed_dask(store.rank(r).array(kind, info.array), f"r{r}-{kind}-{info.array}",
+                                      f"{store.path}: rank {r} {kind}/{info.array}")
         return packed[key]
 
     def rows_for(r):
@@ -80,24 +90,21 @@ def _kind_dataset(store, kind: str):
                 data = tensor_rows(packed_for(r, info), info, rows_for(r))
                 data_vars[vname] = xr.Variable(dims, data, attrs={**attrs, "shape": list(info.shape), "rank": r})
     recorded = np.array([[s in row_maps[r] for s in steps] for r in ranks], dtype=bool).reshape(len(ranks), len(steps))
-    coords = {"step": np.asarray(steps, dtype=np.int64), "recorded": (("rank", "step"), recorded)}
+    # DataTree children inherit only indexed coords, so each kind carries dp_rank & co. itself.
+    coords = {**rank_coords, "step": np.asarray(steps, dtype=np.int64), "recorded": (("rank", "step"), recorded)}
     return xr.Dataset(data_vars, coords=coords, attrs={"kind": kind})
 
 
-def _root_dataset(store):
+def _root_dataset(store, coords: dict, coord_attrs: dict):
     import xarray as xr
 
-    ranks = store.ranks
-    views = [store.rank(r) for r in ranks]
-    columns, coord_attrs = rank_columns({v.rank: v.coords for v in views})
-    coords = {"rank": np.asarray(ranks, dtype=np.int64)}
-    coords.update({k: ("rank", np.asarray(v, dtype=np.int64)) for k, v in columns.items()})
+    views = [store.rank(r) for r in store.ranks]
     data_vars = {
         "status": ("rank", np.asarray([v.status for v in views], dtype=object)),
         "steps_completed": ("rank", np.asarray([len(v.completed_steps) for v in views], dtype=np.int64)),
         "last_step": ("rank", np.asarray([max(v.completed_steps, default=-1) for v in views], dtype=np.int64)),
     }
-    attrs = {"store": os.path.abspath(store.path), **coord_attrs, **store.run}
+    attrs = {"store": os.path.abspath(store.path), **coord_attrs, **run_metadata(store)}
     return xr.Dataset(data_vars, coords=coords, attrs=attrs)
 
 
@@ -114,7 +121,7 @@ def open_tree(path, kinds=None):
     import xarray as xr
 
     require_dask()
-    store = open_store(path)
+    store = path if isinstance(path, RunStore) else open_store(path)
     all_kinds = sorted({k for r in store.ranks for k in store.rank(r).kinds}, key=lambda k: (kind_order(k), k))
     if kinds is not None:
         wanted = [kinds] if isinstance(kinds, str) else list(kinds)
@@ -124,7 +131,8 @@ def open_tree(path, kinds=None):
 
             raise UsageError(f"{path} has no {', '.join(unknown)} data (it has: {', '.join(all_kinds) or 'none'})")
         all_kinds = [k for k in all_kinds if k in wanted]
-    nodes = {"/": _root_dataset(store)}
+    coords, coord_attrs = _rank_coords(store)
+    nodes = {"/": _root_dataset(store, coords, coord_attrs)}
     for kind in all_kinds:
-        nodes[kind] = _kind_dataset(store, kind)
+        nodes[kind] = _kind_dataset(store, kind, coords)
     return xr.DataTree.from_dict(nodes)

@@ -1,0 +1,80 @@
+"""`tracekit loss`: the loss per step of one or more runs side by side."""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+
+import click
+
+from tracekit.cli.common import emit_json, one_line_errors
+
+
+def _json_safe(v):
+    # JSON has no inf/nan: a diverged run's NaN loss must still print as valid JSON.
+    if isinstance(v, float) and not math.isfinite(v):
+        return str(v)
+    return v
+
+
+def _cell(v, rel: bool = False) -> str:
+    if v is None:
+        return "-"
+    if rel:
+        return f"{v:.3e}"
+    return f"{v:.8g}"
+
+
+def render(table: dict) -> str:
+    cols = table["columns"]
+    rows = [[_cell(r[c], rel=c.startswith(("abs_diff", "rel_diff"))) if c != "step" else str(r[c]) for c in cols]
+            for r in table["rows"]]
+    widths = [max(len(x) for x in col) for col in zip(cols, *rows)]
+    out = ["  ".join(c.rjust(w) for c, w in zip(cells, widths)) for cells in [cols, *rows]]
+    runs = "; ".join(f"{r['name']} = {r['path']}" + ("" if r["kind"] == "loss" else f" ({r['kind']})")
+                     for r in table["runs"])
+    return "\n".join(out + ["", f"runs: {runs}"])
+
+
+def to_csv(table: dict) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(table["columns"])
+    for r in table["rows"]:
+        w.writerow(["" if r[c] is None else (repr(r[c]) if isinstance(r[c], float) else r[c]) for c in table["columns"]])
+    return buf.getvalue()
+
+
+@click.command()
+@click.argument("stores", nargs=-1, required=True, type=click.Path())
+@click.option("--json", "json_dest", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
+              help="Print the table as JSON (to FILE if given, else stdout).")
+@click.option("--csv", "csv_dest", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
+              help="Print the table as CSV (to FILE if given, else stdout).")
+@one_line_errors
+def loss(stores, json_dest, csv_dest):
+    """The loss per step of each STORE side by side, with |difference| and relative difference to the first.
+
+    \b
+    Example:
+      tracekit loss runs/ref runs/cand
+    """
+    from tracekit.errors import UsageError
+    from tracekit.inspect.loss import loss_table
+
+    if json_dest is not None and csv_dest is not None:
+        raise UsageError("choose one of --json and --csv")
+    table = loss_table(list(stores))
+    if json_dest is not None:
+        safe = {**table, "rows": [{k: _json_safe(v) for k, v in r.items()} for r in table["rows"]]}
+        emit_json(safe, json_dest)
+    elif csv_dest is not None:
+        text = to_csv(table)
+        if csv_dest == "-":
+            click.echo(text, nl=False)
+        else:
+            with open(csv_dest, "w", newline="") as f:
+                f.write(text)
+    else:
+        click.echo(render(table))

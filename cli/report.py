@@ -1,0 +1,48 @@
+"""`tracekit report REF CAND -o report.html`: the diff as one self-contained HTML page."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from tracekit.cli.common import one_line_errors
+
+
+@click.command("report")
+@click.argument("ref", type=click.Path())
+@click.argument("cand", type=click.Path())
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="HTML file to write.")
+@click.option("--align", type=click.Choice(("rank", "coords", "global")), default="rank", show_default=True,
+              help="How ranks are paired (as in `tracekit diff`).")
+@click.option("--rtol", type=float, help="Relative tolerance for every kind (default: per dtype).")
+@click.option("--atol", type=float, help="Absolute tolerance for every kind (default: per dtype).")
+@click.option("--tol", "tol", multiple=True, metavar="KIND=RTOL,ATOL", help="Tolerance for one kind; repeatable.")
+@click.option("--config", type=click.Path(), help="TOML file of tolerances (as in `tracekit diff`).")
+@click.option("--exact", is_flag=True, help="Require equal values (rtol = atol = 0).")
+@click.option("--equal-nan", is_flag=True, default=None, help="Count NaNs on both sides as equal.")
+@click.option("--kinds", help="Comma-separated kinds to compare (default: every recorded kind).")
+@click.option("--allow-missing", is_flag=True, help="Compare the common part when the stores differ in structure.")
+@click.option("--replay", type=click.Path(), default=None, metavar="STORE",
+              help="A replay of CAND's job (tracekit record --replay-from REF): plot its local error against "
+                   "CAND's accumulated error per step (docs/REPLAY.md).")
+@one_line_errors
+def report(ref, cand, output, align, rtol, atol, tol, config, exact, equal_nan, kinds, allow_missing, replay):
+    """Compare CAND with REF (as `tracekit diff` does) and write the result as one HTML file.
+
+    \b
+    The page is self-contained (plots embedded as PNG, no network) and shows the verdict, the
+    first divergence, the loss of both runs, heatmaps of the max relative error over rank x step
+    for each kind, and the worst tensors. Plots need matplotlib (pip install 'tracekit[plot]').
+    Exit status as `tracekit diff`: 0 pass, 1 tolerance violations, 2 unusable input; the report
+    is written in every case but unusable input.
+    """
+    from tracekit.report import write_report
+
+    result = write_report(ref, cand, output, align=align, rtol=rtol, atol=atol, tol=list(tol), config=config,
+                          exact=exact, equal_nan=equal_nan,
+                          kinds=[k.strip() for k in kinds.split(",") if k.strip()] if kinds else None,
+                          allow_missing=allow_missing, replay=replay)
+    click.echo(result.summary_line)
+    click.echo(f"report: {output}")
+    sys.exit(result.exit_code)

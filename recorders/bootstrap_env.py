@@ -1,0 +1,42 @@
+"""The environment `tracekit record` gives its command so that scripts are recorded zero-code.
+
+Like ddtrace-run and opentelemetry-instrument: settings travel in environment variables, and
+bootstrap/ (holding only sitecustomize.py) goes first on PYTHONPATH, so every Python process of
+the job runs it at startup. Kept free of torch: the launcher imports it.
+"""
+
+from __future__ import annotations
+
+import os
+
+import tracekit
+from tracekit.errors import TracekitError
+
+# Read by bootstrap/sitecustomize.py (which spells the names out: it cannot import tracekit) and
+# by zerocode.py.
+ENV_BOOTSTRAP = "TRACEKIT_BOOTSTRAP"  # "1": record zero-code
+ENV_STRICT = "TRACEKIT_STRICT"  # "1": an instrumentation failure fails the job
+ENV_IMPORT_ROOT = "TRACEKIT_IMPORT_ROOT"  # the folder holding the tracekit package
+ENV_LAUNCHER_PID = "TRACEKIT_LAUNCHER_PID"  # its own child (no torchrun) records as a world of one
+ENV_OPTIMIZER = "TRACEKIT_OPTIMIZER"  # class name of the training optimizer, when the guess is wrong
+
+BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
+
+
+def bootstrap_env(base: dict | None = None, strict: bool = False, optimizer: str | None = None) -> dict[str, str]:
+    """The variables to add to `base` (default os.environ) for a zero-code recorded command."""
+    base = os.environ if base is None else base
+    if not os.path.isfile(os.path.join(BOOTSTRAP_DIR, "sitecustomize.py")):
+        raise TracekitError(f"tracekit's zero-code bootstrap is missing ({BOOTSTRAP_DIR}): reinstall tracekit, "
+                            "or record with --no-zero-code from a script that uses tracekit's Recorder")
+    path = [BOOTSTRAP_DIR] + [p for p in base.get("PYTHONPATH", "").split(os.pathsep) if p and p != BOOTSTRAP_DIR]
+    env = {
+        "PYTHONPATH": os.pathsep.join(path),
+        ENV_BOOTSTRAP: "1",
+        ENV_STRICT: "1" if strict else "0",
+        ENV_IMPORT_ROOT: os.path.dirname(os.path.dirname(os.path.abspath(tracekit.__file__))),
+        ENV_LAUNCHER_PID: str(os.getpid()),
+    }
+    if optimizer:
+        env[ENV_OPTIMIZER] = optimizer
+    return env

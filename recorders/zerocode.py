@@ -1,0 +1,296 @@
+"""Zero-code recording: `tracekit record` records a training script that never imports tracekit.
+
+The bootstrap (bootstrap/sitecustomize.py) calls `install()` right after the script imports torch.
+From then on, in this process:
+  - torch.nn.Module.__call__ is wrapped until the first training step, to find the model and its
+    output (outermost.py); then the model alone is followed with a forward hook;
+  - torch.autograd.backward (which Tensor.backward calls) notes the scalar it ran on: the loss;
+  - the global optimizer step hooks bracket each training step and drive the same Recorder the
+    explicit API uses (recorder.py): observe() and begin_step() at the pre hook, capture_after()
+    at the post hook, finish_step() once the step is over.
+
+What a training step is (docs/ZEROCODE.md has the user-facing version):
+  - The training optimizer is the first optimizer whose step() starts after a backward(), or the
+    first whose class is named by TRACEKIT_OPTIMIZER. Each of its step() calls starts a step.
+  - Optimizers stepped from inside another's step() (a container of optimizers) belong to it.
+    Other optimizers stepped after it, before the next backward(), belong to the same step: the
+    parameters are gathered again after each, and the step is handed to the writer only at the
+    next backward(), the next training step or the exit (which need no collective).
+  - Nothing is recorded unless this process is a worker of the recorded job: RANK is set or
+    torch.distributed is initialized (torchrun), or it is the launcher's own child (a world of one).
+    DataLoader workers never record; neither does anything when the script's own Recorder runs.
+
+A failure is reported once on stderr and the job goes on: the rank keeps taking part in the
+gathers (collectives the other ranks wait on) but writes nothing more. TRACEKIT_STRICT=1
+(`tracekit record --strict`) raises instead, failing the job.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import os
+import sys
+import threading
+
+import torch
+import torch.distributed as dist
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from tracekit.errors import TracekitError
+from tracekit.recorders import recorder as recorder_module
+from tracekit.recorders.bootstrap_env import ENV_LAUNCHER_PID, ENV_OPTIMIZER, ENV_STRICT
+from tracekit.recorders.config import RecordConfig
+from tracekit.recorders.global_loss import dp_groups, mean_over
+from tracekit.recorders.outermost import OutermostCalls
+
+
+class ZeroCodeRecorder(recorder_module.Recorder):
+    """The Recorder driven by the bootstrap (its start() does not make the bootstrap stand down)."""
+
+    zero_code = True
+
+
+def _matches(optimizer: torch.optim.Optimizer, name: str) -> bool:
+    cls = type(optimizer)
+    return name in (cls.__name__, cls.__qualname__, f"{cls.__module__}.{cls.__qualname__}")
+
+
+class ZeroCode:
+    """One process's zero-code recording: the patches, the step state machine and its Recorder."""
+
+    def __init__(self, environ=None):
+        env = os.environ if environ is None else environ
+        self.strict = env.get(ENV_STRICT) == "1"
+        self.optimizer_name = env.get(ENV_OPTIMIZER) or None
+        self.launcher_pid = env.get(ENV_LAUNCHER_PID)
+        self.env = env
+        self.calls = OutermostCalls()
+        self.recorder: ZeroCodeRecorder | None = None
+        self.training: torch.optim.Optimizer | None = None
+        self._loss_groups: list = []
+        self._loss_device: torch.device | None = None
+        self._handles: list = []
+        self._original_backward = None
+        self._backward_seen = False
+        self._backward_depth = 0  # backward() calls in progress
+        self._loss: torch.Tensor | None = None  # sum of the scalars backward ran on since the last step
+        self._depth = 0  # optimizer step() calls in progress (a container's inner ones nest)
+        self._window = False  # a training step is open: begun, not yet handed to the writer
+        self.stood_down = False
+        self.failed = False
+        self.compiled_optimizer = False  # an optimizer step ran compiled, out of our hooks' sight
+
+    # ---- installing and removing ----------------------------------------------------------
+    def install(self) -> "ZeroCode":
+        self.calls.discover()
+        original = torch.autograd.backward
+
+        @functools.wraps(original)
+        def backward(tensors, *args, **kwargs):
+            # A backward run from inside another (reentrant activation checkpointing) is not a loss.
+            if torch.compiler.is_compiling() or self._backward_depth:
+                return original(tensors, *args, **kwargs)
+            self._guarded(self._on_backward, tensors)
+            self._backward_depth += 1
+            try:
+                return original(tensors, *args, **kwargs)
+            finally:
+                self._backward_depth -= 1
+
+        self._original_backward, self._backward = original, backward
+        torch.autograd.backward = backward
+        self._handles = [register_optimizer_step_pre_hook(self._pre_hook),
+                         register_optimizer_step_post_hook(self._post_hook)]
+        return self
+
+    # torch.compile(optimizer.step) traces these hooks: inside it they only note that the step is
+    # compiled (an attribute store dynamo replays, no graph break); it is reported at the next backward.
+    def _pre_hook(self, optimizer, args, kwargs) -> None:
+        if torch.compiler.is_compiling():
+            self.compiled_optimizer = True
+            return
+        self._guarded(self._on_pre, optimizer)
+
+    def _post_hook(self, optimizer, args, kwargs) -> None:
+        if torch.compiler.is_compiling():
+            return
+        self._guarded(self._on_post, optimizer)
+
+    def stand_down(self, final: bool = False) -> None:
+        """Stop recording: hand over a step already captured, close the recorder, undo the patches.
+
+        Unless `final` (uninstall), the global optimizer hooks and the nn.Module.__call__ wrapper
+        stay in place doing nothing: stand_down() is often called from inside an optimizer hook
+        while torch iterates over them, and torch.compile may have guarded on the wrapper.
+        """
+        if final:
+            for h in self._handles:
+                h.remove()
+            self._handles.clear()
+            self.calls.unwrap()
+        if self.stood_down:
+            return
+        self.stood_down = True
+        if self._original_backward is not None and torch.autograd.backward is self._backward:
+            torch.autograd.backward = self._original_backward
+        self.calls.stop()
+        if self.recorder is not None:
+            self._finish_open_step()
+            self.recorder.close()
+
+    # ---- failures -------------------------------------------------------------------------
+    def _guarded(self, fn, *args) -> None:
+        if self.stood_down:
+            return
+        try:
+            fn(*args)
+        except Exception as error:
+            self._fail(error)
+
+    def _fail(self, error: Exception) -> None:
+        if self.strict:
+            raise error
+        if not self.failed:
+            rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else os.environ.get("RANK", "0")
+            print(f"tracekit: zero-code recording failed on rank {rank}: {type(error).__name__}: {error}; "
+                  "the job goes on without recording (tracekit record --strict fails it instead)",
+                  file=sys.stderr, flush=True)
+        self.failed = True
+        if self.recorder is None:
+            self.stand_down()  # nothing gathered yet: no collective of ours to keep in step with
+        else:
+            self.recorder.stop_writing()
+
+    # ---- events ---------------------------------------------------------------------------
+    def _on_backward(self, tensors) -> None:
+        if self.compiled_optimizer:
+            raise TracekitError("the optimizer step runs under torch.compile, which compiles the optimizer "
+                                "hooks away: compile the model only, or record with tracekit's Recorder")
+        if self._window and self._depth == 0:
+            self._finish_open_step()  # the next forward/backward has begun: the last step is over
+        items = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ())
+        for t in items:
+            if isinstance(t, torch.Tensor) and t.numel() == 1:
+                t = t.detach().reshape(())
+                self._loss = t if self._loss is None else self._loss + t
+        self._backward_seen = True
+
+    def _on_pre(self, optimizer: torch.optim.Optimizer) -> None:
+        self._depth += 1
+        if self._depth > 1:
+            return  # an optimizer stepped by a container: part of the container's step
+        if self.training is None:
+            wanted = _matches(optimizer, self.optimizer_name) if self.optimizer_name else self._backward_seen
+            if not wanted or not self._start(optimizer):
+                return
+        if optimizer is not self.training:
+            return  # another optimizer of the open step (or of no step): gathered after, in _on_post
+        if self._window:
+            self._finish_open_step()
+        self._begin_step()
+
+    def _on_post(self, optimizer: torch.optim.Optimizer) -> None:
+        self._depth = max(0, self._depth - 1)
+        if self._depth == 0 and self._window:
+            self.recorder.capture_after()  # again after each optimizer of the step: the last one counts
+            if self.recorder.config.replay_from:
+                self._finish_open_step()  # replay loads the next step's start now, before its forward
+
+    # ---- the step -------------------------------------------------------------------------
+    def _begin_step(self) -> None:
+        rec = self.recorder
+        output = self.calls.take_output()
+        local, self._loss = self._loss, None
+        step = rec.step + 1
+        kinds = rec.config.kinds
+        global_loss = None
+        if "loss" in kinds and rec.config.records_step(step):
+            global_loss = mean_over(local, self._loss_groups, self._loss_device)  # a collective
+        rec.observe(output=output, loss=global_loss, local_loss=local)
+        self._window = True
+        rec.begin_step()
+
+    def _finish_open_step(self) -> None:
+        if self._window:
+            self._window = False
+            self.recorder.finish_step()
+
+    def _at_exit(self) -> None:
+        """Hand over the last step and close, while the interpreter can still write (see _start)."""
+        if not self.stood_down and self.recorder is not None:
+            self._guarded(self._finish_open_step)
+            self._guarded(self.recorder.close)
+
+    # ---- the first training step ----------------------------------------------------------
+    def _is_worker(self) -> bool:
+        if "RANK" in os.environ or (dist.is_available() and dist.is_initialized()):
+            return True
+        return self.launcher_pid is not None and str(os.getppid()) == self.launcher_pid
+
+    def _start(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Decide whether this process records; if so, find the model and start the Recorder."""
+        if recorder_module.explicit_recorder_started or not self._is_worker():
+            self.stand_down()
+            return False
+        if torch.utils.data.get_worker_info() is not None:
+            return False  # a DataLoader worker: never the training loop
+        param_ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        model = self.calls.settle(param_ids)
+        if model is not None:
+            params = dict(model.named_parameters())
+        else:  # the model was never called as a module: name the optimizer's parameters by position
+            params = [p for group in optimizer.param_groups for p in group["params"]]
+        run_info = {"recorded_by": "zero-code", "optimizer": type(optimizer).__qualname__,
+                    "model": type(model).__qualname__ if model is not None else None}
+        rec = ZeroCodeRecorder(params=params, config=RecordConfig.from_env(self.env), run_info=run_info)
+        self.training = optimizer
+        self.recorder = rec
+        rec.start()
+        rec.optimizer = optimizer  # for the optimizer_state kind (set after start: no instance hooks)
+        tensors = list(params.values()) if isinstance(params, dict) else params
+        if "loss" in rec.config.kinds:
+            self._loss_groups = dp_groups(tensors)
+        local = [p.to_local() if hasattr(p, "to_local") else p for p in tensors]
+        self._loss_device = local[0].device if local else torch.device("cpu")
+        _register_early_exit(self._at_exit)
+        return True
+
+
+def _register_early_exit(fn) -> None:
+    """Run fn when the main thread ends, before the thread pools shut down.
+
+    Plain atexit runs too late: by then concurrent.futures has refused new work, and zarr writes
+    through it. threading's own exit hooks run first, newest first: importing concurrent.futures'
+    pool before registering puts fn ahead of its shutdown.
+    """
+    import concurrent.futures.thread  # noqa: F401  registers the pools' shutdown first
+
+    register = getattr(threading, "_register_atexit", None)
+    (register or atexit.register)(fn)
+
+
+_ACTIVE: ZeroCode | None = None
+
+
+def install(environ=None) -> ZeroCode | None:
+    """Start zero-code recording in this process (idempotent). Called by the bootstrap after torch
+    is imported; a failure is reported once (or raised under --strict), never left to break the job."""
+    global _ACTIVE
+    if _ACTIVE is not None and not _ACTIVE.stood_down:
+        return _ACTIVE
+    zero = ZeroCode(environ)
+    try:
+        _ACTIVE = zero.install()
+    except Exception as error:
+        zero._fail(error)
+        return None
+    return _ACTIVE
+
+
+def uninstall() -> None:
+    """Stand down (tests; a process that wants no recording after all)."""
+    global _ACTIVE
+    if _ACTIVE is not None:
+        _ACTIVE.stand_down(final=True)
+        _ACTIVE = None

@@ -1,0 +1,80 @@
+"""Planted faults (--fault SPEC): small, known bugs that diff tests and demos must catch.
+
+Specs (repeatable flag):
+  lr_scale=F                 the optimizer's learning rate is multiplied by F
+  loss_scale=RANK:STEP:F     that rank's local loss is multiplied by F before backward in that step
+                             (the reported global loss is averaged from the scaled local losses)
+  nan_grad=RANK:STEP         after backward (gradients already synchronized), one element of that
+                             rank's first parameter's local gradient becomes NaN
+  reported_loss_scale=STEP:F only the reported/recorded global loss is scaled; training is unchanged
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Faults:
+    lr_scale: float = 1.0
+    loss_scale: dict[tuple[int, int], float] = field(default_factory=dict)  # (rank, step) -> F
+    nan_grad: frozenset[tuple[int, int]] = frozenset()  # {(rank, step)}
+    reported_loss_scale: dict[int, float] = field(default_factory=dict)  # step -> F
+
+    def local_loss_factor(self, rank: int, step: int) -> float:
+        return self.loss_scale.get((rank, step), 1.0)
+
+    def wants_nan_grad(self, rank: int, step: int) -> bool:
+        return (rank, step) in self.nan_grad
+
+    def reported_loss_factor(self, step: int) -> float:
+        return self.reported_loss_scale.get(step, 1.0)
+
+    @property
+    def any(self) -> bool:
+        return self != Faults()
+
+
+def _numbers(spec: str, value: str, kinds: tuple[type, ...]) -> list:
+    parts = value.split(":")
+    if len(parts) != len(kinds):
+        shape = ":".join("F" if kind is float else "N" for kind in kinds)
+        raise ValueError(f"bad fault {spec!r}: expected {shape} after '='")
+    try:
+        numbers = [kind(part) for kind, part in zip(kinds, parts)]
+    except ValueError:
+        raise ValueError(f"bad fault {spec!r}: {value!r} is not made of numbers") from None
+    for kind, number in zip(kinds, numbers):
+        if kind is int and number < 0:
+            raise ValueError(f"bad fault {spec!r}: ranks and steps are non-negative")
+    return numbers
+
+
+def parse_faults(specs: list[str]) -> Faults:
+    """Turn the --fault strings into a Faults value; raises ValueError with a one-line message."""
+    lr_scale = 1.0
+    loss_scale: dict[tuple[int, int], float] = {}
+    nan_grad: set[tuple[int, int]] = set()
+    reported: dict[int, float] = {}
+    for spec in specs:
+        name, sep, value = spec.partition("=")
+        name = name.strip()
+        if not sep:
+            raise ValueError(f"bad fault {spec!r}: expected NAME=VALUE")
+        if name == "lr_scale":
+            (factor,) = _numbers(spec, value, (float,))
+            lr_scale *= factor
+        elif name == "loss_scale":
+            rank, step, factor = _numbers(spec, value, (int, int, float))
+            loss_scale[(rank, step)] = loss_scale.get((rank, step), 1.0) * factor
+        elif name == "nan_grad":
+            rank, step = _numbers(spec, value, (int, int))
+            nan_grad.add((rank, step))
+        elif name == "reported_loss_scale":
+            step, factor = _numbers(spec, value, (int, float))
+            reported[step] = reported.get(step, 1.0) * factor
+        else:
+            raise ValueError(
+                f"unknown fault {name!r}: use lr_scale, loss_scale, nan_grad or reported_loss_scale"
+            )
+    return Faults(lr_scale, loss_scale, frozenset(nan_grad), reported)

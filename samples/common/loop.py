@@ -1,0 +1,167 @@
+"""The training loop body shared by samples/tutorial/train.py and samples/plain/train.py.
+
+A step is split where a recorder has to look: forward_backward() (loss, backward, gradient sync
+and gradient checks) returns the output and global loss to observe, then optimizer_step() steps,
+checks that something changed, and clears the gradients.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+
+from .config import TrainConfig
+from .data import GLOBAL_BATCH, batch_slice, global_batch
+from .errors import WorkloadError
+from .model import build_model
+from .parallel_model import ParallelModel
+from .parallelize import parallelize
+from .runtime import Runtime, start, stop
+
+
+def say(line: str) -> None:
+    """Print one line in a single write, so lines of ranks sharing a terminal never interleave."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The part of a (possibly DTensor) tensor that lives on this rank."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+@dataclass(frozen=True)
+class StepResult:
+    output: torch.Tensor  # this rank's model output (ddp/fsdp/simplefsdp_tp: its batch slice)
+    local_loss: torch.Tensor  # this rank's mean loss (after any planted loss_scale fault)
+    global_loss: torch.Tensor  # mean loss over the global batch: what is reported and recorded
+
+
+class Workload:
+    """One rank's run: the parallelized model, its optimizer and the per-step work."""
+
+    def __init__(self, config: TrainConfig, runtime: Runtime):
+        self.config = config
+        self.runtime = runtime
+        self.dtype = getattr(torch, config.dtype)
+        self._check_batch_split()
+        model = build_model(config.seed, self.dtype, bias=config.parallelism != "simplefsdp_tp")
+        model.to(runtime.device)
+        self.parallel: ParallelModel = parallelize(
+            config.parallelism, model, runtime, tp=config.tp, compile_backend=config.compile_backend
+        )
+        # Planted fault lr_scale: the optimizer itself runs with a wrong learning rate.
+        self.optimizer = torch.optim.SGD(
+            self.parallel.named_module.parameters(), lr=config.lr * config.faults.lr_scale, momentum=0.0
+        )
+
+    @property
+    def named_model(self) -> torch.nn.Module:
+        """The model to hand a recorder: its parameter names are the same in every mode."""
+        return self.parallel.named_module
+
+    def _check_batch_split(self) -> None:
+        world, config = self.runtime.world_size, self.config
+        if config.parallelism == "simplefsdp_tp" and world % config.tp:
+            raise WorkloadError(f"simplefsdp_tp needs the world size ({world}) divisible by --tp ({config.tp})")
+        dp = {"ddp": world, "fsdp": world, "tp": 1, "simplefsdp_tp": world // (config.tp or 1)}[config.parallelism]
+        if GLOBAL_BATCH % dp:
+            raise WorkloadError(
+                f"the global batch of {GLOBAL_BATCH} samples does not split over {dp} data-parallel ranks"
+            )
+
+    def local_shapes(self) -> dict[str, tuple[int, ...]]:
+        return {name: tuple(local_tensor(p).shape) for name, p in self.named_model.named_parameters()}
+
+    def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = global_batch(step, self.dtype)
+        dp_degree, dp_rank = self.parallel.dp_degree, self.parallel.dp_rank
+        inputs, targets = batch_slice(inputs, dp_rank, dp_degree), batch_slice(targets, dp_rank, dp_degree)
+        return inputs.to(self.runtime.device), targets.to(self.runtime.device)
+
+    def forward_backward(self, step: int) -> StepResult:
+        faults, rank = self.config.faults, self.runtime.rank
+        inputs, targets = self.batch(step)
+        output = self.parallel.module(inputs)
+        local_loss = F.mse_loss(output, targets) * faults.local_loss_factor(rank, step)
+        (local_loss / self.parallel.loss_divisor).backward()
+        self._check_gradients(step)
+        if faults.wants_nan_grad(rank, step):
+            self._plant_nan_gradient()
+        global_loss = self._global_loss(local_loss.detach()) * faults.reported_loss_factor(step)
+        return StepResult(output=output, local_loss=local_loss.detach(), global_loss=global_loss)
+
+    def _global_loss(self, local_loss: torch.Tensor) -> torch.Tensor:
+        group = self.parallel.dp_group
+        if group is None:  # tp: the whole batch on every rank, the loss is already global
+            return local_loss.clone()
+        total = local_loss.clone()
+        # SUM then divide: gloo has no AVG reduction.
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+        return total / dist.get_world_size(group)
+
+    def _check_gradients(self, step: int) -> None:
+        missing = [name for name, p in self.named_model.named_parameters() if p.grad is None]
+        if missing:
+            raise WorkloadError(f"step {step}: no gradient for parameter(s) {', '.join(missing)}")
+
+    def _plant_nan_gradient(self) -> None:
+        first = next(iter(self.named_model.parameters()))
+        with torch.no_grad():
+            local_tensor(first.grad).view(-1)[0] = math.nan
+
+    def optimizer_step(self, step: int) -> None:
+        params = list(self.named_model.parameters())
+        before = [local_tensor(p).detach().clone() for p in params]
+        self.optimizer.step()
+        changed = any(not torch.equal(old, local_tensor(p).detach()) for old, p in zip(before, params))
+        # A rank's shards could all sit still by chance at large world sizes; the run is only
+        # broken if no rank changed anything, so agree on that with one small all-reduce.
+        flag = torch.tensor([1 if changed else 0], dtype=torch.int32, device=self.runtime.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if not flag.item():
+            raise WorkloadError(f"step {step}: the optimizer step changed no parameter on any rank")
+        self.optimizer.zero_grad()
+
+    def report(self, step: int, result: StepResult) -> None:
+        loss = result.global_loss.item()
+        say(f"step={step}/{self.config.steps} training=completed rank={self.runtime.rank} loss={loss!r}")
+
+    def finish(self) -> None:
+        say(f"PASS rank={self.runtime.rank} mode={self.config.parallelism} world_size={self.runtime.world_size}")
+
+
+def _train_once(config: TrainConfig, runtime: Runtime, train: Callable[[Workload], None]) -> None:
+    workload = Workload(config, runtime)
+    shapes = " ".join(f"{name}={'x'.join(map(str, shape))}" for name, shape in workload.local_shapes().items())
+    say(f"local_shapes rank={runtime.rank} {shapes}")
+    train(workload)
+    workload.finish()
+
+
+def run(config: TrainConfig, train: Callable[[Workload], None]) -> int:
+    """Set up this rank, call train(workload), tear down; a WorkloadError becomes one line and exit 1.
+
+    Any other exception propagates with its traceback and skips the teardown: other ranks may be
+    waiting in a collective, and torchrun stops them once this rank exits.
+    """
+    try:
+        _train_once(config, start(config), train)
+        code = 0
+    except WorkloadError as error:
+        rank = os.environ.get("RANK", "?")
+        sys.stderr.write(f"ERROR rank={rank} mode={config.parallelism}: {error}\n")
+        sys.stderr.flush()
+        code = 1
+    # Out here the workload (model, optimizer, meshes) is gone, with any traceback that held it,
+    # so stop() can release the last holders of the process groups before destroying them.
+    stop()
+    return code

@@ -1,0 +1,204 @@
+"""`tracekit diff` through click's CliRunner: verdict lines, exit codes, JSON report, bad input."""
+
+import json
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+import zarr
+from click.testing import CliRunner
+
+from tracekit.cli.diff import diff
+from tracekit.testing import write_store
+
+SCHEMA = json.loads((Path(__file__).parents[2] / "schemas" / "diff-report.schema.json").read_text())
+f32 = np.float32
+
+
+def _run(steps=3, ranks=2, grad_scale=None, loss_scale=None):
+    """A tiny recorded run; grad_scale=(step, factor) and loss_scale=(step, factor) plant faults."""
+    data = {}
+    for r in range(ranks):
+        data[r] = {0: {"parameters": {"w": np.linspace(-1, 1, 12, dtype=f32).reshape(3, 4)}}}
+        for s in range(1, steps + 1):
+            g = np.linspace(0.1, 0.3, 12, dtype=f32).reshape(3, 4) * s
+            if grad_scale and grad_scale[0] == s:
+                g = g * f32(grad_scale[1])
+            loss = f32(2.0 / s) * (f32(loss_scale[1]) if loss_scale and loss_scale[0] == s else f32(1))
+            data[r][s] = {"outputs": {"y": np.full((2, 4), r + s, f32)}, "loss": {"loss": loss}, "gradients": {"w": g},
+                          "parameters": {"w": np.full((3, 4), -0.1 * s, f32)}, "deltas": {"w": np.full((3, 4), -0.1, f32)}}
+    return data
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    d = tmp_path_factory.mktemp("stores")
+    return {
+        "ref": write_store(d / "ref", _run(), run={"device": "cpu", "backend": "gloo"}),
+        "same": write_store(d / "same", _run(), run={"device": "cuda", "backend": "nccl"}),
+        "grad": write_store(d / "grad", _run(grad_scale=(2, 1.01))),
+        "short": write_store(d / "short", _run(steps=2)),
+    }
+
+
+def invoke(*args):
+    return CliRunner().invoke(diff, [str(a) for a in args], catch_exceptions=False)
+
+
+def test_pass_prints_tables_and_the_verdict_last(stores):
+    r = invoke(stores["ref"], stores["same"])
+    assert r.exit_code == 0, r.output
+    lines = r.stdout.rstrip("\n").splitlines()
+    assert lines[-1] == "PASS comparison ranks=2 steps=3"
+    assert "Summary per step and kind" in r.stdout and "Loss:" in r.stdout
+    assert "ref loss" in r.stdout and "device=cuda, backend=nccl" in r.stdout
+
+
+def test_fail_exit_1_and_json_validates(stores, tmp_path):
+    out = tmp_path / "report.json"
+    r = invoke(stores["ref"], stores["grad"], "--json", out)
+    assert r.exit_code == 1
+    assert r.stdout.rstrip().splitlines()[-1] == "FAIL comparison ranks=2 steps=3 violations=2 first_step=2"
+    assert "First divergence: step 2, gradients, tensor 'w', ranks 0-1" in r.stdout
+    doc = json.loads(out.read_text())
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["status"] == "fail" and doc["first_divergence"]["kind"] == "gradients"
+    assert [row["step"] for row in doc["loss_table"]] == [1, 2, 3]
+    assert {(x["step"], x["kind"], x["rank"]) for x in doc["results"]} == {(2, "gradients", 0), (2, "gradients", 1)}
+
+
+def test_json_to_stdout_keeps_stdout_pure_json(stores):
+    r = invoke(stores["ref"], stores["same"], "--json", "-", "--all-tensors")
+    assert r.exit_code == 0
+    doc = json.loads(r.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["summary_line"] == "PASS comparison ranks=2 steps=3"
+    assert len(doc["results"]) == 2 * (1 + 3 * 5)
+    assert r.stderr.strip().splitlines()[-1] == "PASS comparison ranks=2 steps=3"
+
+
+def test_structural_problem_exit_2_and_allow_missing(stores, tmp_path):
+    out = tmp_path / "r.json"
+    r = invoke(stores["ref"], stores["short"], "--json", out)
+    assert r.exit_code == 2
+    assert "cand ranks 0-1 lack step 3 of outputs, loss, gradients, parameters, deltas" in r.stdout
+    assert "Nothing was compared: pass --allow-missing" in r.stdout
+    assert r.stdout.rstrip().splitlines()[-1] == "ERROR comparison ranks=2 structural_problems=1"
+    quiet = invoke(stores["ref"], stores["short"], "-q")
+    assert quiet.exit_code == 2 and "pass --allow-missing" in quiet.stderr
+    doc = json.loads(out.read_text())
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["status"] == "error"
+    r = invoke(stores["ref"], stores["short"], "--allow-missing")
+    assert r.exit_code == 0
+    assert "Skipped" in r.stdout and r.stdout.rstrip().splitlines()[-1] == "PASS comparison ranks=2 steps=2"
+
+
+def test_tolerance_options(stores, tmp_path):
+    assert invoke(stores["ref"], stores["grad"], "--tol", "gradients=2e-2,0").exit_code == 0
+    assert invoke(stores["ref"], stores["grad"], "--rtol", "2e-2").exit_code == 0
+    assert invoke(stores["ref"], stores["same"], "--exact", "-q").stdout == "PASS comparison ranks=2 steps=3\n"
+    cfg = tmp_path / "tol.toml"
+    cfg.write_text("[kind.gradients]\nrtol = 2e-2\natol = 0\n")
+    assert invoke(stores["ref"], stores["grad"], "--config", cfg).exit_code == 0
+    cfg.write_text("rtol = 1e-9\n[kind.gradients]\nrtol = 2e-2\n")
+    r = invoke(stores["ref"], stores["grad"], "--config", cfg, "--json", "-")
+    tols = {t["kind"]: t for t in json.loads(r.stdout)["tolerances"]}
+    assert tols["gradients"]["rtol"] == 2e-2 and tols["gradients"]["atol"] == 1e-5  # atol: float32 default
+    assert tols["loss"]["rtol"] == 1e-9 and tols["loss"]["source"] == "rtol: config, atol: float32 default"
+
+
+def test_fail_fast_and_quiet(stores, tmp_path):
+    later = write_store(tmp_path / "later", _run(grad_scale=(2, 1.01), loss_scale=(3, 2.0)))
+    r = invoke(stores["ref"], later, "--fail-fast", "-q")
+    assert r.exit_code == 1 and r.stdout == "FAIL comparison ranks=2 steps=2 violations=2 first_step=2\n"
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("usage", "--tol 'gradients': expected KIND=RTOL,ATOL"),
+])
+def test_bad_options(stores, bad, message):
+    r = invoke(stores["ref"], stores["same"], "--tol", "gradients")
+    assert r.exit_code == 2 and r.stderr.strip() == f"Error: {message}, e.g. --tol gradients=1e-5,1e-6"
+
+
+def _corrupt(path: Path, how: str) -> Path:
+    if how == "missing":
+        return path / "nope"
+    if how == "plain dir":
+        (path / "x").mkdir(parents=True)
+        (path / "x" / "notes.txt").write_text("hi")
+        return path / "x"
+    if how == "foreign zarr":
+        zarr.open_group(str(path / "z"), mode="w", attributes={"something": 1})
+        return path / "z"
+    store = Path(write_store(path / "s", _run()))
+    meta = store / "zarr.json"
+    if how == "newer format":
+        doc = json.loads(meta.read_text())
+        doc["attributes"]["tracekit"]["format_version"] = 99
+        meta.write_text(json.dumps(doc))
+    elif how == "no ranks":
+        for r in store.glob("rank_*"):
+            import shutil
+
+            shutil.rmtree(r)
+    elif how == "garbage rank metadata":
+        (store / "rank_1" / "zarr.json").write_text("{not json")
+    elif how == "rank metadata deleted":
+        (store / "rank_1" / "zarr.json").unlink()
+    elif how == "bad tensor index":
+        kmeta = store / "rank_0" / "gradients" / "zarr.json"
+        doc = json.loads(kmeta.read_text())
+        doc["attributes"]["tensors"] = [{"name": "w"}]
+        kmeta.write_text(json.dumps(doc))
+    elif how == "deleted chunk":
+        (store / "rank_1" / "gradients" / "float32" / "c" / "1" / "0").unlink()
+    elif how == "truncated chunk":
+        chunk = store / "rank_0" / "parameters" / "float32" / "c" / "2" / "0"
+        chunk.write_bytes(chunk.read_bytes()[:10])
+    return store
+
+
+BAD = {
+    "missing": "no such store",
+    "plain dir": "is not a tracekit store (no zarr.json at its root)",
+    "foreign zarr": "is a zarr store but not a tracekit store",
+    "newer format": "has store format 99, newer than this tracekit reads",
+    "no ranks": "has no ranks: a half-written store",
+    "garbage rank metadata": "unreadable rank metadata (JSONDecodeError",
+    "rank metadata deleted": "rank_1 has no readable metadata (half-written store?)",
+    "bad tensor index": "rank 0: unreadable metadata",
+    "deleted chunk": "rank 1 gradients step 2: chunk file rank_1/gradients/float32/c/1/0 is missing",
+    "truncated chunk": "rank 0 parameters step 2: chunk file rank_0/parameters/float32/c/2/0 is truncated",
+}
+
+
+@pytest.mark.parametrize("how, side", [(how, "cand") for how in BAD] + [("newer format", "ref"), ("deleted chunk", "ref")])
+def test_bad_input_is_one_line_and_exit_2(stores, tmp_path, how, side):
+    bad = _corrupt(tmp_path, how)
+    args = (bad, stores["ref"]) if side == "ref" else (stores["ref"], bad)
+    r = invoke(*args)
+    assert r.exit_code == 2, r.output
+    err = r.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("Error: ") and BAD[how] in err[0], r.stderr
+    assert str(bad) in err[0]  # names the store
+    assert "Traceback" not in r.output
+
+
+def test_oracle_shows_both_errors(tmp_path):
+    x = np.linspace(500, 1000, 16)
+    oracle = write_store(tmp_path / "o", {0: {1: {"gradients": {"w": x}}}})
+    ref = write_store(tmp_path / "r", {0: {1: {"gradients": {"w": x.astype(f32)}}}})
+    bad = x.astype(f32)
+    bad[2] += f32(0.5)
+    cand = write_store(tmp_path / "c", {0: {1: {"gradients": {"w": bad}}}})
+    r = invoke(ref, cand, "--oracle", oracle, "--oracle-factor", "2", "--json", tmp_path / "j.json")
+    assert r.exit_code == 1
+    assert "oracle:" in r.stdout and "(factor 2)" in r.stdout and "|cand-oracle|" in r.stdout and "|ref-oracle|" in r.stdout
+    doc = json.loads((tmp_path / "j.json").read_text())
+    jsonschema.validate(doc, SCHEMA)
+    w = doc["first_divergence"]["worst"]
+    assert w["index"] == [2] and w["oracle"] == x[2] and w["cand_oracle_err"] > 2 * w["ref_oracle_err"]
+    assert invoke(ref, cand, "--oracle", oracle, "--oracle-factor", "-1").exit_code == 2

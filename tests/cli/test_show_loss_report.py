@@ -1,0 +1,187 @@
+"""tracekit show, loss and report: in-process through click, on stores written with the writer API."""
+
+import csv
+import importlib.util
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from tracekit.cli.main import main
+from tracekit.store import RankWriter, TensorData, create_store
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _sample():
+    spec = importlib.util.spec_from_file_location("inspect_divergence", os.path.join(ROOT, "samples", "inspect_divergence.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The sample's reference and faulty candidate (4 ranks, 5 steps)."""
+    return _sample().make_runs(str(tmp_path_factory.mktemp("runs")))
+
+
+def write_losses(path, losses, ranks=2, env=None, fallback=None):
+    """A store with only losses: {step: value}; rank r > 0 completes only the steps rank 0 does."""
+    create_store(path, {"command": ["train.py", "--lr", "0.01"], "versions": {"torch": "2.13.0"},
+                        "env": env or {}})
+    for r in range(ranks):
+        w = RankWriter(path, r, {"coords": {"rank": r, "world_size": ranks, "dp_degree": ranks, "dp_rank": r,
+                                            "tp_degree": 1, "tp_rank": 0},
+                                 "run": {"device": "cpu", "backend": "gloo", "mode": "ddp"}})
+        for step, value in losses.items():
+            w.write(step, "loss", [TensorData("loss", "float32", (), np.array(value, np.float32))])
+            w.complete_step(step)
+        if fallback is not None:
+            w.update_attrs(fallback_ops=fallback)
+        w.close()
+    return path
+
+
+def invoke(*args):
+    return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+
+# ---- show ---------------------------------------------------------------------------------------
+
+def test_show_text_lists_run_ranks_steps_tensors_and_bytes(runs):
+    ref, _ = runs
+    out = invoke("show", ref)
+    assert out.exit_code == 0, out.output
+    text = out.output
+    assert "command: samples/inspect_divergence.py --device cpu" in text
+    assert "device: cpu" in text and "backend: gloo" in text
+    assert "ranks (4; world_size=4 dp_degree=2 tp_degree=2):" in text
+    # rank 3: dp_rank 1, tp_rank 1, mesh position, finished, steps 1-5
+    row = next(line.split() for line in text.splitlines() if line.strip().startswith("3 "))
+    assert row[:7] == ["3", "3", "1", "1", "dp=1,tp=1", "finished", "1-5"]
+    assert "parameters: 4 tensors, steps 0-5" in text
+    assert any(line.split()[:3] == ["0.weight", "float32", "16x8"] for line in text.splitlines())
+    assert "size on disk:" in text
+
+
+def test_show_json_matches_the_disk(runs):
+    ref, _ = runs
+    out = invoke("show", ref, "--json")
+    assert out.exit_code == 0
+    doc = json.loads(out.output)
+    on_disk = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(ref) for f in fs)
+    assert doc["bytes_on_disk"] == on_disk
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1, 2, 3]
+    assert [r["coords"]["tp_rank"] for r in doc["ranks"]] == [0, 1, 0, 1]
+    assert all(r["steps_completed"] == 5 and r["last_step"] == 5 for r in doc["ranks"])
+    kinds = {k["kind"]: k for k in doc["kinds"]}
+    assert kinds["parameters"]["steps"] == [0, 1, 2, 3, 4, 5]
+    grads = {t["name"]: t for t in kinds["gradients"]["tensors"]}
+    assert grads["2.weight"] == {"name": "2.weight", "dtype": "float32", "shape": [4, 16], "numel": 64,
+                                 "bytes_per_step": 256, "ranks": 4, "shapes_differ": False}
+    assert doc["finished"] is True and doc["run"]["exit_status"] == 0
+
+
+def test_show_env_versions_and_fallback_ops(tmp_path):
+    path = write_losses(str(tmp_path / "s"), {1: 1.0}, env={"NEURON_CC_FLAGS": "--auto-cast none"},
+                        fallback=["aten::sort"])
+    text = invoke("show", path).output
+    assert "  env:\n    NEURON_CC_FLAGS: --auto-cast none" in text
+    assert "  versions:\n    torch: 2.13.0" in text
+    assert "fallback_ops: aten::sort" in text
+    assert "finished: no" in text  # never finalized by a launcher
+    path2 = tmp_path / "out.json"
+    assert invoke("show", path, "--json", path2).exit_code == 0
+    assert json.loads(path2.read_text())["run"]["fallback_ops"] == ["aten::sort"]
+
+
+def test_show_bad_store_is_one_line(tmp_path):
+    (tmp_path / "junk").mkdir()
+    out = CliRunner().invoke(main, ["show", str(tmp_path / "junk")])
+    assert out.exit_code == 2
+    assert out.output.strip().count("\n") == 0 and out.output.startswith("Error: ") and "not a tracekit store" in out.output
+
+
+# ---- loss ---------------------------------------------------------------------------------------
+
+def test_loss_side_by_side_with_differences(tmp_path):
+    a = write_losses(str(tmp_path / "a"), {1: 2.0, 2: 1.0, 3: 0.5})
+    b = write_losses(str(tmp_path / "b"), {1: 2.0, 2: 1.25, 3: 0.25})
+    c = write_losses(str(tmp_path / "c"), {1: 4.0, 2: 1.0})  # died after step 2
+    out = invoke("loss", a, b, c, "--json")
+    assert out.exit_code == 0
+    doc = json.loads(out.output)
+    assert doc["columns"] == ["step", "a", "b", "c", "abs_diff[b]", "rel_diff[b]", "abs_diff[c]", "rel_diff[c]"]
+    rows = {r["step"]: r for r in doc["rows"]}
+    assert rows[2]["b"] == 1.25 and rows[2]["abs_diff[b]"] == 0.25 and rows[2]["rel_diff[b]"] == 0.25
+    assert rows[3]["rel_diff[b]"] == 0.5 and rows[3]["c"] is None and rows[3]["abs_diff[c]"] is None
+    assert rows[1]["abs_diff[c]"] == 2.0 and rows[1]["rel_diff[c]"] == 1.0
+
+    text = invoke("loss", a, b).output.splitlines()
+    assert text[0].split() == ["step", "a", "b", "abs_diff[b]", "rel_diff[b]"]
+    assert text[2].split() == ["2", "1", "1.25", "2.500e-01", "2.500e-01"]
+
+    rows = list(csv.DictReader(io.StringIO(invoke("loss", a, b, "--csv").output)))
+    assert [r["step"] for r in rows] == ["1", "2", "3"]
+    assert float(rows[2]["b"]) == 0.25 and float(rows[2]["abs_diff[b]"]) == 0.25
+
+
+def test_loss_of_the_sample_runs(runs):
+    doc = json.loads(invoke("loss", *runs, "--json").output)
+    assert [r["step"] for r in doc["rows"]] == [1, 2, 3, 4, 5]
+    assert [r["name"] for r in doc["runs"]] == ["ref", "cand"]
+
+
+def test_loss_errors_are_one_line(tmp_path):
+    a = write_losses(str(tmp_path / "a"), {1: 1.0})
+    out = CliRunner().invoke(main, ["loss", a, "--json", "--csv"])
+    assert out.exit_code == 2 and "choose one of --json and --csv" in out.output
+    out = CliRunner().invoke(main, ["loss", a, str(tmp_path / "missing")])
+    assert out.exit_code == 2 and out.output.startswith("Error: ") and "no such store" in out.output
+    # a store without any loss
+    path = str(tmp_path / "noloss")
+    create_store(path, {})
+    w = RankWriter(path, 0, {"coords": {"rank": 0}})
+    w.write(1, "gradients", [TensorData("g", "float32", (1,), np.ones(1, np.float32))])
+    w.complete_step(1)
+    w.close()
+    out = CliRunner().invoke(main, ["loss", path])
+    assert out.exit_code == 2 and "holds no loss" in out.output
+
+
+def test_loss_nan_prints_valid_json(tmp_path):
+    a = write_losses(str(tmp_path / "a"), {1: 1.0})
+    b = write_losses(str(tmp_path / "b"), {1: float("nan")})
+    def reject(token):
+        raise AssertionError(f"bare {token} in JSON output")
+
+    doc = json.loads(invoke("loss", a, b, "--json").output, parse_constant=reject)  # strict JSON: no bare NaN
+    assert doc["rows"][0]["b"] == "nan"
+
+
+# ---- report -------------------------------------------------------------------------------------
+
+def test_report_writes_html_and_exits_like_diff(runs, tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "report.html"
+    res = CliRunner().invoke(main, ["report", *runs, "-o", str(out)])
+    assert res.exit_code == 1, res.output  # FAIL, as `tracekit diff` would exit
+    assert res.output.splitlines() == ["FAIL comparison ranks=4 steps=5 violations=15 first_step=3", f"report: {out}"]
+    text = out.read_text()
+    assert text.startswith("<!DOCTYPE html>") and text.count("data:image/png;base64,") == 7
+    # looser tolerances pass, and the page says so
+    res = CliRunner().invoke(main, ["report", *runs, "-o", str(out), "--rtol", "1", "--atol", "1"])
+    assert res.exit_code == 0 and res.output.startswith("PASS comparison ranks=4 steps=5")
+    assert '<div class="verdict PASS">PASS</div>' in out.read_text()
+
+
+def test_report_bad_input_is_one_line(runs, tmp_path):
+    res = CliRunner().invoke(main, ["report", runs[0], str(tmp_path / "nope"), "-o", str(tmp_path / "r.html")])
+    assert res.exit_code == 2 and res.output == f"Error: {tmp_path / 'nope'}: no such store\n"
+    res = CliRunner().invoke(main, ["report", *runs, "-o", str(tmp_path / "no" / "r.html")])
+    assert res.exit_code == 2 and res.output.startswith("Error: -o ") and "does not exist" in res.output
+    assert not (tmp_path / "r.html").exists()

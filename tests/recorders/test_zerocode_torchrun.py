@@ -1,0 +1,70 @@
+"""Zero-code recording of real torchrun jobs: samples/plain/train.py (no tracekit code) recorded from
+the outside must equal, bit for bit, samples/tutorial/train.py recorded by its own Recorder.
+
+Every rank gathers the same sharded tensors in the same order, so rank selection (--ranks) drops
+writes, never collectives: the selective runs at the other world size would hang otherwise, and
+the conftest timeout turns a hang into a failure.
+"""
+
+import numpy as np
+import pytest
+
+from tracekit import open_store
+
+from conftest import MODE_RANKS
+
+COMPARED = ("outputs", "gradients", "parameters", "deltas")
+STEPS = 3  # the tutorial stores are shared with tests/samples (same arguments, recorded once)
+
+
+def assert_same_bits(zero_code: str, explicit: str, ranks: list[int]) -> None:
+    a, b = open_store(zero_code), open_store(explicit)
+    assert a.ranks == ranks
+    for r in ranks:
+        za, eb = a.rank(r), b.rank(r)
+        assert za.completed_steps == eb.completed_steps == list(range(1, STEPS + 1))
+        assert za.status == "finished" and za.attrs["run"]["recorded_by"] == "zero-code"
+        for kind in COMPARED:
+            assert za.steps(kind) == eb.steps(kind), (r, kind)
+            for step in za.steps(kind):
+                names = sorted(t.name for t in za.tensors(kind))
+                assert names == sorted(t.name for t in eb.tensors(kind)), (r, kind)
+                for name in names:
+                    assert np.array_equal(za.read_bits(kind, step, name), eb.read_bits(kind, step, name)), \
+                        (r, kind, step, name)
+
+
+@pytest.mark.torchrun
+@pytest.mark.parametrize("mode", list(MODE_RANKS))
+def test_plain_sample_recorded_zero_code_equals_the_instrumented_sample(recorded_sample, mode):
+    explicit, _ = recorded_sample(mode, script="tutorial", steps=STEPS)
+    zero_code, result = recorded_sample(mode, script="plain", steps=STEPS)
+    assert "tracekit:" not in result.stderr, result.stderr
+    assert_same_bits(zero_code, explicit, list(range(MODE_RANKS[mode])))
+    if mode in ("ddp", "fsdp", "tp"):  # backward ran on the local mean loss: its mean is the global loss
+        zero_loss, explicit_loss = (open_store(s).rank(0).read_bits("loss", 1, "loss") for s in (zero_code, explicit))
+        assert np.array_equal(zero_loss, explicit_loss)
+
+
+# The other world size of each sharded mode, writing from some ranks only.
+SELECTIVE = [("fsdp", 4, "0,3"), ("tp", 4, "1"), ("simplefsdp_tp", 2, "1")]
+
+
+@pytest.mark.torchrun
+@pytest.mark.parametrize("mode, ranks, writers", SELECTIVE)
+def test_rank_selection_gathers_everywhere_and_never_hangs(recorded_sample, mode, ranks, writers):
+    store, _ = recorded_sample(mode, script="plain", steps=2, ranks=ranks, record_args=("--ranks", writers))
+    s = open_store(store)
+    assert s.ranks == [int(r) for r in writers.split(",")]
+    full = None
+    for r in s.ranks:
+        view = s.rank(r)
+        assert view.completed_steps == [1, 2] and view.coords["world_size"] == ranks
+        for step in (1, 2):
+            after, before = view.read_kind("parameters", step), view.read_kind("parameters", step - 1)
+            for name, delta in view.read_kind("deltas", step).items():
+                assert np.array_equal(delta, after[name] - before[name])  # gathered full tensors
+        params = view.read_kind("parameters", 2)
+        if full is not None:  # every writer holds the same full parameters
+            assert all(np.array_equal(params[n], full[n]) for n in full)
+        full = params

@@ -1,0 +1,170 @@
+"""The closeness rule and metrics of tracekit.compare.metrics, against numpy and torch."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from tracekit.compare import metrics as M
+from tracekit.compare import compare_arrays
+
+
+def _pairs(dtype, allow_nonfinite):
+    elems = st.floats(width=np.dtype(dtype).itemsize * 8, allow_nan=allow_nonfinite, allow_infinity=allow_nonfinite,
+                      min_value=None if allow_nonfinite else -1e6, max_value=None if allow_nonfinite else 1e6)
+    n = st.integers(1, 40)
+    return n.flatmap(lambda k: st.tuples(hnp.arrays(dtype, k, elements=elems), hnp.arrays(dtype, k, elements=elems)))
+
+
+def _perturbed(dtype):
+    """Reference values, and candidates at a distance comparable with the tolerance (the boundary matters)."""
+    base = hnp.arrays(dtype, st.integers(1, 40), elements=st.floats(-100, 100, width=np.dtype(dtype).itemsize * 8))
+    scale = st.sampled_from([0.0, 1e-8, 1e-6, 1e-5, 3e-5, 1e-3])
+    return st.tuples(base, scale, st.integers(0, 2**32 - 1)).map(
+        lambda t: (t[0], (t[0] + np.random.default_rng(t[2]).standard_normal(t[0].shape) * t[1] * (1 + np.abs(t[0]))).astype(dtype)))
+
+
+tols = st.tuples(st.sampled_from([0.0, 1e-7, 1.3e-6, 1e-5, 1e-3]), st.sampled_from([0.0, 1e-7, 1e-5, 1e-3]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(pair=st.one_of(_perturbed(np.float32), _perturbed(np.float64), _pairs(np.float32, True), _pairs(np.float64, True)),
+       tol=tols, equal_nan=st.booleans())
+def test_violations_match_numpy_isclose_and_torch_assert_close(pair, tol, equal_nan):
+    ref, cand = pair
+    rtol, atol = tol
+    m = compare_arrays(ref, cand, rtol=rtol, atol=atol, equal_nan=equal_nan)
+    close = np.isclose(cand, ref, rtol=rtol, atol=atol, equal_nan=equal_nan)
+    # numpy calls a finite value close to an infinity when atol/rtol cover it; torch and tracekit never do
+    close &= ~(np.isinf(ref) | np.isinf(cand)) | (ref == cand)
+    assert m.violations == int((~close).sum())
+    try:
+        torch.testing.assert_close(torch.from_numpy(cand), torch.from_numpy(ref), rtol=rtol, atol=atol, equal_nan=equal_nan)
+        torch_passed = True
+    except AssertionError:
+        torch_passed = False
+    assert m.passed == torch_passed
+
+
+@settings(max_examples=200, deadline=None)
+@given(pair=st.one_of(_perturbed(np.float32), _perturbed(np.float64)), tol=tols)
+def test_metrics_match_float64_reference(pair, tol):
+    ref, cand = pair
+    m = compare_arrays(ref, cand, rtol=tol[0], atol=tol[1])
+    a, b = ref.astype(np.float64), cand.astype(np.float64)
+    d = np.abs(b - a)
+    assert m.numel == ref.size
+    assert m.max_abs_err == pytest.approx(d.max(), rel=1e-6, abs=0)
+    with np.errstate(all="ignore"):
+        rel = np.where(d == 0, 0.0, d / np.abs(a))
+    assert m.max_rel_err == pytest.approx(rel.max(), rel=1e-6)
+    na, nd, nb = np.linalg.norm(a), np.linalg.norm(b - a), np.linalg.norm(b)
+    expected_l2 = nd / na if na else (0.0 if nd == 0 else math.inf)
+    assert m.rel_l2_err == pytest.approx(expected_l2, rel=1e-4, abs=1e-12)
+    expected_cos = float(a @ b / (na * nb)) if na and nb else (1.0 if nd == 0 else 0.0)
+    assert m.cosine == pytest.approx(expected_cos, abs=1e-6)
+    assert m.violation_fraction == m.violations / m.numel
+    # the worst element is a real element with both values as recorded
+    w = m.worst
+    assert ref[w.index] == w.ref and cand[w.index] == w.cand
+    if m.violations:
+        assert not np.isclose(cand[w.index], ref[w.index], rtol=tol[0], atol=tol[1])
+
+
+def test_cosine_keeps_its_digits_near_one():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal(100_000)
+    b = a + rng.standard_normal(a.size) * 1e-7
+    m = compare_arrays(a, b, rtol=0, atol=0)
+    exact = 1 - (a @ b) / (np.linalg.norm(a) * np.linalg.norm(b))  # float64 reference, ~1e-14
+    assert 1 - m.cosine == pytest.approx(exact, rel=1e-2)
+
+
+@pytest.mark.parametrize("block", [7, 1000, 1 << 15])
+def test_blocks_and_merges_give_the_same_metrics(block, monkeypatch):
+    rng = np.random.default_rng(1)
+    ref = rng.standard_normal((50, 41)).astype(np.float32)
+    cand = ref + (rng.standard_normal(ref.shape) * 1e-5).astype(np.float32)
+    cand[3, 7] = np.nan
+    whole = compare_arrays(ref, cand, rtol=1.3e-6, atol=1e-5)
+    monkeypatch.setattr(M, "BLOCK_ELEMENTS", block)
+    flat_r, flat_c = ref.reshape(-1), cand.reshape(-1)
+    first = M.MetricsAccumulator(1.3e-6, 1e-5)
+    first.update(flat_r[:1000], flat_c[:1000], offset=0)
+    second = M.MetricsAccumulator(1.3e-6, 1e-5)
+    second.update(flat_r[1000:], flat_c[1000:], offset=1000)
+    merged = first.merge(second).result(ref.shape)
+    assert merged.violations == whole.violations > 1
+    assert merged.nonfinite == whole.nonfinite == 1
+    assert merged.worst.index == whole.worst.index == (3, 7) and math.isnan(merged.worst.cand)
+    assert merged.worst.ref == whole.worst.ref
+    assert merged.max_abs_err == whole.max_abs_err
+    assert merged.rel_l2_err == pytest.approx(whole.rel_l2_err, rel=1e-5)
+
+
+def test_nonfinite_rules():
+    ref = np.array([1.0, np.nan, np.inf, np.inf, 2.0, np.nan], dtype=np.float32)
+    cand = np.array([np.nan, np.nan, np.inf, -np.inf, np.inf, 3.0], dtype=np.float32)
+    m = compare_arrays(ref, cand, rtol=1, atol=1e30)  # huge tolerances: only the NaN/Inf rules can fail
+    # NaN where ref is finite; NaN==NaN without equal_nan; +inf vs -inf; inf where ref is finite; NaN ref vs number
+    assert (m.violations, m.nonfinite) == (5, 5)
+    assert m.worst.index == (0,) and math.isnan(m.worst.cand)
+    m = compare_arrays(ref, cand, rtol=1, atol=1e30, equal_nan=True)
+    assert m.violations == 4
+    # errors are over the elements finite on both sides
+    assert m.max_abs_err == 0.0
+
+
+def test_exact_and_integers():
+    ref = np.array([1, 2, 3], dtype=np.int64)
+    assert compare_arrays(ref, ref.copy(), rtol=0, atol=0).passed
+    m = compare_arrays(ref, np.array([1, 2, 4]), rtol=0, atol=0)
+    assert (m.violations, m.max_abs_err, m.worst.index) == (1, 1.0, (2,))
+    b = np.array([True, False])
+    assert compare_arrays(b, ~b, rtol=0, atol=0).violations == 2
+    z = np.zeros(4, np.float32)
+    m = compare_arrays(z, z, rtol=0, atol=0)
+    assert (m.cosine, m.rel_l2_err, m.max_rel_err) == (1.0, 0.0, 0.0)
+    m = compare_arrays(z, z + 1, rtol=0, atol=0)
+    assert (m.cosine, m.rel_l2_err, m.max_rel_err) == (0.0, math.inf, math.inf)
+
+
+def test_torch_tensors_and_bfloat16_are_accepted():
+    a = torch.linspace(-2, 2, 100, dtype=torch.bfloat16)
+    b = a.clone()
+    b[10] = b[10] * 1.1
+    m = compare_arrays(a, b, rtol=1.6e-2, atol=1e-5)
+    assert m.violations == 1 and m.worst.index == (10,)
+
+
+def test_oracle_rule_and_both_errors():
+    oracle = np.array([1.0, 1.0, 1.0, 1.0])
+    ref = np.array([1.0 + 1e-6, 1.0 + 1e-6, 1.0, 1.0], dtype=np.float32).astype(np.float64)
+    # within 3x the reference's own error; 10x it; equal to the oracle; off where the reference is exact
+    cand = np.array([1.0 + 2e-6, 1.0 + 1e-5, 1.0, 1.0 + 1e-6])
+    m = compare_arrays(ref.astype(np.float32), cand.astype(np.float32), rtol=0, atol=0, oracle=oracle)
+    assert m.oracle.factor == 3.0
+    assert m.violations == 2
+    assert m.worst.index == (1,)
+    assert m.worst.oracle == 1.0
+    assert m.worst.cand_oracle_err == pytest.approx(1e-5, rel=0.1)
+    assert m.worst.ref_oracle_err == pytest.approx(1e-6, rel=0.2)
+    assert m.oracle.cand_max_err == pytest.approx(1e-5, rel=0.1) and m.oracle.ref_max_err == pytest.approx(1e-6, rel=0.2)
+    # atol is added to the bound; a larger factor lets the second element through
+    assert compare_arrays(ref, cand, rtol=0, atol=2e-6, oracle=oracle).violations == 1
+    assert compare_arrays(ref, cand, rtol=0, atol=2e-6, oracle=oracle, oracle_factor=20).violations == 0
+
+
+def test_shape_mismatch_is_an_error():
+    with pytest.raises(ValueError, match="shape mismatch"):
+        compare_arrays(np.zeros(3), np.zeros(4), rtol=0, atol=0)
+
+
+def test_json_safe_numbers():
+    m = compare_arrays(np.zeros(2, np.float32), np.array([0, 1], np.float32), rtol=0, atol=0)
+    d = m.to_dict()
+    assert d["max_rel_err"] == "inf" and d["rel_l2_err"] == "inf" and d["passed"] is False

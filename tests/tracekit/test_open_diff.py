@@ -1,0 +1,215 @@
+"""tracekit.open_diff and the ds.tracekit accessor agree with `tracekit diff` and with plain zarr."""
+
+import importlib.util
+import json
+import os
+
+import numpy as np
+import pytest
+import zarr
+from click.testing import CliRunner
+
+import tracekit
+from tracekit.cli.diff import diff as diff_command
+from tracekit.errors import StoreError, TracekitError
+from tracekit.store import RankWriter, TensorData, create_store
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _sample():
+    spec = importlib.util.spec_from_file_location("inspect_divergence", os.path.join(ROOT, "samples", "inspect_divergence.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    return _sample().make_runs(str(tmp_path_factory.mktemp("runs")))
+
+
+@pytest.fixture(scope="module")
+def diffds(runs):
+    return tracekit.open_diff(*runs)
+
+
+def _cli_json(*args):
+    out = CliRunner().invoke(diff_command, [*map(str, args), "--json", "-", "--all-tensors", "-q"])
+    assert out.exit_code in (0, 1), out.output
+    text = out.output[out.output.index("{"):out.output.rindex("}") + 1]
+    return json.loads(text)
+
+
+def _num(x):
+    return float(x) if not isinstance(x, str) else float(x)  # 'inf'/'nan' strings in the JSON
+
+
+def test_metrics_equal_the_cli_report(runs, diffds):
+    doc = _cli_json(*runs)
+    ds = diffds
+    assert ds.tracekit.verdict == doc["status"].upper() == "FAIL"
+    assert ds.attrs["summary_line"] == doc["summary_line"]
+    assert int(ds["compared"].sum()) == len(doc["results"])
+    for r in doc["results"]:
+        at = ds.sel(rank=r["rank"], step=r["step"], tensor=f"{r['kind']}/{r['tensor']}")
+        for m in ("max_abs_err", "max_rel_err", "rel_l2_err", "cosine", "violations", "violation_fraction", "numel"):
+            assert float(at[m]) == _num(r[m]), (r["step"], r["rank"], r["tensor"], m)
+        assert float(at["worst_abs_err"]) == _num(r["worst"]["abs_err"])
+        assert int(at["worst_flat_index"]) == int(np.ravel_multi_index(r["worst"]["index"], r["shape"]))
+    # the report's `violations` counts violating comparisons; the Dataset's, violating elements
+    assert int(ds.tracekit.failing().sum()) == doc["violations"] == 15
+    assert int(ds["violations"].sum()) == sum(r["violations"] for r in doc["results"])
+
+
+def test_first_divergence_is_the_cli_one_and_the_planted_fault(runs, diffds):
+    fd_cli = _cli_json(*runs)["first_divergence"]
+    fd = diffds.tracekit.first_divergence()
+    assert (fd["step"], fd["rank"], fd["kind"], fd["name"]) == (fd_cli["step"], fd_cli["rank"], fd_cli["kind"], fd_cli["tensor"])
+    assert list(fd["index"]) == fd_cli["worst"]["index"] == [5, 1]
+    assert (fd["step"], fd["rank"], fd["tensor"]) == (3, 2, "gradients/0.weight")
+    assert fd["cand"] == pytest.approx(fd["ref"] * 0.5)
+    # the same element, found by hand with xarray: argmax of the lazy error array
+    err = diffds["abs_err/gradients/0.weight"].sel(step=3, rank=2)
+    assert {d: int(i) for d, i in err.argmax(...).items()} == {"gradients/0.weight_dim0": 5, "gradients/0.weight_dim1": 1}
+    assert diffds.tracekit.locate("gradients/0.weight", step=3, rank=2)["index"] == (5, 1)
+    assert tracekit.open_diff(runs[0], runs[0]).tracekit.first_divergence() is None
+
+
+def test_abs_err_matches_plain_zarr(runs, diffds):
+    ref, cand = runs
+
+    def plain(path, rank, kind, name, step):
+        g = zarr.open_group(os.path.join(path, f"rank_{rank}", kind), mode="r")
+        e = next(e for e in g.attrs["tensors"] if e["name"] == name)
+        return g[e["array"]][list(g.attrs["steps"]).index(step), e["offset"]:e["offset"] + e["numel"]].reshape(e["shape"])
+
+    for kind, name in (("gradients", "0.weight"), ("outputs", "output"), ("parameters", "2.bias"), ("loss", "loss")):
+        var = diffds[f"abs_err/{kind}/{name}"]
+        for rank in (0, 2):
+            for step in (3, 5):
+                want = np.abs(plain(cand, rank, kind, name, step) - plain(ref, rank, kind, name, step))
+                np.testing.assert_array_equal(var.sel(rank=rank, step=step).values, want)
+    # step 0 exists only for parameters: NaN elsewhere, and not compared
+    assert np.isnan(diffds["abs_err/gradients/0.weight"].sel(step=0).values).all()
+    assert not diffds["compared"].sel(step=0, tensor="gradients/0.weight").any()
+
+
+def _bf16(values):
+    f = np.asarray(values, np.float32).view(np.uint32)
+    return ((f + 0x7FFF + ((f >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def _tricky_pair(tmp_path):
+    """Values on both sides of the tolerance edge, NaN, inf, zeros, bfloat16, float64, int64."""
+    rng = np.random.default_rng(3)
+    paths = []
+    for side in ("ref", "cand"):
+        path = str(tmp_path / side)
+        create_store(path, {})
+        for rank in range(2):
+            w = RankWriter(path, rank, {"coords": {"rank": rank, "world_size": 2}})
+            for step in (1, 2):
+                g = np.random.default_rng(10 * step + rank).standard_normal(200).astype(np.float32)
+                g[:5] = [np.nan, np.inf, -np.inf, 0.0, 0.0]
+                h = np.random.default_rng(20 * step + rank).standard_normal(64)
+                n = np.arange(6, dtype=np.int64)
+                if side == "cand":
+                    noise = rng.standard_normal(200).astype(np.float32)
+                    with np.errstate(invalid="ignore"):  # inf - inf in the planted non-finite slots
+                        g = g + (np.abs(g) * 1.3e-6 + 1e-5) * noise * np.float32(1.2)  # around the float32 bound
+                    g[:5] = [np.nan, np.inf, np.inf, 0.0, 2e-5]
+                    h = h * (1 + 1e-7 * rng.standard_normal(64))
+                    n[rank + step] += 1
+                w.write(step, "gradients", [
+                    TensorData("g", "float32", (10, 20), g.reshape(10, 20)),
+                    TensorData("b", "bfloat16", (64,), _bf16(h * (1 + (side == "cand") * 0.01 * rng.standard_normal(64)))),
+                    TensorData("h", "float64", (8, 8), h.reshape(8, 8)),
+                    TensorData("n", "int64", (2, 3), n.reshape(2, 3)),
+                ])
+                w.complete_step(step)
+            w.close()
+        paths.append(path)
+    return paths
+
+
+@pytest.mark.parametrize("options", [{}, {"rtol": 1e-3, "atol": 1e-4}, {"equal_nan": True}])
+def test_lazy_violation_masks_count_what_the_diff_counts(tmp_path, options):
+    ref, cand = _tricky_pair(tmp_path)
+    ds = tracekit.open_diff(ref, cand, **options)
+    total = 0
+    for key in ds["tensor"].values:
+        mask = ds.tracekit.violated(str(key)).compute()
+        counted = mask.sum([d for d in mask.dims if d not in ("rank", "step")])
+        np.testing.assert_array_equal(counted.values, ds["violations"].sel(tensor=key).values.astype(int), err_msg=str(key))
+        total += int(counted.sum())
+    assert total == int(ds["violations"].sum()) > 0
+    # and the per-element errors peak where the diff says the worst element is, when it is a finite violation
+    v = ds.tracekit.values("gradients/h")
+    assert float(v["abs_err"].max()) == float(ds["max_abs_err"].sel(tensor="gradients/h").max())
+
+
+def test_violations_with_other_tolerances_rerun_the_diff(runs, diffds):
+    loose = diffds.tracekit.violations(rtol=1e-2, atol=1e-3)
+    doc = _cli_json(*runs, "--rtol", "1e-2", "--atol", "1e-3")
+    assert int((loose > 0).sum()) == doc["violations"]
+    assert int(loose.sum()) == sum(r["violations"] for r in doc["results"])
+    by_key = {(r["rank"], r["step"], f"{r['kind']}/{r['tensor']}"): r["violations"] for r in doc["results"]}
+    for (rank, step, key), n in by_key.items():
+        assert int(loose.sel(rank=rank, step=step, tensor=key)) == n
+    assert int((diffds.tracekit.violations() > 0).sum()) == 15  # without arguments: this diff's own counts
+    worst = diffds.tracekit.worst(3)
+    assert worst[0]["violations"] > 0 and {w["rank"] for w in worst} == {2}
+
+
+def test_missing_steps_need_allow_missing_and_read_as_nan(tmp_path):
+    paths = []
+    for side, last in (("ref", 3), ("cand", 2)):
+        path = str(tmp_path / side)
+        create_store(path, {})
+        for rank in range(2):
+            w = RankWriter(path, rank, {"coords": {"rank": rank}})
+            for step in (1, 2, 3):
+                w.write(step, "gradients", [TensorData("g", "float32", (3,), np.full(3, step, np.float32))])
+                if rank == 0 or step <= last:  # cand rank 1 died after step 2
+                    w.complete_step(step)
+            w.close()
+        paths.append(path)
+    with pytest.raises(StoreError, match="differ in structure: cand rank 1 lacks step 3"):
+        tracekit.open_diff(*paths)
+    ds = tracekit.open_diff(*paths, allow_missing=True)
+    assert ds.tracekit.verdict == "PASS"
+    assert ds["compared"].sel(tensor="gradients/g").values.tolist() == [[True, True, True], [True, True, False]]
+    assert np.isnan(float(ds["max_abs_err"].sel(rank=1, step=3, tensor="gradients/g")))
+    assert np.isnan(ds["abs_err/gradients/g"].sel(rank=1, step=3).values).all()
+    assert not ds.tracekit.violated("g").sel(rank=1, step=3).any()
+
+
+def test_accessor_on_foreign_dataset_and_unknown_tensor(diffds):
+    import xarray as xr
+
+    with pytest.raises(TracekitError, match="does not come from tracekit.open_diff"):
+        xr.Dataset().tracekit.first_divergence()
+    with pytest.raises(TracekitError, match="no tensor 'nope'"):
+        diffds.tracekit.error("nope")
+    with pytest.raises(TracekitError, match="ambiguous"):
+        diffds.tracekit.error("0.weight")  # gradients, parameters and deltas all have one
+
+
+def test_tensor_with_per_rank_shapes_has_metrics_but_no_elementwise_view(tmp_path):
+    paths = []
+    for side in ("ref", "cand"):
+        path = str(tmp_path / side)
+        create_store(path, {})
+        for rank in range(2):
+            w = RankWriter(path, rank, {"coords": {"rank": rank}})
+            shard = np.full((rank + 1, 2), 1.0 + (side == "cand") * (rank == 1), np.float32)  # local shards
+            w.write(1, "shards", [TensorData("s", "float32", shard.shape, shard)])
+            w.complete_step(1)
+            w.close()
+        paths.append(path)
+    ds = tracekit.open_diff(*paths)
+    assert ds["violations"].sel(tensor="shards/s").values.tolist() == [[0.0], [4.0]]
+    assert "abs_err/shards/s" not in ds
+    with pytest.raises(TracekitError, match="different shape on different ranks"):
+        ds.tracekit.values("shards/s")

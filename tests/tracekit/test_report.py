@@ -1,0 +1,124 @@
+"""The HTML report: self-contained, with the verdict, first divergence, loss table, heatmaps, worst tensors."""
+
+import base64
+import importlib.util
+import io
+import os
+import re
+from html.parser import HTMLParser
+
+import numpy as np
+import pytest
+
+from tracekit.report import build_report, write_report
+from tracekit.store import RankWriter, TensorData, create_store
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    spec = importlib.util.spec_from_file_location("inspect_divergence", os.path.join(ROOT, "samples", "inspect_divergence.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.make_runs(str(tmp_path_factory.mktemp("runs")))
+
+
+class _Page(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.imgs, self.links, self.scripts_src, self.text = [], [], [], []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "img":
+            self.imgs.append(a)
+        if tag in ("link", "iframe", "object", "embed"):
+            self.links.append(a)
+        if tag == "script" and "src" in a:
+            self.scripts_src.append(a["src"])
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def parse(text):
+    p = _Page()
+    p.feed(text)
+    p.body = " ".join(" ".join(p.text).split())
+    return p
+
+
+def test_report_is_self_contained_with_all_sections(runs):
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    report, text, notes = build_report(*runs)
+    assert notes == [] and report.status == "fail"
+    page = parse(text)
+    assert not page.links and not page.scripts_src
+    assert not re.search(r"""(src|href)=["']?(https?:|//)""", text)  # nothing fetched from the network
+    alts = [i["alt"] for i in page.imgs]
+    assert alts[0] == "loss curves of both runs"
+    assert [a for a in alts if a.startswith("heatmap")] == [
+        f"heatmap of max relative error of {k} over rank and step" for k in ("outputs", "loss", "gradients", "parameters", "deltas")]
+    assert alts[-1] == "worst tensors by max relative error"
+    for i in page.imgs:
+        prefix = "data:image/png;base64,"
+        assert i["src"].startswith(prefix)
+        im = Image.open(io.BytesIO(base64.b64decode(i["src"][len(prefix):])))
+        im.load()
+        assert im.format == "PNG" and im.size[0] > 300 and im.size[1] > 150
+        assert len(np.unique(np.asarray(im.convert("L")))) > 10  # a picture, not a blank square
+    body = page.body
+    assert "FAIL comparison ranks=4 steps=5 violations=15 first_step=3" in body
+    # first divergence: the planted fault, with its element and the two values
+    fd = body[body.index("First divergence"):body.index("Loss")]
+    for expected in ("step 3", "kind gradients", "tensor 0.weight", "rank (ref rank) 2 (2)", "element (5, 1)",
+                     "relative error 0.5", "violating elements 1 of 128"):
+        assert expected in fd, expected
+    assert "ds['abs_err/gradients/0.weight'].sel(step=3, rank=2).argmax(...)" in text.replace("&#x27;", "'")
+    # the loss table has one row per step with both values
+    loss = body[body.index("Loss"):body.index("Max relative error, rank x step")]
+    for row in report.loss_table:
+        assert f"{row.step} {row.ref:.9g} {row.cand:.9g}" in loss
+    worst = body[body.index("Worst tensors"):body.index("Per step and kind")].split("rtol ", 1)[1].split()
+    # the two tensors the planted half-sized element makes off by 50%, at rank 2, step 3
+    rows = {tuple(worst[0:4]), tuple(worst[7:11])}
+    assert rows == {("deltas/0.weight", "0.5001", "2", "3"), ("gradients/0.weight", "0.5", "2", "3")}
+
+
+def test_pass_report_and_missing_matplotlib(runs, monkeypatch, tmp_path):
+    from tracekit.report import plots
+
+    def no_matplotlib(*a, **k):
+        raise plots.PlottingUnavailable("matplotlib is not installed (pip install 'tracekit[plot]')")
+
+    monkeypatch.setattr(plots, "_figure", no_matplotlib)
+    out = tmp_path / "r.html"
+    report = write_report(runs[0], runs[0], out)
+    assert report.status == "pass"
+    page = parse(out.read_text())
+    assert page.imgs == []
+    assert "No plots: matplotlib is not installed (pip install 'tracekit[plot]')." in page.body
+    assert "PASS comparison ranks=4 steps=5" in page.body
+    assert "None: every compared tensor is within tolerance." in page.body
+    assert not (tmp_path / "r.html.part").exists()
+
+
+def test_structural_error_still_writes_a_report(tmp_path):
+    paths = []
+    for side, ranks in (("ref", 2), ("cand", 1)):
+        path = str(tmp_path / side)
+        create_store(path, {})
+        for r in range(ranks):
+            w = RankWriter(path, r, {"coords": {"rank": r}})
+            w.write(1, "loss", [TensorData("loss", "float32", (), np.array(1.0, np.float32))])
+            w.complete_step(1)
+            w.close()
+        paths.append(path)
+    out = tmp_path / "r.html"
+    report = write_report(*paths, out)
+    assert report.status == "error"
+    body = parse(out.read_text()).body
+    assert "ERROR comparison" in body and "cand lacks rank 1" in body and "--allow-missing" in body

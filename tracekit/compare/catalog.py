@@ -1,0 +1,115 @@
+"""A checked snapshot of a store's structure: ranks, coordinates, kinds, tensors, steps.
+
+Everything the diff needs to know before reading data is gathered here once, and anything odd
+about the store (no ranks, unreadable rank or kind metadata, a rank folder zarr does not
+recognise) becomes one StoreError line naming the store, instead of a traceback later.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+
+from tracekit.errors import StoreError
+from tracekit.store import RunStore, TensorInfo, open_store
+from tracekit.store.format import RANK_PREFIX, kind_order
+
+
+@dataclass
+class KindCatalog:
+    kind: str
+    tensors: dict[str, TensorInfo]  # in recorded order
+    steps: list[int]  # visible steps (completed, or 0 for initial parameters)
+    rows: dict[int, int]  # step -> row of the packed arrays
+
+
+@dataclass
+class RankCatalog:
+    rank: int
+    coords: dict
+    view: object  # tracekit.store.RankView
+    kinds: dict[str, KindCatalog] = field(default_factory=dict)
+    _arrays: dict = field(default_factory=dict)
+
+    def array(self, kind: str, key: str):
+        """The zarr array, opened once (each open re-reads its metadata file)."""
+        arr = self._arrays.get((kind, key))
+        if arr is None:
+            try:
+                arr = self._arrays[(kind, key)] = self.view.array(kind, key)
+            except Exception as e:
+                raise StoreError(
+                    f"{self.view.store.path}: rank {self.rank} {kind}: cannot open array {key!r} ({e.__class__.__name__})"
+                ) from None
+        return arr
+
+    @property
+    def dp(self) -> tuple[int, int]:
+        """(dp_degree, dp_rank); without recorded coordinates every rank is its own data shard."""
+        c = self.coords
+        world = c.get("world_size")
+        return int(c.get("dp_degree", world if world is not None else -1)), int(c.get("dp_rank", self.rank))
+
+
+@dataclass
+class StoreCatalog:
+    store: RunStore
+    ranks: dict[int, RankCatalog]
+
+    @property
+    def path(self) -> str:
+        return self.store.path
+
+    def describe(self) -> dict:
+        run = self.store.run
+        steps = sorted({s for r in self.ranks.values() for k in r.kinds.values() for s in k.steps if s > 0})
+        return {"path": self.path, "ranks": len(self.ranks), "steps": len(steps),
+                **{k: run.get(k) for k in ("device", "backend", "mode", "dtype") if run.get(k) is not None}}
+
+
+def load_catalog(store_or_path) -> StoreCatalog:
+    """Open a store (a path or a RunStore) and check its structure; StoreError if it is unusable."""
+    store = store_or_path if isinstance(store_or_path, RunStore) else open_store(store_or_path)
+    path = store.path
+    with warnings.catch_warnings():
+        # zarr warns (and skips) a folder without metadata; we report it as an error below instead.
+        warnings.simplefilter("ignore")
+        try:
+            ranks = store.ranks
+        except Exception as e:
+            raise StoreError(f"{path}: unreadable rank metadata ({e.__class__.__name__}: {e})") from None
+        if os.path.isdir(path):
+            on_disk = sorted(n for n in os.listdir(path) if n.startswith(RANK_PREFIX))
+            lost = [n for n in on_disk if n[len(RANK_PREFIX):].isdigit() and int(n[len(RANK_PREFIX):]) not in ranks]
+            if lost:
+                raise StoreError(f"{path}: {lost[0]} has no readable metadata (half-written store?)")
+        if not ranks:
+            raise StoreError(f"{path} has no ranks: a half-written store (the run recorded nothing)")
+        out = {}
+        for r in ranks:
+            out[r] = _load_rank(store, r)
+    return StoreCatalog(store, out)
+
+
+def _load_rank(store: RunStore, r: int) -> RankCatalog:
+    where = f"{store.path}: rank {r}"
+    try:
+        view = store.rank(r)
+        coords = view.coords
+        if not isinstance(coords, dict):
+            raise TypeError("coords is not a mapping")
+        cat = RankCatalog(r, coords, view)
+        for kind in view.kinds:
+            rows = list(view.group[kind].attrs.get("steps", []))
+            visible = view.steps(kind)
+            tensors = {t.name: t for t in view.tensors(kind)}
+            for t in tensors.values():  # touch every field so a malformed index fails here
+                _ = (t.dtype, t.shape, t.array, t.offset + t.numel, t.nbytes)
+            cat.kinds[kind] = KindCatalog(kind, tensors, visible, {s: rows.index(s) for s in visible})
+    except StoreError:
+        raise
+    except Exception as e:
+        raise StoreError(f"{where}: unreadable metadata ({e.__class__.__name__}: {e})") from None
+    cat.kinds = dict(sorted(cat.kinds.items(), key=lambda kv: (kind_order(kv[0]), kv[0])))
+    return cat

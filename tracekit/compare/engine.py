@@ -1,0 +1,328 @@
+"""The diff itself: plan the comparison, stream it chunk by chunk on a thread pool, build the report.
+
+Memory stays bounded whatever the store size: a unit of work is the part of one packed row (a
+(rank, kind, step) row holds all tensors of a kind) that lies in one chunk; it is read and
+compared piece by piece (PIECE_ELEMENTS per side, in buffers each worker thread reuses), and
+per-tensor metrics are accumulated block by block and merged in order.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable
+
+from tracekit.compare import alignment
+from tracekit.compare.alignment import KindPair, TensorPair
+from tracekit.compare.catalog import StoreCatalog, load_catalog
+from tracekit.compare.metrics import MetricsAccumulator
+from tracekit.compare.reading import Buffers, RowReader
+from tracekit.compare.report import DiffReport, Divergence, KindSummary, LossRow, TensorResult
+from tracekit.compare.tolerances import DEFAULT_ORACLE_FACTOR, Tolerance, Tolerances, load_config, parse_tol_option
+from tracekit.dtypes import to_numpy_values
+from tracekit.errors import UsageError
+from tracekit.store.format import kind_order
+
+DETAILS = ("violations", "all")
+# Elements read per side at a time: small enough to stay in the CPU cache while compared.
+PIECE_ELEMENTS = 1 << 19
+
+
+@dataclass
+class _Segment:
+    tensor: TensorPair
+    start: int  # element range within the tensor
+    stop: int
+
+
+@dataclass
+class _Unit:
+    pair: KindPair
+    step: int
+    key: str  # ref packed array
+    start: int  # element span of the ref array
+    stop: int
+    segments: list[_Segment]
+
+
+def _units(pair: KindPair, step: int, ref_rc) -> list[_Unit]:
+    """Split the tensors of one (rank, kind, step) row into spans that each lie in one ref chunk."""
+    out = []
+    by_key: dict[str, list[TensorPair]] = {}
+    for t in pair.tensors:
+        by_key.setdefault(t.ref.array, []).append(t)
+    for key, tensors in by_key.items():
+        width = ref_rc.array(pair.kind, key).chunks[1]
+        chunks: dict[int, list[_Segment]] = {}
+        for t in sorted(tensors, key=lambda t: t.ref.offset):
+            s, e = t.ref.offset, t.ref.offset + t.ref.numel
+            while s < e:
+                c = s // width
+                stop = min(e, (c + 1) * width)
+                chunks.setdefault(c, []).append(_Segment(t, s - t.ref.offset, stop - t.ref.offset))
+                s = stop
+        for c, segs in sorted(chunks.items()):
+            start = min(sg.tensor.ref.offset + sg.start for sg in segs)
+            stop = max(sg.tensor.ref.offset + sg.stop for sg in segs)
+            out.append(_Unit(pair, step, key, start, stop, segs))
+    return out
+
+
+def _batches(segments: list[_Segment], oracle: bool) -> list[list[tuple[_Segment, int, int]]]:
+    """Cut the unit's segments into pieces of at most PIECE_ELEMENTS, joining neighbours that lie
+    back to back on every side (many small tensors: one read per side for the lot)."""
+    out: list[list[tuple[_Segment, int, int]]] = []
+    cur: list[tuple[_Segment, int, int]] = []
+    size, ends = 0, None
+    for sg in sorted(segments, key=lambda sg: sg.tensor.ref.offset + sg.start):
+        t = sg.tensor
+        f = sg.start
+        while f < sg.stop:
+            n = min(sg.stop - f, PIECE_ELEMENTS)
+            starts = (t.ref.offset + f, t.cand.array, t.cand.offset + f,
+                      (t.oracle.array, t.oracle.offset + f) if oracle else None)
+            if not cur or starts != ends or size + n > PIECE_ELEMENTS:
+                if cur:
+                    out.append(cur)
+                cur, size = [], 0
+            cur.append((sg, f, f + n))
+            size += n
+            ends = (starts[0] + n, starts[1], starts[2] + n, (starts[3][0], starts[3][1] + n) if oracle else None)
+            f += n
+    if cur:
+        out.append(cur)
+    return out
+
+
+def _span(segments: list[_Segment], info_of) -> dict[str, tuple[int, int]]:
+    """Per packed array, the element range the segments cover on one side."""
+    out: dict[str, tuple[int, int]] = {}
+    for sg in segments:
+        i = info_of(sg.tensor)
+        lo, hi = i.offset + sg.start, i.offset + sg.stop
+        old = out.get(i.array)
+        out[i.array] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+    return out
+
+
+class _Engine:
+    def __init__(self, ref: StoreCatalog, cand: StoreCatalog, oracle: StoreCatalog | None, tolerances: Tolerances,
+                 equal_nan: bool, oracle_factor: float | None):
+        self.ref, self.cand, self.oracle = ref, cand, oracle
+        self.tolerances = tolerances
+        self.equal_nan = equal_nan
+        self.oracle_factor = oracle_factor if oracle is not None else None
+        self._tol_cache: dict[tuple[str, str], Tolerance] = {}
+        self._local = threading.local()  # each worker thread reuses its own read buffers
+
+    def tol(self, kind: str, dtype: str) -> Tolerance:
+        t = self._tol_cache.get((kind, dtype))
+        if t is None:
+            t = self._tol_cache[(kind, dtype)] = self.tolerances.resolve(kind, dtype)
+        return t
+
+    def run_unit(self, u: _Unit) -> tuple[list[tuple[str, int, MetricsAccumulator]], int]:
+        kind, step, p = u.pair.kind, u.step, u.pair
+        sides = [("ref", self.ref.ranks[p.ref_rank], lambda t: t.ref),
+                 ("cand", self.cand.ranks[p.rank], lambda t: t.cand)]
+        if self.oracle is not None:
+            sides.append(("oracle", self.oracle.ranks[p.oracle_rank], lambda t: t.oracle))
+        buffers = self._local.__dict__.setdefault("buffers", Buffers())
+        readers: dict[tuple[str, str], RowReader] = {}
+        accs = {}
+        for sg in u.segments:
+            tol = self.tol(kind, sg.tensor.ref.dtype)
+            accs[id(sg)] = MetricsAccumulator(tol.rtol, tol.atol, self.equal_nan, self.oracle_factor)
+        nbytes = 0
+        try:
+            for side, rc, info_of in sides:
+                for key, span in _span(u.segments, info_of).items():
+                    readers[(side, key)] = RowReader(rc, kind, step, key, span)
+            for batch in _batches(u.segments, self.oracle is not None):
+                n = sum(t - f for _, f, t in batch)
+                sg0, f0, _ = batch[0]
+                data = []
+                for side, _, info_of in sides:
+                    info = info_of(sg0.tensor)
+                    reader = readers[(side, info.array)]
+                    start = info.offset + f0
+                    block = reader.read(start, start + n, buffers.get(side, reader.dtype, n))
+                    nbytes += block.nbytes
+                    data.append((block, info.dtype))
+                pos = 0
+                for sg, f, t in batch:
+                    k = t - f
+                    vals = [to_numpy_values(block[pos : pos + k], dtype) for block, dtype in data]
+                    accs[id(sg)].update(vals[0], vals[1], vals[2] if len(vals) > 2 else None, offset=f)
+                    pos += k
+        finally:
+            for r in readers.values():
+                r.close()
+        return [(sg.tensor.name, sg.start, accs[id(sg)]) for sg in u.segments], nbytes
+
+
+def _resolve_options(rtol, atol, tol, exact, config, tolerances, equal_nan, oracle_factor):
+    if tolerances is None:
+        if isinstance(tol, dict):
+            kinds = {k: tuple(v) for k, v in tol.items()}
+        else:  # ["KIND=RTOL,ATOL", ...] as given on the command line
+            kinds = dict(parse_tol_option(item) for item in tol or ())
+        for k, v in kinds.items():
+            if len(v) != 2:
+                raise UsageError(f"tolerance of {k}: expected (rtol, atol), not {v!r}")
+        cfg = load_config(config) if config else {"tolerances": {}}
+        tolerances = Tolerances(rtol=rtol, atol=atol, kinds=kinds, exact=exact, **cfg["tolerances"])
+        if equal_nan is None:
+            equal_nan = cfg.get("equal_nan", False)
+        if oracle_factor is None:
+            oracle_factor = cfg.get("oracle_factor")
+    if oracle_factor is None:
+        oracle_factor = DEFAULT_ORACLE_FACTOR
+    if not (isinstance(oracle_factor, (int, float)) and oracle_factor >= 0 and not math.isnan(oracle_factor)):
+        raise UsageError(f"--oracle-factor must be a non-negative number, not {oracle_factor!r}")
+    return tolerances, bool(equal_nan), float(oracle_factor)
+
+
+def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: float | None = None,
+         tol=None, exact: bool = False, equal_nan: bool | None = None, config: str | None = None,
+         tolerances: Tolerances | None = None, kinds: list[str] | None = None, allow_missing: bool = False,
+         fail_fast: bool = False, oracle=None, oracle_factor: float | None = None, details: str = "violations",
+         jobs: int | None = None, progress: Callable[[int, int], None] | None = None) -> DiffReport:
+    """Compare two stores of the same job (a reference and a candidate); return a DiffReport.
+
+    ref, cand, oracle: store paths or opened RunStores. align: "rank" (default), "coords" or
+    "global". Tolerances: `rtol`/`atol` for every kind, `tol` per kind ({"loss": (rtol, atol)} or
+    ["loss=1e-4,1e-6", ...]), `config` a TOML file, `exact` for exact equality; or a ready
+    `Tolerances`. Unset values fall back to the per-dtype defaults (docs/DIFF.md). `equal_nan`
+    counts NaNs on both sides as equal. `kinds` limits the kinds compared. `allow_missing`
+    compares the common part when the stores differ in structure (otherwise the report has
+    status "error" and nothing is compared). `fail_fast` stops after the first violating step.
+    `oracle`: a float64 recording of the same job for the three-way verdict, with `oracle_factor`.
+    `details`: "violations" keeps only violating results per tensor, "all" keeps every one
+    (summaries per step and kind are always complete). `progress(bytes_done, bytes_total)` is
+    called as data is compared. Raises StoreError/UsageError (one-line messages) on unusable input.
+    """
+    t0 = time.perf_counter()
+    if details not in DETAILS:
+        raise UsageError(f"details must be one of {', '.join(DETAILS)}, not {details!r}")
+    tolerances, equal_nan, oracle_factor = _resolve_options(rtol, atol, tol, exact, config, tolerances, equal_nan, oracle_factor)
+    refc, candc = load_catalog(ref), load_catalog(cand)
+    orac = load_catalog(oracle) if oracle is not None else None
+    plan = alignment.plan(refc, candc, orac, align, kinds)
+    options = {"align": align, "exact": tolerances.exact, "equal_nan": equal_nan, "allow_missing": allow_missing,
+               "fail_fast": fail_fast, "oracle_factor": oracle_factor if orac is not None else None,
+               "kinds": kinds, "details": details}
+    report = DiffReport(refc.describe(), candc.describe(), orac.describe() if orac else None, align, options,
+                        structural=plan.structural, not_comparable=plan.not_comparable, ranks=plan.ranks)
+    engine = _Engine(refc, candc, orac, tolerances, equal_nan, oracle_factor)
+    report.tolerances = _applied_tolerances(plan, engine)
+    if not report.usable:
+        report.seconds = time.perf_counter() - t0
+        return report
+
+    steps = sorted({s for kp in plan.pairs for s in kp.steps})
+    total = sum(len(kp.steps) * sum(t.ref.nbytes + t.cand.nbytes + (t.oracle.nbytes if t.oracle else 0)
+                                    for t in kp.tensors) for kp in plan.pairs)
+    done = 0
+    if jobs is None:
+        jobs = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=max(1, int(jobs)), thread_name_prefix="tracekit-diff") as pool:
+        for step in steps:
+            pairs = [kp for kp in plan.pairs if step in kp.steps and kp.tensors]
+            units = [u for kp in pairs for u in _units(kp, step, refc.ranks[kp.ref_rank])]
+            futures = [pool.submit(engine.run_unit, u) for u in units]
+            partial: dict[tuple[int, str], list[tuple[int, MetricsAccumulator]]] = {}  # (pair, tensor) -> parts
+            try:
+                for u, f in zip(units, futures):
+                    parts, nbytes = f.result()
+                    for name, start, acc in parts:
+                        partial.setdefault((id(u.pair), name), []).append((start, acc))
+                    done += nbytes
+                    if progress is not None:
+                        progress(done, total)
+            except BaseException:
+                for f in futures:
+                    f.cancel()
+                raise
+            results = _step_results(step, pairs, partial, engine)
+            _add_step(report, step, results, details)
+            if fail_fast and any(not r.passed for r in results):
+                report.stopped_early = step != steps[-1]
+                break
+    report.bytes_compared = done
+    report.first_divergence = _first_divergence(report)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _applied_tolerances(plan, engine) -> list[dict]:
+    seen = {}
+    for kp in plan.pairs:
+        for t in kp.tensors:
+            key = (kp.kind, t.ref.dtype)
+            if key not in seen:
+                tol = engine.tol(*key)
+                seen[key] = {"kind": kp.kind, "dtype": t.ref.dtype, "rtol": tol.rtol, "atol": tol.atol, "source": tol.source}
+    return sorted(seen.values(), key=lambda d: (kind_order(d["kind"]), d["kind"], d["dtype"]))
+
+
+def _step_results(step, pairs, partial, engine) -> list[TensorResult]:
+    results = []
+    for kp in sorted(pairs, key=lambda kp: (kind_order(kp.kind), kp.kind, kp.rank)):
+        for t in kp.tensors:
+            parts = sorted(partial.get((id(kp), t.name), []), key=lambda x: x[0])
+            if not parts:
+                continue
+            acc = parts[0][1]
+            for _, later in parts[1:]:
+                acc.merge(later)
+            tol = engine.tol(kp.kind, t.ref.dtype)
+            results.append(TensorResult(step, kp.kind, kp.rank, kp.ref_rank, t.name, t.ref.dtype, t.ref.shape,
+                                        acc.result(t.ref.shape), tol.source, kp.oracle_rank))
+    return results
+
+
+def _add_step(report: DiffReport, step: int, results: list[TensorResult], details: str) -> None:
+    report.steps.append(step)
+    by_kind: dict[str, list[TensorResult]] = {}
+    for r in results:
+        by_kind.setdefault(r.kind, []).append(r)
+    for kind, rs in by_kind.items():
+        ms = [r.metrics for r in rs]
+        report.summary.append(KindSummary(
+            step, kind, len({r.tensor for r in rs}), len({r.rank for r in rs}), len(rs),
+            sum(not m.passed for m in ms), sum(m.violations for m in ms), sum(m.nonfinite for m in ms), sum(m.numel for m in ms),
+            max(m.max_abs_err for m in ms), max(m.max_rel_err for m in ms), min(m.cosine for m in ms),
+            max(m.rel_l2_err for m in ms)))
+    report.results.extend(r for r in results if details == "all" or not r.passed)
+    loss = by_kind.get("loss")
+    if loss:
+        scalars = [r for r in loss if r.metrics.numel == 1 and r.metrics.worst is not None]
+        if scalars:
+            first = min(scalars, key=lambda r: (r.tensor != "loss", r.rank))
+            w = first.metrics.worst
+            report.loss_table.append(LossRow(step, first.tensor, first.rank, w.ref, w.cand, all(r.passed for r in loss)))
+
+
+def _first_divergence(report: DiffReport) -> Divergence | None:
+    bad = report.violations
+    if not bad:
+        return None
+    step = min(r.step for r in bad)
+    kind = min((r.kind for r in bad if r.step == step), key=lambda k: (kind_order(k), k))
+    rs = [r for r in bad if r.step == step and r.kind == kind]  # already in recorded order per rank
+    names = list(dict.fromkeys(r.tensor for r in sorted(rs, key=lambda r: r.rank)))
+    first = names[0]
+
+    def badness(r: TensorResult):
+        w = r.metrics.worst
+        err = w.abs_err if w and not math.isnan(w.abs_err) else math.inf
+        return (r.metrics.nonfinite > 0, err)
+
+    worst = max((r for r in rs if r.tensor == first), key=badness)
+    return Divergence(step, kind, first, names, sorted({r.rank for r in rs}), worst.rank, worst.ref_rank,
+                      worst.metrics.worst, worst.metrics)

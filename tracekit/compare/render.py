@@ -1,0 +1,125 @@
+"""The human form of a DiffReport: readable tables, ending with the verdict line."""
+
+from __future__ import annotations
+
+import math
+
+from tracekit.compare.alignment import ranges
+from tracekit.compare.report import DiffReport, TensorResult
+from tracekit.store.format import kind_order
+
+
+def _g(x: float) -> str:
+    if isinstance(x, float) and math.isnan(x):
+        return "nan"
+    if isinstance(x, float) and math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return f"{x:.3e}" if x else "0"
+
+
+def _v(x: float) -> str:
+    """A value as recorded: enough digits to tell float32 neighbours apart."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return _g(x)
+    return f"{x:.9g}"
+
+
+def table(headers: list[str], rows: list[list[str]], right: set[int] | None = None) -> list[str]:
+    right = set(range(len(headers))) if right is None else right
+    widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
+
+    def fmt(cells):
+        return "  ".join(str(c).rjust(w) if i in right else str(c).ljust(w) for i, (c, w) in enumerate(zip(cells, widths))).rstrip()
+
+    return [fmt(headers), fmt(["-" * w for w in widths]), *(fmt(r) for r in rows)]
+
+
+def _side(d: dict | None) -> str:
+    if not d:
+        return "-"
+    extra = ", ".join(f"{k}={d[k]}" for k in ("device", "backend", "mode", "dtype") if d.get(k) is not None)
+    return f"{d['path']} ({d['ranks']} ranks, {d['steps']} steps{', ' + extra if extra else ''})"
+
+
+def render(report: DiffReport, max_rows: int = 20) -> str:
+    out = [f"reference: {_side(report.ref)}", f"candidate: {_side(report.cand)}"]
+    if report.oracle:
+        out.append(f"oracle:    {_side(report.oracle)}  (factor {report.options['oracle_factor']:g})")
+    out.append(f"alignment: {report.align}" + ("   --exact" if report.options.get("exact") else "")
+               + ("   --equal-nan" if report.options.get("equal_nan") else ""))
+    if report.tolerances:
+        tols = {}
+        for t in report.tolerances:
+            tols.setdefault((t["dtype"], t["rtol"], t["atol"]), []).append(t["kind"])
+        out.append("tolerances: " + "; ".join(f"{', '.join(k)} {d}: rtol={r:g} atol={a:g}" for (d, r, a), k in tols.items()))
+
+    if report.structural:
+        title = "Skipped (present on one side only, or mismatched)" if report.usable else "Structural problems"
+        out += ["", f"{title}:"] + [f"  - {p.message}" for p in report.structural]
+    for n in report.not_comparable:
+        out.append(f"not comparable: {n.kind}{' ' + repr(n.tensor) if n.tensor else ''}: {n.reason}")
+    if not report.usable:
+        out += ["", "Nothing was compared: pass --allow-missing to compare the common part.", report.summary_line]
+        return "\n".join(out)
+
+    out += ["", "Summary per step and kind (max abs error over finite elements; FAIL n: n tensors outside tolerance):"]
+    kinds = sorted({s.kind for s in report.summary}, key=lambda k: (kind_order(k), k))
+    cells: dict[int, dict[str, str]] = {}
+    for s in report.summary:
+        err = "NaN/Inf" if s.nonfinite else _g(s.max_abs_err)
+        cells.setdefault(s.step, {})[s.kind] = f"ok {err}" if s.passed else f"FAIL {s.violating} {err}"
+    rows = [[str(step), *(cells[step].get(k, "-") for k in kinds)] for step in sorted(cells)]
+    out += table(["step", *kinds], rows, right={0})
+
+    if report.loss_table:
+        out += ["", "Loss:"]
+        rows = [[str(r.step), _v(r.ref), _v(r.cand), _g(r.abs_diff), _g(r.rel_diff), "ok" if r.passed else "FAIL"]
+                for r in report.loss_table]
+        out += table(["step", "ref loss", "cand loss", "abs diff", "rel diff", "verdict"], rows, right={0, 1, 2, 3, 4})
+
+    d = report.first_divergence
+    if d is not None:
+        m = d.metrics
+        out += ["", f"First divergence: step {d.step}, {d.kind}, tensor {d.tensor!r}, "
+                    f"rank{'s' if len(d.ranks) > 1 else ''} {ranges(d.ranks)}"]
+        if len(d.tensors) > 1:
+            shown = ", ".join(d.tensors[:8]) + (", ..." if len(d.tensors) > 8 else "")
+            out.append(f"  {len(d.tensors)} {d.kind} tensors outside tolerance: {shown}")
+        if d.worst is not None:
+            w = d.worst
+            where = f"rank {d.rank}" + (f" (ref rank {d.ref_rank})" if d.ref_rank != d.rank else "")
+            line = f"  worst element {list(w.index)} on {where}: ref={_v(w.ref)} cand={_v(w.cand)} |diff|={_g(w.abs_err)}"
+            if w.oracle is not None:
+                line += f" oracle={_v(w.oracle)} |cand-oracle|={_g(w.cand_oracle_err)} |ref-oracle|={_g(w.ref_oracle_err)}"
+            out.append(line)
+        out.append(f"  {m.violations}/{m.numel} elements ({m.violation_fraction:.2%}) outside "
+                   + (f"oracle rule (factor {m.oracle.factor:g}, atol={m.atol:g})" if m.oracle else f"rtol={m.rtol:g} atol={m.atol:g}")
+                   + (f", {m.nonfinite} NaN/Inf" if m.nonfinite else "")
+                   + f"; max rel err {_g(m.max_rel_err)}, rel L2 err {_g(m.rel_l2_err)}, cosine {m.cosine:.9f}")
+
+    bad = report.violations
+    if bad:
+        out += ["", f"Violations ({min(len(bad), max_rows)} of {report.num_violations} shown):"]
+        out += table(*_violation_rows(bad[:max_rows]), right={0, 1, 4, 5, 6, 7, 8})
+    if report.stopped_early:
+        out += ["", "Stopped after the first violating step (--fail-fast)."]
+    out += ["", report.summary_line]
+    return "\n".join(out)
+
+
+def _violation_rows(results: list[TensorResult]):
+    oracle = any(r.metrics.oracle for r in results)
+    headers = ["step", "rank", "kind", "tensor", "violating", "max abs", "max rel", "rel L2", "cosine", "worst (index: ref -> cand)"]
+    if oracle:
+        headers += ["|cand-oracle|", "|ref-oracle|"]
+    rows = []
+    for r in results:
+        m, w = r.metrics, r.metrics.worst
+        worst = f"{list(w.index)}: {_v(w.ref)} -> {_v(w.cand)}" if w else "-"
+        nf = f", {m.nonfinite} NaN/Inf" if m.nonfinite else ""
+        row = [str(r.step), str(r.rank), r.kind, r.tensor, f"{m.violations} ({m.violation_fraction:.1%}{nf})", _g(m.max_abs_err),
+               _g(m.max_rel_err), _g(m.rel_l2_err), f"{m.cosine:.6f}", worst]
+        if oracle:
+            row += [_g(m.oracle.cand_max_err), _g(m.oracle.ref_max_err)] if m.oracle else ["-", "-"]
+        rows.append(row)
+    return headers, rows

@@ -1,0 +1,199 @@
+"""The diff report: plain dataclasses the CLI renders and `to_dict()` turns into the JSON report
+(schemas/diff-report.schema.json)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from tracekit.compare.alignment import NotComparable, StructuralProblem
+from tracekit.compare.metrics import TensorMetrics, WorstElement, _num
+
+REPORT_FORMAT = 1
+
+
+@dataclass
+class TensorResult:
+    """One (step, rank, kind, tensor) comparison."""
+
+    step: int
+    kind: str
+    rank: int  # candidate rank
+    ref_rank: int
+    tensor: str
+    dtype: str
+    shape: tuple[int, ...]
+    metrics: TensorMetrics
+    tolerance_source: str = ""
+    oracle_rank: int | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.metrics.passed
+
+    def to_dict(self) -> dict:
+        return {"step": self.step, "kind": self.kind, "rank": self.rank, "ref_rank": self.ref_rank,
+                "oracle_rank": self.oracle_rank, "tensor": self.tensor, "dtype": self.dtype,
+                "shape": list(self.shape), "tolerance_source": self.tolerance_source, **self.metrics.to_dict()}
+
+
+@dataclass
+class KindSummary:
+    """All tensors of one kind at one step, over all ranks."""
+
+    step: int
+    kind: str
+    tensors: int  # distinct tensor names
+    ranks: int
+    comparisons: int  # (rank, tensor) pairs compared
+    violating: int  # of which outside tolerance
+    violating_elements: int
+    nonfinite: int  # of which NaN/Inf mismatches
+    numel: int
+    max_abs_err: float
+    max_rel_err: float
+    min_cosine: float
+    max_rel_l2_err: float
+
+    @property
+    def passed(self) -> bool:
+        return self.violating == 0
+
+    def to_dict(self) -> dict:
+        return {"step": self.step, "kind": self.kind, "passed": self.passed, "tensors": self.tensors,
+                "ranks": self.ranks, "comparisons": self.comparisons, "violating": self.violating,
+                "violating_elements": self.violating_elements, "nonfinite": self.nonfinite, "numel": self.numel,
+                "max_abs_err": _num(self.max_abs_err), "max_rel_err": _num(self.max_rel_err),
+                "min_cosine": _num(self.min_cosine), "max_rel_l2_err": _num(self.max_rel_l2_err)}
+
+
+@dataclass
+class LossRow:
+    step: int
+    tensor: str
+    rank: int  # the candidate rank the values are taken from (the loss is global: every rank has it)
+    ref: float
+    cand: float
+    passed: bool  # the loss of every rank at this step is within tolerance
+
+    @property
+    def abs_diff(self) -> float:
+        return abs(self.cand - self.ref)
+
+    @property
+    def rel_diff(self) -> float:
+        d = self.abs_diff
+        if self.ref == 0:
+            return 0.0 if d == 0 else math.inf
+        return d / abs(self.ref)
+
+    def to_dict(self) -> dict:
+        return {"step": self.step, "tensor": self.tensor, "rank": self.rank, "ref": _num(self.ref),
+                "cand": _num(self.cand), "abs_diff": _num(self.abs_diff), "rel_diff": _num(self.rel_diff),
+                "passed": self.passed}
+
+
+@dataclass
+class Divergence:
+    """Where the runs first part: earliest step, first kind in compute order within it."""
+
+    step: int
+    kind: str
+    tensor: str  # first violating tensor in recorded order
+    tensors: list[str]  # every violating tensor of this kind at this step
+    ranks: list[int]  # candidate ranks with a violation in this kind at this step
+    rank: int  # the rank whose copy of `tensor` is worst
+    ref_rank: int
+    worst: WorstElement | None
+    metrics: TensorMetrics
+
+    def to_dict(self) -> dict:
+        return {"step": self.step, "kind": self.kind, "tensor": self.tensor, "tensors": self.tensors,
+                "ranks": self.ranks, "rank": self.rank, "ref_rank": self.ref_rank,
+                "worst": self.worst.to_dict() if self.worst else None, "metrics": self.metrics.to_dict()}
+
+
+@dataclass
+class DiffReport:
+    ref: dict
+    cand: dict
+    oracle: dict | None
+    align: str
+    options: dict
+    tolerances: list[dict] = field(default_factory=list)  # what applied, per (kind, dtype)
+    ranks: list[int] = field(default_factory=list)  # candidate ranks compared
+    steps: list[int] = field(default_factory=list)  # steps compared (0 = initial parameters)
+    results: list[TensorResult] = field(default_factory=list)  # every comparison, or only violations
+    summary: list[KindSummary] = field(default_factory=list)
+    loss_table: list[LossRow] = field(default_factory=list)
+    first_divergence: Divergence | None = None
+    structural: list[StructuralProblem] = field(default_factory=list)
+    not_comparable: list[NotComparable] = field(default_factory=list)
+    stopped_early: bool = False  # --fail-fast stopped after the first violating step
+    bytes_compared: int = 0
+    seconds: float = 0.0
+
+    # ---- verdict ---------------------------------------------------------------------------
+    @property
+    def usable(self) -> bool:
+        """False when structural problems stopped the comparison (allow_missing was not given)."""
+        return not (self.structural and not self.options.get("allow_missing"))
+
+    @property
+    def violations(self) -> list[TensorResult]:
+        """Every (step, rank, kind, tensor) outside tolerance."""
+        return [r for r in self.results if not r.passed]
+
+    @property
+    def num_violations(self) -> int:
+        return sum(s.violating for s in self.summary)
+
+    @property
+    def passed(self) -> bool:
+        return self.usable and self.num_violations == 0
+
+    @property
+    def status(self) -> str:
+        return "error" if not self.usable else ("pass" if self.passed else "fail")
+
+    @property
+    def exit_code(self) -> int:
+        return {"pass": 0, "fail": 1, "error": 2}[self.status]
+
+    @property
+    def num_steps(self) -> int:
+        """Training steps compared (numbered from 1; the initial parameters, step 0, not counted)."""
+        return sum(1 for s in self.steps if s > 0)
+
+    @property
+    def summary_line(self) -> str:
+        if self.status == "error":
+            return f"ERROR comparison ranks={len(self.ranks)} structural_problems={len(self.structural)}"
+        line = f"{self.status.upper()} comparison ranks={len(self.ranks)} steps={self.num_steps}"
+        if self.status == "fail":
+            line += f" violations={self.num_violations} first_step={self.first_divergence.step}"
+        return line
+
+    def to_dict(self) -> dict:
+        return {
+            "format": REPORT_FORMAT,
+            "status": self.status,
+            "passed": self.passed,
+            "summary_line": self.summary_line,
+            "ref": self.ref, "cand": self.cand, "oracle": self.oracle,
+            "align": self.align,
+            "options": self.options,
+            "tolerances": self.tolerances,
+            "ranks": self.ranks,
+            "steps": self.steps,
+            "violations": self.num_violations,
+            "first_divergence": self.first_divergence.to_dict() if self.first_divergence else None,
+            "summary": [s.to_dict() for s in self.summary],
+            "loss_table": [r.to_dict() for r in self.loss_table],
+            "results": [r.to_dict() for r in self.results],
+            "structural": [p.to_dict() for p in self.structural],
+            "skipped": [p.to_dict() for p in self.structural] if self.options.get("allow_missing") else [],
+            "not_comparable": [n.to_dict() for n in self.not_comparable],
+            "stopped_early": self.stopped_early,
+            "stats": {"bytes_compared": self.bytes_compared, "seconds": round(self.seconds, 3)},
+        }

@@ -1,0 +1,179 @@
+"""Which (rtol, atol) applies to a tensor: built-in defaults per dtype, overridden by the user.
+
+Resolution, most specific first (documented in docs/DIFF.md):
+  --exact > per-kind (--tol KIND=..., then the config file's [kind.KIND])
+          > global (--rtol/--atol, then the config file's top-level rtol/atol)
+          > per-dtype (the config file's [dtype.DTYPE], then KIND_DEFAULTS for a few
+            (kind, dtype) pairs, then DTYPE_DEFAULTS).
+rtol and atol resolve independently, so `--rtol 1e-4` keeps each dtype's default atol.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+
+from tracekit.errors import UsageError
+
+# (rtol, atol). The float rows are torch.testing.assert_close's table; float8 has no torch default,
+# so it gets twice its machine epsilon (the bfloat16 row is also ~2 eps). Integers and bool are exact.
+DTYPE_DEFAULTS: dict[str, tuple[float, float]] = {
+    "float64": (1e-7, 1e-7),
+    "float32": (1.3e-6, 1e-5),
+    "bfloat16": (1.6e-2, 1e-5),
+    "float16": (1e-3, 1e-5),
+    "float8_e4m3fn": (2.5e-1, 1e-5),
+    "float8_e5m2": (5e-1, 1e-5),
+    "complex128": (1e-7, 1e-7),
+    "complex64": (1.3e-6, 1e-5),
+}
+EXACT = (0.0, 0.0)  # every other dtype: int*, uint*, bool
+
+# Built-in exceptions by (kind, dtype). Parameters move by lr * grad per step (~1e-5 in the
+# reference workloads), so the float32 atol of 1e-5 would hide an update that is 1% off (~1e-7
+# to 1e-6 per element) until it shows in the next step's outputs. Parameter rounding noise is
+# about one ulp (below 1e-8 for |p| < 0.1), so 1e-7 keeps a wide margin while the update stays
+# visible at the step where it goes wrong. (Deltas cannot do the same: p_after - p_before
+# cancels, so their noise is an ulp of the parameter, not of the delta.)
+KIND_DEFAULTS: dict[tuple[str, str], tuple[float, float]] = {
+    ("parameters", "float32"): (1.3e-6, 1e-7),
+    ("parameters", "float64"): (1e-7, 1e-9),
+}
+
+# The three-way verdict: a candidate element may be this many times further from the float64
+# oracle than the reference is (the dynamo accuracy minifier uses 2-3x on RMSE; we apply it per element).
+DEFAULT_ORACLE_FACTOR = 3.0
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    rtol: float
+    atol: float
+    source: str = "default"  # where it came from, shown in reports
+
+
+def _check_value(name: str, value, where: str) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise UsageError(f"{where}: {name} must be a number, not {value!r}") from None
+    if math.isnan(v) or v < 0:
+        raise UsageError(f"{where}: {name} must be a non-negative number, not {value!r}")
+    return v
+
+
+@dataclass
+class Tolerances:
+    """Everything the user said about tolerances; `.resolve(kind, dtype)` gives the one that applies."""
+
+    rtol: float | None = None  # global, all kinds and dtypes
+    atol: float | None = None
+    kinds: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)  # --tol
+    config_rtol: float | None = None
+    config_atol: float | None = None
+    config_kinds: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
+    config_dtypes: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
+    exact: bool = False
+
+    def __post_init__(self):
+        if self.rtol is not None:
+            self.rtol = _check_value("rtol", self.rtol, "--rtol")
+        if self.atol is not None:
+            self.atol = _check_value("atol", self.atol, "--atol")
+        self.kinds = {
+            k: tuple(None if x is None else _check_value(n, x, f"tolerance of {k}") for n, x in zip(("rtol", "atol"), v))
+            for k, v in self.kinds.items()
+        }
+
+    def resolve(self, kind: str, dtype: str) -> Tolerance:
+        if self.exact:
+            return Tolerance(0.0, 0.0, "--exact")
+        builtin = KIND_DEFAULTS.get((kind, dtype))
+        default = DTYPE_DEFAULTS.get(dtype, EXACT)
+        # candidates in precedence order: (rtol, atol, label)
+        layers = [
+            (*self.kinds.get(kind, (None, None)), f"--tol {kind}"),
+            (*self.config_kinds.get(kind, (None, None)), f"config kind.{kind}"),
+            (self.rtol, self.atol, "--rtol/--atol"),
+            (self.config_rtol, self.config_atol, "config"),
+            (*self.config_dtypes.get(dtype, (None, None)), f"config dtype.{dtype}"),
+            (*(builtin or (None, None)), f"{kind} {dtype} default"),
+            (*default, f"{dtype} default"),
+        ]
+        rtol = next((r, src) for r, _, src in layers if r is not None)
+        atol = next((a, src) for _, a, src in layers if a is not None)
+        source = rtol[1] if rtol[1] == atol[1] else f"rtol: {rtol[1]}, atol: {atol[1]}"
+        return Tolerance(rtol[0], atol[0], source)
+
+    def to_dict(self) -> dict:
+        return {
+            "exact": self.exact, "rtol": self.rtol, "atol": self.atol,
+            "kinds": {k: list(v) for k, v in self.kinds.items()},
+            "config": {"rtol": self.config_rtol, "atol": self.config_atol,
+                       "kinds": {k: list(v) for k, v in self.config_kinds.items()},
+                       "dtypes": {k: list(v) for k, v in self.config_dtypes.items()}},
+        }
+
+
+def parse_tol_option(text: str) -> tuple[str, tuple[float, float]]:
+    """'gradients=1e-5,1e-6' -> ('gradients', (1e-5, 1e-6))."""
+    kind, sep, values = text.partition("=")
+    parts = values.split(",")
+    if not sep or not kind.strip() or len(parts) != 2:
+        raise UsageError(f"--tol {text!r}: expected KIND=RTOL,ATOL, e.g. --tol gradients=1e-5,1e-6")
+    kind = kind.strip()
+    where = f"--tol {text}"
+    return kind, (_check_value("rtol", parts[0].strip(), where), _check_value("atol", parts[1].strip(), where))
+
+
+# Keys the config file may hold at its top level besides the tables.
+CONFIG_KEYS = {"rtol", "atol", "equal_nan", "oracle_factor", "kind", "dtype"}
+
+
+def _pair(table, where: str) -> tuple[float | None, float | None]:
+    if not isinstance(table, dict) or set(table) - {"rtol", "atol"}:
+        raise UsageError(f"{where}: expected a table with rtol and/or atol")
+    return tuple(None if table.get(n) is None else _check_value(n, table[n], where) for n in ("rtol", "atol"))
+
+
+def load_config(path: str) -> dict:
+    """Read a TOML tolerance file into keyword arguments for Tolerances plus equal_nan/oracle_factor.
+
+    rtol = 1e-5            # all kinds and dtypes
+    atol = 1e-6
+    equal_nan = false
+    oracle_factor = 3.0
+    [dtype.bfloat16]       # replaces the built-in default of that dtype
+    rtol = 2e-2
+    [kind.loss]            # one kind, every dtype
+    rtol = 1e-4
+    atol = 1e-7
+    """
+    try:
+        with open(path, "rb") as f:
+            doc = tomllib.load(f)
+    except OSError as e:
+        raise UsageError(f"--config {path}: cannot read it ({e.strerror or e})") from None
+    except tomllib.TOMLDecodeError as e:
+        raise UsageError(f"--config {path}: not valid TOML ({e})") from None
+    unknown = set(doc) - CONFIG_KEYS
+    if unknown:
+        raise UsageError(f"--config {path}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(CONFIG_KEYS))}")
+    out: dict = {}
+    for n in ("rtol", "atol"):
+        if n in doc:
+            out[f"config_{n}"] = _check_value(n, doc[n], f"--config {path}")
+    for table, key in (("kind", "config_kinds"), ("dtype", "config_dtypes")):
+        sub = doc.get(table, {})
+        if not isinstance(sub, dict):
+            raise UsageError(f"--config {path}: [{table}] must be a table of tables")
+        out[key] = {name: _pair(v, f"--config {path} [{table}.{name}]") for name, v in sub.items()}
+    extra = {}
+    if "equal_nan" in doc:
+        if not isinstance(doc["equal_nan"], bool):
+            raise UsageError(f"--config {path}: equal_nan must be true or false")
+        extra["equal_nan"] = doc["equal_nan"]
+    if "oracle_factor" in doc:
+        extra["oracle_factor"] = _check_value("oracle_factor", doc["oracle_factor"], f"--config {path}")
+    return {"tolerances": out, **extra}

@@ -1,0 +1,87 @@
+"""What a store holds, as one plain dict: run metadata, ranks, steps, tensors, bytes on disk."""
+
+from __future__ import annotations
+
+import os
+
+from tracekit.store import open_store
+from tracekit.store.format import RANK_PREFIX
+
+
+def _bytes_under(path: str) -> int:
+    total = 0
+    for root, _dirs, files in os.walk(path):
+        for f in files:
+            try:
+                total += os.path.getsize(os.path.join(root, f))
+            except OSError:  # a file vanishing mid-walk (a run still writing) is not an error
+                pass
+    return total
+
+
+def _kinds(store) -> list[dict]:
+    """Per kind: the union of steps, and each tensor with its dtype and shape (per rank if they differ)."""
+    out: dict[str, dict] = {}
+    for r in store.ranks:
+        view = store.rank(r)
+        for kind in view.kinds:
+            entry = out.setdefault(kind, {"kind": kind, "steps": set(), "tensors": {}})
+            entry["steps"].update(view.steps(kind))
+            for t in view.tensors(kind):
+                e = entry["tensors"].setdefault(
+                    t.name, {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "numel": t.numel,
+                             "bytes_per_step": t.nbytes, "ranks": 0, "shapes_differ": False})
+                e["ranks"] += 1
+                if list(t.shape) != e["shape"] or t.dtype != e["dtype"]:
+                    e["shapes_differ"] = True
+    result = []
+    for entry in out.values():
+        result.append({"kind": entry["kind"], "steps": sorted(entry["steps"]), "tensors": list(entry["tensors"].values())})
+    return result
+
+
+def run_metadata(store) -> dict:
+    """The run's facts, flat: root metadata over rank 0's `run`, without the per-rank completion
+    table the launcher adds at the end (`ranks`, shown per rank instead), plus the ops any rank ran
+    as CPU fallbacks (`fallback_ops`, the union over ranks, when a rank reported them)."""
+    info = {k: v for k, v in store.run.items() if k not in ("ranks", "run")}
+    for k, v in (store.meta.get("run") or {}).items():
+        info.setdefault(k, v)
+    fallback: list[str] = []
+    reported = False
+    for r in store.ranks:
+        ops = store.rank(r).attrs.get("fallback_ops")
+        if ops is not None:
+            reported = True
+            fallback += [op for op in ops if op not in fallback]
+    if reported:
+        info["fallback_ops"] = fallback
+    return info
+
+
+def summarize(path) -> dict:
+    """Everything `tracekit show` prints; plain JSON-able values only."""
+    store = open_store(path)
+    ranks = []
+    for r in store.ranks:
+        view = store.rank(r)
+        done = view.completed_steps
+        ranks.append({
+            "rank": r,
+            "coords": view.coords,
+            "status": view.status,
+            "steps_completed": len(done),
+            "first_step": done[0] if done else None,
+            "last_step": done[-1] if done else None,
+            "kinds": view.kinds,
+            "bytes": _bytes_under(os.path.join(store.path, f"{RANK_PREFIX}{r}")),
+        })
+    return {
+        "store": os.path.abspath(store.path),
+        "finished": store.finished,
+        "run": run_metadata(store),
+        "world_size": len(store.ranks),
+        "ranks": ranks,
+        "kinds": _kinds(store),
+        "bytes_on_disk": _bytes_under(store.path),
+    }

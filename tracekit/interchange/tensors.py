@@ -1,0 +1,36 @@
+"""Store entries <-> torch tensors, bit for bit (bfloat16 and float8 travel as their raw bits)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tracekit.dtypes import storage_dtype
+from tracekit.store import TensorData
+
+# numpy lacks these dtypes; the store keeps their bits in an unsigned integer array of equal width
+_BITS_VIEW = {"bfloat16": "int16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8"}
+
+
+def to_torch(bits: np.ndarray, dtype: str, shape: tuple[int, ...]):
+    """Stored data (storage dtype, flat) -> a torch tensor of the logical dtype and shape."""
+    import torch
+
+    data = np.array(bits, copy=True)  # owned and writable: torch.from_numpy shares memory
+    if dtype in _BITS_VIEW:
+        data = data.view(np.dtype(_BITS_VIEW[dtype]))
+        return torch.from_numpy(data).view(getattr(torch, dtype)).reshape(shape)
+    return torch.from_numpy(data).reshape(shape)
+
+
+def from_torch(name: str, t) -> TensorData:
+    """A CPU torch tensor -> a store entry; raises ValueError for dtypes a store cannot hold."""
+    import torch
+
+    dtype = str(t.dtype).removeprefix("torch.")
+    storage_dtype(dtype)  # ValueError: unsupported
+    t = t.detach().to("cpu").contiguous()
+    if dtype in _BITS_VIEW:
+        data = t.view(getattr(torch, _BITS_VIEW[dtype])).numpy().view(storage_dtype(dtype))
+    else:
+        data = t.numpy()
+    return TensorData(name, dtype, tuple(t.shape), data)

@@ -1,0 +1,63 @@
+"""The HTML report of a diff: `write_report(ref, cand, "report.html")` (CLI: `tracekit report`).
+
+One self-contained file, viewable offline: the verdict, the first divergence, the loss table and
+curves, heatmaps of the max relative error over rank x step per kind, and the worst tensors.
+Plots need matplotlib (the `plot` extra); without it the report has the tables only, and says so.
+"""
+
+from __future__ import annotations
+
+import os
+
+from tracekit.errors import UsageError
+
+
+def build_report(ref, cand, replay=None, **diff_kwargs):
+    """(DiffReport, html text, notes) for REF vs CAND; diff_kwargs go to tracekit.compare.diff.
+    replay: a replay store of CAND's job (docs/REPLAY.md), plotted as local against accumulated error."""
+    from tracekit.compare import diff
+    from tracekit.inspect.diffview import dataset_from_report
+    from tracekit.inspect.summary import run_metadata
+    from tracekit.report.html import render
+    from tracekit.store import open_store
+
+    diff_kwargs = {k: v for k, v in diff_kwargs.items() if k not in ("details", "progress")}
+    report = diff(ref, cand, details="all", **diff_kwargs)
+    ds = dataset_from_report(report, ref, cand, diff_kwargs) if report.usable else None
+    notes = []
+    try:
+        from tracekit.report import plots
+
+        plots._figure(1, 1)  # fails early, with the install hint, when matplotlib is missing
+    except plots.PlottingUnavailable as e:
+        plots = None
+        notes.append(f"No plots: {e}.")
+    meta = {}
+    for side, path in (("ref", ref), ("cand", cand)):
+        store = open_store(getattr(path, "path", path))
+        run = run_metadata(store)
+        meta[side] = {"path": store.path, "command": run.get("command"), "versions": run.get("versions"),
+                      "ranks": len(store.ranks)}
+    extra = []
+    if replay is not None:
+        from tracekit.report.replay import section
+
+        extra.append(section(ref, cand, replay, plots))
+    return report, render(report, ds, plots, meta, notes, extra), notes
+
+
+def write_report(ref, cand, output, replay=None, **diff_kwargs):
+    """Write the HTML report of REF vs CAND to `output`; return the DiffReport."""
+    output = os.fspath(output)
+    parent = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(parent):
+        raise UsageError(f"-o {output}: folder {parent} does not exist")
+    report, text, _notes = build_report(ref, cand, replay=replay, **diff_kwargs)
+    tmp = output + ".part"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, output)  # never a half-written report under the final name
+    return report
+
+
+__all__ = ["build_report", "write_report"]

@@ -1,0 +1,77 @@
+"""Helpers for users' own test suites.
+
+    from tracekit.testing import assert_stores_close
+    assert_stores_close("runs/ref", "runs/cand", rtol=1e-5, atol=1e-6)
+
+`write_store` builds a small store from numpy arrays (or torch tensors), for fixtures.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from tracekit.compare import diff
+from tracekit.compare.render import render
+
+__all__ = ["assert_stores_close", "write_store"]
+
+
+def assert_stores_close(ref, cand, *, max_rows: int = 10, **options) -> None:
+    """Raise AssertionError, with the diff's first divergence and worst tensors, unless `cand`
+    matches `ref` within tolerance. Takes the keyword arguments of `tracekit.diff`
+    (align, rtol, atol, tol, exact, equal_nan, kinds, allow_missing, oracle, ...).
+    StoreError/UsageError (unusable input) propagate as they are."""
+    report = diff(ref, cand, **options)
+    if report.passed:
+        return
+    raise AssertionError("the stores differ:\n" + render(report, max_rows=max_rows))
+
+
+def _tensor_data(name: str, value):
+    from tracekit.store import TensorData
+
+    if hasattr(value, "detach"):  # a torch tensor: keep its dtype (bfloat16 stored as bits)
+        import torch
+
+        t = value.detach().cpu().contiguous()
+        dtype = str(t.dtype).removeprefix("torch.")
+        if t.dtype == torch.bfloat16:
+            bits = t.view(torch.uint16).numpy() if hasattr(torch, "uint16") else t.view(torch.int16).numpy().view(np.uint16)
+        elif t.dtype in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)):
+            bits = t.view(torch.uint8).numpy()
+        else:
+            bits = t.numpy()
+        return TensorData(name, dtype, tuple(t.shape), bits)
+    arr = np.asarray(value)
+    return TensorData(name, str(arr.dtype), tuple(arr.shape), arr)
+
+
+def write_store(path, data: Mapping[int, Mapping[int, Mapping[str, Mapping[str, object]]]], *,
+                coords: Mapping[int, dict] | None = None, run: dict | None = None, meta: dict | None = None,
+                force: bool = False) -> str:
+    """Write a store from `data[rank][step][kind][tensor name] = array`.
+
+    Steps are written in increasing order and each is marked complete (parameters may have a
+    step 0, the initial parameters). `coords[rank]` are the rank's coordinates (default: a 1-D
+    data-parallel layout over the given ranks), `run` the run facts every rank reports, `meta`
+    extra root metadata. Returns the path.
+    """
+    from tracekit.store import RankWriter, create_store
+
+    path = str(path)
+    world = len(data)
+    create_store(path, dict(meta or {}), force=force)
+    for rank in sorted(data):
+        c = dict(coords[rank]) if coords and rank in coords else {
+            "rank": rank, "local_rank": rank, "world_size": world, "dp_degree": world, "dp_rank": rank,
+            "tp_degree": 1, "tp_rank": 0}
+        w = RankWriter(path, rank, {"coords": c, "run": dict(run or {})})
+        for step in sorted(data[rank]):
+            for kind, tensors in data[rank][step].items():
+                w.write(step, kind, [_tensor_data(n, v) for n, v in tensors.items()])
+            if step > 0:
+                w.complete_step(step)
+        w.close()
+    return path
