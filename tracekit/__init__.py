@@ -19,8 +19,29 @@ if _os.path.isfile(_os.path.join(_root, "pyproject.toml")) and _os.path.isfile(
     __path__.append(_root)  # type: ignore[name-defined]
 
 from tracekit.errors import StoreError, TracekitError  # noqa: E402
-from tracekit.store import RunStore, open_store  # noqa: E402
-from tracekit.compare import diff  # noqa: E402  (a function: the engine is the tracekit.compare package)
-from tracekit.inspect import open, open_diff  # noqa: E402,A004 - lazy: xarray/dask load on first call
+
+# Public names, imported on first use: every recorded worker imports tracekit at start-up (the
+# zero-code bootstrap does), and it needs none of the diff or xarray machinery.
+_LAZY = {
+    "RunStore": "tracekit.store",
+    "open_store": "tracekit.store",
+    "diff": "tracekit.compare",  # a function: the engine is the tracekit.compare package
+    "open": "tracekit.inspect",
+    "open_diff": "tracekit.inspect",
+}
 
 __all__ = ["RunStore", "StoreError", "TracekitError", "diff", "open", "open_diff", "open_store", "__version__"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tracekit' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))
