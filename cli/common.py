@@ -29,6 +29,32 @@ def one_line_errors(fn):
     return wrapper
 
 
+def comparison_options(fn):
+    """The options that choose what `diff` and `report` compare and how closely (one definition).
+
+    The wrapped command receives align, rtol, atol, tol (a tuple), config, exact, equal_nan,
+    kinds (a list or None) and allow_missing.
+    """
+    from tracekit.compare import ALIGN_MODES  # the CLI's import of the engine, once, here
+
+    options = [
+        click.option("--align", type=click.Choice(ALIGN_MODES), default="rank", show_default=True,
+                     help="rank: by rank and step; coords: by mesh coordinates; global: layout-free, full tensors per step."),
+        click.option("--rtol", type=float, help="Relative tolerance for every kind (default: per dtype, see docs/DIFF.md)."),
+        click.option("--atol", type=float, help="Absolute tolerance for every kind (default: per dtype)."),
+        click.option("--tol", "tol", multiple=True, metavar="KIND=RTOL,ATOL", help="Tolerance for one kind; repeatable."),
+        click.option("--config", type=click.Path(), help="TOML file of tolerances (see docs/DIFF.md)."),
+        click.option("--exact", is_flag=True, help="Require equal values (rtol = atol = 0)."),
+        click.option("--equal-nan", is_flag=True, default=None, help="Count NaNs on both sides as equal."),
+        click.option("--kinds", callback=lambda ctx, param, v: [k.strip() for k in v.split(",") if k.strip()] if v else None,
+                     help="Comma-separated kinds to compare (default: every recorded kind)."),
+        click.option("--allow-missing", is_flag=True, help="Compare the common part when the stores differ in structure."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
 def emit_json(obj, dest: str) -> None:
     """Write obj as JSON to a file path, or to stdout for '-'."""
     text = json.dumps(obj, indent=2, sort_keys=False, default=str)

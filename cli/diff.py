@@ -6,8 +6,8 @@ import sys
 
 import click
 
-from tracekit.cli.common import EXIT_USAGE, emit_json, one_line_errors
-from tracekit.compare import ALIGN_MODES, DEFAULT_ORACLE_FACTOR
+from tracekit.cli.common import EXIT_USAGE, comparison_options, emit_json, one_line_errors
+from tracekit.compare import DEFAULT_ORACLE_FACTOR
 from tracekit.compare import diff as run_diff
 from tracekit.compare.render import render
 
@@ -39,16 +39,7 @@ class _Progress:
 @click.command("diff")
 @click.argument("ref", type=click.Path())
 @click.argument("cand", type=click.Path())
-@click.option("--align", type=click.Choice(ALIGN_MODES), default="rank", show_default=True,
-              help="rank: by rank and step; coords: by mesh coordinates; global: layout-free, full tensors per step.")
-@click.option("--rtol", type=float, help="Relative tolerance for every kind (default: per dtype, see docs/DIFF.md).")
-@click.option("--atol", type=float, help="Absolute tolerance for every kind (default: per dtype).")
-@click.option("--tol", "tol", multiple=True, metavar="KIND=RTOL,ATOL", help="Tolerance for one kind; repeatable.")
-@click.option("--config", type=click.Path(), help="TOML file of tolerances (see docs/DIFF.md).")
-@click.option("--exact", is_flag=True, help="Require equal values (rtol = atol = 0).")
-@click.option("--equal-nan", is_flag=True, default=None, help="Count NaNs on both sides as equal.")
-@click.option("--kinds", help="Comma-separated kinds to compare (default: every recorded kind).")
-@click.option("--allow-missing", is_flag=True, help="Compare the common part when the stores differ in structure.")
+@comparison_options
 @click.option("--fail-fast", is_flag=True, help="Stop after the first step with a violation.")
 @click.option("--oracle", type=click.Path(), help="A float64 CPU recording of the same job: three-way verdict.")
 @click.option("--oracle-factor", type=float, default=None,
@@ -74,7 +65,7 @@ def diff(ref, cand, align, rtol, atol, tol, config, exact, equal_nan, kinds, all
     try:
         report = run_diff(
             ref, cand, align=align, rtol=rtol, atol=atol, tol=list(tol), exact=exact, equal_nan=equal_nan,
-            config=config, kinds=[k.strip() for k in kinds.split(",") if k.strip()] if kinds else None,
+            config=config, kinds=kinds,
             allow_missing=allow_missing, fail_fast=fail_fast, oracle=oracle, oracle_factor=oracle_factor,
             details="all" if all_tensors else "violations", jobs=jobs, progress=progress)
     finally:

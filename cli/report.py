@@ -6,23 +6,14 @@ import sys
 
 import click
 
-from tracekit.cli.common import one_line_errors
+from tracekit.cli.common import comparison_options, one_line_errors
 
 
 @click.command("report")
 @click.argument("ref", type=click.Path())
 @click.argument("cand", type=click.Path())
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="HTML file to write.")
-@click.option("--align", type=click.Choice(("rank", "coords", "global")), default="rank", show_default=True,
-              help="How ranks are paired (as in `tracekit diff`).")
-@click.option("--rtol", type=float, help="Relative tolerance for every kind (default: per dtype).")
-@click.option("--atol", type=float, help="Absolute tolerance for every kind (default: per dtype).")
-@click.option("--tol", "tol", multiple=True, metavar="KIND=RTOL,ATOL", help="Tolerance for one kind; repeatable.")
-@click.option("--config", type=click.Path(), help="TOML file of tolerances (as in `tracekit diff`).")
-@click.option("--exact", is_flag=True, help="Require equal values (rtol = atol = 0).")
-@click.option("--equal-nan", is_flag=True, default=None, help="Count NaNs on both sides as equal.")
-@click.option("--kinds", help="Comma-separated kinds to compare (default: every recorded kind).")
-@click.option("--allow-missing", is_flag=True, help="Compare the common part when the stores differ in structure.")
+@comparison_options
 @click.option("--replay", type=click.Path(), default=None, metavar="STORE",
               help="A replay of CAND's job (tracekit record --replay-from REF): plot its local error against "
                    "CAND's accumulated error per step (docs/REPLAY.md).")
@@ -41,7 +32,7 @@ def report(ref, cand, output, align, rtol, atol, tol, config, exact, equal_nan, 
 
     result = write_report(ref, cand, output, align=align, rtol=rtol, atol=atol, tol=list(tol), config=config,
                           exact=exact, equal_nan=equal_nan,
-                          kinds=[k.strip() for k in kinds.split(",") if k.strip()] if kinds else None,
+                          kinds=kinds,
                           allow_missing=allow_missing, replay=replay)
     click.echo(result.summary_line)
     click.echo(f"report: {output}")

@@ -58,3 +58,14 @@ def recorded_sample(tmp_path_factory):
         return cache[key]
 
     return get
+
+
+@pytest.fixture(scope="session")
+def divergence_runs(tmp_path_factory):
+    """samples/inspect_divergence.py's reference and planted-fault candidate stores (4 ranks, 5 steps)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("inspect_divergence", os.path.join(SAMPLES, "inspect_divergence.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.make_runs(str(tmp_path_factory.mktemp("divergence")))

@@ -1,7 +1,6 @@
 """tracekit show, loss and report: in-process through click, on stores written with the writer API."""
 
 import csv
-import importlib.util
 import io
 import json
 import os
@@ -12,21 +11,6 @@ from click.testing import CliRunner
 
 from tracekit.cli.main import main
 from tracekit.store import RankWriter, TensorData, create_store
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _sample():
-    spec = importlib.util.spec_from_file_location("inspect_divergence", os.path.join(ROOT, "samples", "inspect_divergence.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """The sample's reference and faulty candidate (4 ranks, 5 steps)."""
-    return _sample().make_runs(str(tmp_path_factory.mktemp("runs")))
 
 
 def write_losses(path, losses, ranks=2, env=None, fallback=None):
@@ -52,8 +36,8 @@ def invoke(*args):
 
 # ---- show ---------------------------------------------------------------------------------------
 
-def test_show_text_lists_run_ranks_steps_tensors_and_bytes(runs):
-    ref, _ = runs
+def test_show_text_lists_run_ranks_steps_tensors_and_bytes(divergence_runs):
+    ref, _ = divergence_runs
     out = invoke("show", ref)
     assert out.exit_code == 0, out.output
     text = out.output
@@ -68,8 +52,8 @@ def test_show_text_lists_run_ranks_steps_tensors_and_bytes(runs):
     assert "size on disk:" in text
 
 
-def test_show_json_matches_the_disk(runs):
-    ref, _ = runs
+def test_show_json_matches_the_disk(divergence_runs):
+    ref, _ = divergence_runs
     out = invoke("show", ref, "--json")
     assert out.exit_code == 0
     doc = json.loads(out.output)
@@ -130,8 +114,8 @@ def test_loss_side_by_side_with_differences(tmp_path):
     assert float(rows[2]["b"]) == 0.25 and float(rows[2]["abs_diff[b]"]) == 0.25
 
 
-def test_loss_of_the_sample_runs(runs):
-    doc = json.loads(invoke("loss", *runs, "--json").output)
+def test_loss_of_the_sample_runs(divergence_runs):
+    doc = json.loads(invoke("loss", *divergence_runs, "--json").output)
     assert [r["step"] for r in doc["rows"]] == [1, 2, 3, 4, 5]
     assert [r["name"] for r in doc["runs"]] == ["ref", "cand"]
 
@@ -165,23 +149,23 @@ def test_loss_nan_prints_valid_json(tmp_path):
 
 # ---- report -------------------------------------------------------------------------------------
 
-def test_report_writes_html_and_exits_like_diff(runs, tmp_path):
+def test_report_writes_html_and_exits_like_diff(divergence_runs, tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "report.html"
-    res = CliRunner().invoke(main, ["report", *runs, "-o", str(out)])
+    res = CliRunner().invoke(main, ["report", *divergence_runs, "-o", str(out)])
     assert res.exit_code == 1, res.output  # FAIL, as `tracekit diff` would exit
     assert res.output.splitlines() == ["FAIL comparison ranks=4 steps=5 violations=15 first_step=3", f"report: {out}"]
     text = out.read_text()
     assert text.startswith("<!DOCTYPE html>") and text.count("data:image/png;base64,") == 7
     # looser tolerances pass, and the page says so
-    res = CliRunner().invoke(main, ["report", *runs, "-o", str(out), "--rtol", "1", "--atol", "1"])
+    res = CliRunner().invoke(main, ["report", *divergence_runs, "-o", str(out), "--rtol", "1", "--atol", "1"])
     assert res.exit_code == 0 and res.output.startswith("PASS comparison ranks=4 steps=5")
     assert '<div class="verdict PASS">PASS</div>' in out.read_text()
 
 
-def test_report_bad_input_is_one_line(runs, tmp_path):
-    res = CliRunner().invoke(main, ["report", runs[0], str(tmp_path / "nope"), "-o", str(tmp_path / "r.html")])
+def test_report_bad_input_is_one_line(divergence_runs, tmp_path):
+    res = CliRunner().invoke(main, ["report", divergence_runs[0], str(tmp_path / "nope"), "-o", str(tmp_path / "r.html")])
     assert res.exit_code == 2 and res.output == f"Error: {tmp_path / 'nope'}: no such store\n"
-    res = CliRunner().invoke(main, ["report", *runs, "-o", str(tmp_path / "no" / "r.html")])
+    res = CliRunner().invoke(main, ["report", *divergence_runs, "-o", str(tmp_path / "no" / "r.html")])
     assert res.exit_code == 2 and res.output.startswith("Error: -o ") and "does not exist" in res.output
     assert not (tmp_path / "r.html").exists()

@@ -1,6 +1,5 @@
 """tracekit.open_diff and the ds.tracekit accessor agree with `tracekit diff` and with plain zarr."""
 
-import importlib.util
 import json
 import os
 
@@ -14,24 +13,10 @@ from tracekit.cli.diff import diff as diff_command
 from tracekit.errors import StoreError, TracekitError
 from tracekit.store import RankWriter, TensorData, create_store
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _sample():
-    spec = importlib.util.spec_from_file_location("inspect_divergence", os.path.join(ROOT, "samples", "inspect_divergence.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    return _sample().make_runs(str(tmp_path_factory.mktemp("runs")))
-
-
-@pytest.fixture(scope="module")
-def diffds(runs):
-    return tracekit.open_diff(*runs)
+def diffds(divergence_runs):
+    return tracekit.open_diff(*divergence_runs)
 
 
 def _cli_json(*args):
@@ -45,8 +30,8 @@ def _num(x):
     return float(x) if not isinstance(x, str) else float(x)  # 'inf'/'nan' strings in the JSON
 
 
-def test_metrics_equal_the_cli_report(runs, diffds):
-    doc = _cli_json(*runs)
+def test_metrics_equal_the_cli_report(divergence_runs, diffds):
+    doc = _cli_json(*divergence_runs)
     ds = diffds
     assert ds.tracekit.verdict == doc["status"].upper() == "FAIL"
     assert ds.attrs["summary_line"] == doc["summary_line"]
@@ -62,8 +47,8 @@ def test_metrics_equal_the_cli_report(runs, diffds):
     assert int(ds["violations"].sum()) == sum(r["violations"] for r in doc["results"])
 
 
-def test_first_divergence_is_the_cli_one_and_the_planted_fault(runs, diffds):
-    fd_cli = _cli_json(*runs)["first_divergence"]
+def test_first_divergence_is_the_cli_one_and_the_planted_fault(divergence_runs, diffds):
+    fd_cli = _cli_json(*divergence_runs)["first_divergence"]
     fd = diffds.tracekit.first_divergence()
     assert (fd["step"], fd["rank"], fd["kind"], fd["name"]) == (fd_cli["step"], fd_cli["rank"], fd_cli["kind"], fd_cli["tensor"])
     assert list(fd["index"]) == fd_cli["worst"]["index"] == [5, 1]
@@ -73,11 +58,11 @@ def test_first_divergence_is_the_cli_one_and_the_planted_fault(runs, diffds):
     err = diffds["abs_err/gradients/0.weight"].sel(step=3, rank=2)
     assert {d: int(i) for d, i in err.argmax(...).items()} == {"gradients/0.weight_dim0": 5, "gradients/0.weight_dim1": 1}
     assert diffds.tracekit.locate("gradients/0.weight", step=3, rank=2)["index"] == (5, 1)
-    assert tracekit.open_diff(runs[0], runs[0]).tracekit.first_divergence() is None
+    assert tracekit.open_diff(divergence_runs[0], divergence_runs[0]).tracekit.first_divergence() is None
 
 
-def test_abs_err_matches_plain_zarr(runs, diffds):
-    ref, cand = runs
+def test_abs_err_matches_plain_zarr(divergence_runs, diffds):
+    ref, cand = divergence_runs
 
     def plain(path, rank, kind, name, step):
         g = zarr.open_group(os.path.join(path, f"rank_{rank}", kind), mode="r")
@@ -149,9 +134,9 @@ def test_lazy_violation_masks_count_what_the_diff_counts(tmp_path, options):
     assert float(v["abs_err"].max()) == float(ds["max_abs_err"].sel(tensor="gradients/h").max())
 
 
-def test_violations_with_other_tolerances_rerun_the_diff(runs, diffds):
+def test_violations_with_other_tolerances_rerun_the_diff(divergence_runs, diffds):
     loose = diffds.tracekit.violations(rtol=1e-2, atol=1e-3)
-    doc = _cli_json(*runs, "--rtol", "1e-2", "--atol", "1e-3")
+    doc = _cli_json(*divergence_runs, "--rtol", "1e-2", "--atol", "1e-3")
     assert int((loose > 0).sum()) == doc["violations"]
     assert int(loose.sum()) == sum(r["violations"] for r in doc["results"])
     by_key = {(r["rank"], r["step"], f"{r['kind']}/{r['tensor']}"): r["violations"] for r in doc["results"]}

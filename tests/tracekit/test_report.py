@@ -1,9 +1,7 @@
 """The HTML report: self-contained, with the verdict, first divergence, loss table, heatmaps, worst tensors."""
 
 import base64
-import importlib.util
 import io
-import os
 import re
 from html.parser import HTMLParser
 
@@ -12,16 +10,6 @@ import pytest
 
 from tracekit.report import build_report, write_report
 from tracekit.store import RankWriter, TensorData, create_store
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    spec = importlib.util.spec_from_file_location("inspect_divergence", os.path.join(ROOT, "samples", "inspect_divergence.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod.make_runs(str(tmp_path_factory.mktemp("runs")))
 
 
 class _Page(HTMLParser):
@@ -49,11 +37,11 @@ def parse(text):
     return p
 
 
-def test_report_is_self_contained_with_all_sections(runs):
+def test_report_is_self_contained_with_all_sections(divergence_runs):
     pytest.importorskip("matplotlib")
     from PIL import Image
 
-    report, text, notes = build_report(*runs)
+    report, text, notes = build_report(*divergence_runs)
     assert notes == [] and report.status == "fail"
     page = parse(text)
     assert not page.links and not page.scripts_src
@@ -88,7 +76,7 @@ def test_report_is_self_contained_with_all_sections(runs):
     assert rows == {("deltas/0.weight", "0.5001", "2", "3"), ("gradients/0.weight", "0.5", "2", "3")}
 
 
-def test_pass_report_and_missing_matplotlib(runs, monkeypatch, tmp_path):
+def test_pass_report_and_missing_matplotlib(divergence_runs, monkeypatch, tmp_path):
     from tracekit.report import plots
 
     def no_matplotlib(*a, **k):
@@ -96,7 +84,7 @@ def test_pass_report_and_missing_matplotlib(runs, monkeypatch, tmp_path):
 
     monkeypatch.setattr(plots, "_figure", no_matplotlib)
     out = tmp_path / "r.html"
-    report = write_report(runs[0], runs[0], out)
+    report = write_report(divergence_runs[0], divergence_runs[0], out)
     assert report.status == "pass"
     page = parse(out.read_text())
     assert page.imgs == []
