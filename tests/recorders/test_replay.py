@@ -1,10 +1,12 @@
 """Replay in-process (a world of one): exactness, one-step errors, step ranges, optimizer state."""
 
 import numpy as np
+import jsonschema
 import pytest
 import torch
 
 from tracekit import open_store
+from tracekit.schemas import load, part
 from tracekit.errors import UsageError
 from tracekit.recorders import RecordConfig, Recorder
 from tracekit.recorders.config import parse_kinds, parse_step_range
@@ -145,6 +147,9 @@ def test_replay_is_recorded_in_root_and_rank_metadata(tmp_path):
     assert store.meta["replay_of"] == str(tmp_path / "ref")
     assert rep.attrs["replay_of"] == str(tmp_path / "ref")
     assert rep.attrs["replay"] == {"steps": "2:", "ref_rank": 0, "optimizer_state": True, "replayed_steps": [2]}
+    schema = load("store-metadata")
+    jsonschema.validate(rep.attrs, part(schema, "rank"))
+    jsonschema.validate({"tracekit": store.meta}, schema)
 
 
 def test_reference_lacking_a_parameter_is_refused_with_names(tmp_path):
