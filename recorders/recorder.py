@@ -21,7 +21,7 @@ import torch.distributed as dist
 from tracekit.errors import TracekitError
 from tracekit.store import RankWriter, create_store, is_store
 from tracekit.store.format import INITIAL_STEP
-from tracekit.environment import numeric_env, run_environment
+from tracekit.environment import numeric_env, package_versions, run_environment
 from tracekit.recorders.background import BackgroundWriter
 from tracekit.recorders.config import RecordConfig
 from tracekit.recorders.coords import detect_coords
@@ -167,6 +167,7 @@ class Recorder:
             "coords": self.coords,
             "run": run,
             "env": numeric_env(),
+            "versions": package_versions(),  # per rank: torch-neuronx is only loaded in the workers
             "pid": os.getpid(),
             "config": {"kinds": list(self.config.kinds), "params": list(self.config.params), "every": self.config.every},
             **(self._replay.attrs() if self._replay is not None else {}),

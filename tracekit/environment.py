@@ -15,6 +15,7 @@ NUMERIC_ENV_PREFIXES = (
     "PYTORCH_", "OMP_", "MKL_", "OPENBLAS_", "KMP_",
 )
 NUMERIC_ENV_NAMES = ("CUBLAS_WORKSPACE_CONFIG", "OMP_NUM_THREADS", "MASTER_ADDR", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+_MODULE_OF = {"torch-neuronx": "torch_neuronx", "neuronx-cc": "neuronxcc"}
 _VERSIONED = ("torch", "numpy", "zarr", "xarray", "torch-neuronx", "neuronx-cc", "tracekit")
 
 
@@ -32,7 +33,10 @@ def package_versions() -> dict[str, str]:
         try:
             out[name] = md.version(name)
         except md.PackageNotFoundError:
-            continue
+            # Neuron SDK builds are often installed without pip metadata: ask the module, if loaded.
+            module = sys.modules.get(_MODULE_OF.get(name, ""))
+            if getattr(module, "__version__", None):
+                out[name] = str(module.__version__)
     return out
 
 

@@ -214,3 +214,32 @@ def test_interpreter_exit_without_close_flushes_every_step(tmp_path):
     rank = open_store(tmp_path / "s").rank(0)
     assert rank.completed_steps == list(range(1, 21))
     assert rank.status == "finished"
+
+
+def test_neuron_fallback_ops_and_version_are_recorded_with_a_fake_torch_neuronx(tmp_path, monkeypatch):
+    import sys
+    import types
+
+    fake = types.ModuleType("torch_neuronx")
+    fake.__version__ = "2.9.0.fake"
+    fake.get_fallback_ops = lambda: ["aten::_fft_r2c", "aten::linalg_eigh"]
+    monkeypatch.setitem(sys.modules, "torch_neuronx", fake)
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Recorder(model, opt, store=str(tmp_path / "s")) as rec:
+        _train(model, opt, 1, rec)
+    attrs = open_store(tmp_path / "s").rank(0).attrs
+    assert attrs["fallback_ops"] == ["aten::_fft_r2c", "aten::linalg_eigh"]
+    assert attrs["versions"]["torch-neuronx"] == "2.9.0.fake"
+
+
+def test_without_torch_neuronx_no_fallback_ops_are_claimed(tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch_neuronx", None)  # import fails, as on a CUDA or CPU machine
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    with Recorder(model, opt, store=str(tmp_path / "s")) as rec:
+        _train(model, opt, 1, rec)
+    attrs = open_store(tmp_path / "s").rank(0).attrs
+    assert "fallback_ops" not in attrs and "torch-neuronx" not in attrs["versions"]

@@ -158,3 +158,21 @@ def test_all_zero_rows_are_written_and_read_back(tmp_path):
     w.complete_step(1)
     assert os.path.isfile(os.path.join(path, "rank_0", "gradients", "float32", "c", "0", "0"))
     np.testing.assert_array_equal(open_store(path).rank(0).read("gradients", 1, "frozen"), np.zeros(3))
+
+
+def test_direct_chunk_writes_read_back_through_plain_zarr(tmp_path, monkeypatch):
+    import tracekit.store.writer as writer
+
+    monkeypatch.setattr(writer, "MAX_CHUNK_BYTES", 40)  # 10 float32 per chunk: tensors straddle chunk edges
+    path = str(tmp_path / "s")
+    create_store(path, {"command": []})
+    w = RankWriter(path, 0, {})
+    a, b = np.arange(7, dtype=np.float32), np.arange(100, 116, dtype=np.float32)
+    for step in (1, 2):
+        w.write(step, "gradients", [TensorData("a", "float32", (7,), a * step), TensorData("b", "float32", (16,), b * step)])
+        w.complete_step(step)
+    z = zarr.open_array(os.path.join(path, "rank_0", "gradients", "float32"), mode="r")
+    assert z.chunks == (1, 10) and z.shape == (2, 23)
+    np.testing.assert_array_equal(z[1], np.concatenate([a, b]) * 2)
+    assert sorted(os.listdir(os.path.join(path, "rank_0", "gradients", "float32", "c", "1"))) == ["0", "1", "2"]
+    np.testing.assert_array_equal(open_store(path).rank(0).read("gradients", 2, "b"), b * 2)

@@ -11,11 +11,13 @@ from __future__ import annotations
 import datetime as _dt
 import os
 import shutil
+import sys
 from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
 import zarr
+from zarr.storage import LocalStore
 
 from tracekit.dtypes import storage_dtype
 from tracekit.errors import StoreError
@@ -76,6 +78,34 @@ def _chunk_elements(n: int, itemsize: int) -> int:
     return max(1, min(n, MAX_CHUNK_BYTES // itemsize))
 
 
+def _write_row_chunks(arr: zarr.Array, row: int, parts: list[np.ndarray]) -> None:
+    """Write row `row` of an uncompressed (1, width)-chunked array straight into its chunk files.
+
+    Through zarr's codec pipeline a row costs ~2.4x the CPU of a plain file write (measured with
+    zarr 3.1.6: 222 vs 534 MB/s) and needs the row concatenated first; here each tensor's bytes
+    go to disk as they are. The files are exactly what zarr writes for the `bytes` codec: the
+    chunk's little-endian elements, the last chunk padded with the fill value (0) to full width.
+    """
+    if sys.byteorder != "little" or not isinstance(arr.store, LocalStore):
+        arr[row] = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        return
+    width, itemsize = arr.chunks[1], arr.dtype.itemsize
+    folder = os.path.join(arr.store.root, arr.path, "c", str(row))
+    os.makedirs(folder, exist_ok=True)
+    views = iter([memoryview(p.view(np.uint8)) for p in parts if p.size])
+    pending = next(views, None)
+    for j in range(-(-arr.shape[1] // width)):
+        room = width * itemsize
+        with open(os.path.join(folder, str(j)), "wb") as f:
+            while room and pending is not None:
+                take = pending[:room]
+                f.write(take)
+                room -= len(take)
+                pending = pending[len(take):] if len(take) < len(pending) else next(views, None)
+            if room:
+                f.truncate(width * itemsize)  # zero padding of the edge chunk
+
+
 class _KindWriter:
     """Appends one row per step to the packed arrays of one kind of one rank."""
 
@@ -121,9 +151,8 @@ class _KindWriter:
             parts[t.dtype].append(np.ascontiguousarray(t.data).reshape(-1))
         row = len(self.steps)
         for key, arr in self.arrays.items():
-            flat = np.concatenate(parts[key]) if len(parts[key]) > 1 else parts[key][0]
             arr.resize((row + 1, arr.shape[1]))
-            arr[row] = flat
+            _write_row_chunks(arr, row, parts[key])
         # The row counts only once it is listed: a crash mid-write leaves an unlisted row behind.
         self.steps.append(step)
         self.group.attrs["steps"] = self.steps
