@@ -1,6 +1,6 @@
 """Recording overhead on a ~10M-parameter, ~200-tensor model trained with FSDP2 on 2 CPU ranks.
 
-Run: python bench/bench_record.py [--steps 20] [--ranks 2] [--dir DIR]
+Run: python bench/bench_record.py [--steps 20] [--ranks 2] [--every K] [--dir DIR]
 
 Prints, side by side from one run: the step time without and with recording and their ratio,
 the bytes the store received per second, and the raw disk write speed for the same bytes
@@ -26,7 +26,7 @@ def worker(args) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    from tracekit.recorders import Recorder
+    from tracekit.recorders import RecordConfig, Recorder
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -65,7 +65,7 @@ def worker(args) -> None:
     store = os.path.join(args.dir, "store")
     t0 = time.perf_counter()
     phases = _time_recorder_phases()
-    with Recorder(model, opt, store=store) as rec:
+    with Recorder(model, opt, config=RecordConfig(store=store, every=args.every)) as rec:
         train(args.steps, rec)
     dist.barrier()  # every rank has flushed its writer
     recorded = (time.perf_counter() - t0) / args.steps
@@ -75,7 +75,7 @@ def worker(args) -> None:
         rate = written / (recorded * args.steps)
         params = sum(p.numel() for p in model.parameters())
         ntensors = len(list(model.parameters()))
-        print(f"model: {ntensors} parameter tensors, {params / 1e6:.1f}M parameters, FSDP2 on {world} ranks, {args.steps} steps")
+        print(f"model: {ntensors} parameter tensors, {params / 1e6:.1f}M parameters, FSDP2 on {world} ranks, {args.steps} steps, recording every {args.every} step(s)")
         print(f"step time without recording: {plain * 1e3:8.1f} ms")
         print(f"step time with recording:    {recorded * 1e3:8.1f} ms  (flush at the end included)")
         print("  of which on the training thread: " + ", ".join(f"{k} {v / args.steps * 1e3:.1f} ms" for k, v in phases.items()))
@@ -132,6 +132,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--every", type=int, default=1, help="record every k-th step (k > 1: a disk that keeps up)")
     p.add_argument("--dir", default=None, help="folder on the disk to measure (default: a temp dir)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -140,7 +141,7 @@ def main() -> None:
     folder = tempfile.mkdtemp(prefix="tracekit-bench-", dir=args.dir)
     try:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.ranks}",
-               __file__, "--worker", "--steps", str(args.steps), "--batch", str(args.batch), "--dir", folder]
+               __file__, "--worker", "--steps", str(args.steps), "--batch", str(args.batch), "--every", str(args.every), "--dir", folder]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         sys.exit(subprocess.call(cmd, env=env))
     finally:
