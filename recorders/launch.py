@@ -47,7 +47,11 @@ def launch(command: Sequence[str], config: RecordConfig, force: bool = False, ex
     create_store(store, meta, force=force)
     env = worker_env(config.with_store(store))
     env.update(env_updates or {})
-    proc = subprocess.Popen(list(command), env=env)
+    try:
+        proc = subprocess.Popen(list(command), env=env)
+    except OSError as e:  # on PATH and executable, yet not runnable (bad format, permissions)
+        finalize_store(store, 127)
+        raise UsageError(f"cannot run {command[0]}: {e.strerror or e}") from None
     previous = {}
 
     def forward(signum, frame):

@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 import threading
+import weakref
 from typing import Any, Iterable
 
 import torch
@@ -47,6 +48,41 @@ def _named_parameters(model=None, params=None) -> list[tuple[str, torch.nn.Param
         seen.add(cname)
         out.append((cname, p))
     return out
+
+
+_LIVE: "weakref.WeakSet[Recorder]" = weakref.WeakSet()
+_HOOKS_INSTALLED = False
+
+
+def _close_all() -> None:
+    for rec in list(_LIVE):
+        rec.close("finished")
+
+
+def _forget_all_in_child() -> None:
+    for rec in list(_LIVE):
+        rec.forget_in_child()
+
+
+def _install_process_hooks() -> None:
+    """Once per process: close live recorders at exit, and disown them in forked children."""
+    global _HOOKS_INSTALLED
+    if _HOOKS_INSTALLED:
+        return
+    _HOOKS_INSTALLED = True
+    atexit.register(_close_all)
+    # zarr does its I/O through concurrent.futures, whose executors refuse new work once the
+    # interpreter starts shutting down (before atexit handlers run). Closing from threading's
+    # own exit hooks, registered after theirs and so run before them, lets the queues drain.
+    import concurrent.futures.thread  # noqa: F401  its shutdown hook must be registered before ours
+
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        try:
+            register(_close_all)
+        except RuntimeError:  # already shutting down: atexit above is all we can do
+            pass
+    os.register_at_fork(after_in_child=_forget_all_in_child)
 
 
 def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
@@ -106,6 +142,7 @@ class Recorder:
         self._writer: RankWriter | None = None
         self._bg: BackgroundWriter | None = None
         self._started = False
+        self._writes = False  # whether this rank keeps what it gathers (decided in start())
         self._closed = False
         self._prev_sigterm = None
         self.coords: dict = {}
@@ -174,20 +211,13 @@ class Recorder:
         }
 
     def _install_exit_handlers(self) -> None:
-        atexit.register(self.close, "finished")
-        # zarr does its I/O through concurrent.futures, whose executors refuse new work once the
-        # interpreter starts shutting down (before atexit handlers run). Closing from threading's
-        # own exit hooks, registered after theirs and so run before them, lets the queue drain.
-        register = getattr(threading, "_register_atexit", None)
-        if register is not None:
-            try:
-                register(self.close, "finished")
-            except RuntimeError:  # already shutting down: atexit above is all we can do
-                pass
-        os.register_at_fork(after_in_child=self._forget_in_child)
+        _install_process_hooks()
+        _LIVE.add(self)  # weakly: a recorder the program dropped is not kept alive by its exit hooks
         if threading.current_thread() is threading.main_thread():
-            self._prev_sigterm = signal.getsignal(signal.SIGTERM)
-            signal.signal(signal.SIGTERM, self._on_sigterm)
+            prev = signal.getsignal(signal.SIGTERM)
+            if prev is not signal.SIG_IGN:  # a job that ignores SIGTERM keeps doing so
+                self._prev_sigterm = prev
+                signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def _on_sigterm(self, signum, frame) -> None:
         # Flush what was fully captured, then die the way SIGTERM would have killed us.
@@ -201,7 +231,7 @@ class Recorder:
                 signal.signal(signal.SIGTERM, signal.SIG_DFL)
                 os.kill(os.getpid(), signal.SIGTERM)
 
-    def _forget_in_child(self) -> None:
+    def forget_in_child(self) -> None:
         # A forked child (a DataLoader worker) must never close the parent's rank group.
         self._closed = True
         if self._prev_sigterm is not None and signal.getsignal(signal.SIGTERM) == self._on_sigterm:

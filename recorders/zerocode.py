@@ -43,6 +43,7 @@ from tracekit.recorders.bootstrap_env import ENV_LAUNCHER_PID, ENV_OPTIMIZER, EN
 from tracekit.recorders.config import RecordConfig
 from tracekit.recorders.global_loss import dp_groups, mean_over
 from tracekit.recorders.outermost import OutermostCalls
+from tracekit.recorders.replay import ReplayError
 
 
 class ZeroCodeRecorder(recorder_module.Recorder):
@@ -77,6 +78,7 @@ class ZeroCode:
         self._loss: torch.Tensor | None = None  # sum of the scalars backward ran on since the last step
         self._depth = 0  # optimizer step() calls in progress (a container's inner ones nest)
         self._window = False  # a training step is open: begun, not yet handed to the writer
+        self._replay_loaded = False  # replay put the next step's start state in place; no backward since
         self.stood_down = False
         self.failed = False
         self.compiled_optimizer = False  # an optimizer step ran compiled, out of our hooks' sight
@@ -167,6 +169,7 @@ class ZeroCode:
         if self.compiled_optimizer:
             raise TracekitError("the optimizer step runs under torch.compile, which compiles the optimizer "
                                 "hooks away: compile the model only, or record with tracekit's Recorder")
+        self._replay_loaded = False
         if self._window and self._depth == 0:
             self._finish_open_step()  # the next forward/backward has begun: the last step is over
         items = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ())
@@ -177,6 +180,15 @@ class ZeroCode:
         self._backward_seen = True
 
     def _on_pre(self, optimizer: torch.optim.Optimizer) -> None:
+        if optimizer is self.training and self._depth > 0:
+            # The training optimizer never nests in itself: its last step raised, and torch skipped
+            # the post hooks that would have closed it. Start over rather than record nothing more.
+            self._depth = 0
+            self._window = False
+            self._replay_loaded = False
+        if self._replay_loaded and optimizer is not self.training and self._depth == 0:
+            raise ReplayError("another optimizer stepped after the training optimizer in a replayed step; "
+                              "replay restores the whole state before the next step and cannot include it")
         self._depth += 1
         if self._depth > 1:
             return  # an optimizer stepped by a container: part of the container's step
@@ -196,6 +208,7 @@ class ZeroCode:
             self.recorder.capture_after()  # again after each optimizer of the step: the last one counts
             if self.recorder.config.replay_from:
                 self._finish_open_step()  # replay loads the next step's start now, before its forward
+                self._replay_loaded = True
 
     # ---- the step -------------------------------------------------------------------------
     def _begin_step(self) -> None:
@@ -246,13 +259,20 @@ class ZeroCode:
         rec = ZeroCodeRecorder(params=params, config=RecordConfig.from_env(self.env), run_info=run_info)
         self.training = optimizer
         self.recorder = rec
-        rec.start()
-        rec.optimizer = optimizer  # for the optimizer_state kind (set after start: no instance hooks)
+        # The loss all-reduce's groups first: if start() fails on this rank only, the rank must
+        # still join the collectives the other ranks run, or the whole job hangs.
         tensors = list(params.values()) if isinstance(params, dict) else params
         if "loss" in rec.config.kinds:
             self._loss_groups = dp_groups(tensors)
         local = [p.to_local() if hasattr(p, "to_local") else p for p in tensors]
         self._loss_device = local[0].device if local else torch.device("cpu")
+        try:
+            rec.start()
+        except Exception as error:  # this rank only, maybe: report, then keep joining the collectives
+            self._fail(error)
+        rec.optimizer = optimizer  # for the optimizer_state kind (set after start: no instance hooks)
+        # After start(): exit hooks run newest first, and the open step must be handed over before
+        # the recorders close.
         _register_early_exit(self._at_exit)
         return True
 

@@ -93,3 +93,31 @@ def test_killed_rank_leaves_readable_store(tmp_path):
     assert dead.status == "running"  # SIGKILL: no chance to say anything
     assert dead.read("loss", 2, "loss").shape == ()
     assert s.meta["ranks"]["1"]["completed_steps"] == [1, 2]
+
+
+def test_unrunnable_command_is_one_line_and_the_store_is_finalized(tmp_path):
+    bogus = tmp_path / "not-a-program"
+    bogus.write_bytes(b"garbage\x00")
+    bogus.chmod(0o755)
+    store = str(tmp_path / "s")
+    result = run_cli("record", "-o", store, "--", str(bogus))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"Error: cannot run {bogus}: Exec format error"
+    assert open_store(store).meta["exit_status"] == 127
+
+
+def test_a_job_that_ignores_sigterm_keeps_ignoring_it(tmp_path):
+    script = (
+        "import os, signal, sys, torch\n"
+        "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+        "from tracekit.recorders import Recorder\n"
+        "m = torch.nn.Linear(2, 2); opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "with Recorder(m, opt, store=sys.argv[1]) as rec:\n"
+        "    os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    m(torch.ones(1, 2)).sum().backward(); opt.step()\n"
+        "print('survived SIGTERM')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "s")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "survived SIGTERM" in out.stdout
+    assert open_store(tmp_path / "s").rank(0).completed_steps == [1]

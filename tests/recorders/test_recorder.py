@@ -243,3 +243,19 @@ def test_without_torch_neuronx_no_fallback_ops_are_claimed(tmp_path, monkeypatch
         _train(model, opt, 1, rec)
     attrs = open_store(tmp_path / "s").rank(0).attrs
     assert "fallback_ops" not in attrs and "torch-neuronx" not in attrs["versions"]
+
+
+def test_closed_recorders_do_not_keep_models_alive(tmp_path):
+    import gc
+    import weakref
+
+    refs = []
+    for i in range(3):
+        model = _model()
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        with Recorder(model, opt, store=str(tmp_path / f"s{i}")) as rec:
+            _train(model, opt, 1, rec)
+        refs.append(weakref.ref(model))
+        del model, opt, rec
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]

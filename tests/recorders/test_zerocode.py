@@ -318,3 +318,48 @@ def test_reentrant_checkpoint_backward_is_not_the_loss(tmp_path):
     view = open_store(zero).rank(0)
     for step, (_, loss) in enumerate(steps, 1):
         assert np.array_equal(view.read("loss", step, "loss"), loss.numpy())
+
+
+def test_an_optimizer_step_that_raised_does_not_end_recording(tmp_path):
+    class Flaky(torch.optim.SGD):
+        boom = False
+
+        def step(self, closure=None):
+            if self.boom:
+                raise RuntimeError("transient failure inside step")
+            return super().step(closure)
+
+    model = model_of()
+    opt = Flaky(model.parameters(), lr=0.1)
+    store = store_at(tmp_path)
+    with ZeroCodeRun(store):
+        for step in range(1, 6):
+            x, y = batch(step)
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.boom = step == 2  # the pre hooks ran, then step() raised: torch skips the post hooks
+            try:
+                opt.step()
+            except RuntimeError:
+                pass
+            opt.zero_grad()
+    assert open_store(store).rank(0).completed_steps == [1, 2, 3, 4]  # the four updates that happened
+
+
+def test_replay_refuses_a_second_optimizer_in_the_step(tmp_path, capfd):
+    from tracekit.recorders.materialize import to_store
+    from tracekit.store import RankWriter
+
+    model = model_of()
+    ref = store_at(tmp_path, "ref")
+    writer = RankWriter(ref, 0, {"coords": {"rank": 0}})
+    for step in range(4):
+        writer.write(step, "parameters", [to_store(n, torch.full_like(p.detach(), float(step)))
+                                          for n, p in model.named_parameters()])
+        if step:
+            writer.complete_step(step)
+    writer.close()
+    first, second = torch.optim.SGD(model[0].parameters(), lr=0.1), torch.optim.SGD(model[2].parameters(), lr=0.1)
+    with ZeroCodeRun(store_at(tmp_path, "rep"), TRACEKIT_REPLAY_FROM=ref) as run:
+        train(model, [first, second], 3)
+    assert run.failed
+    assert "another optimizer stepped after the training optimizer in a replayed step" in capfd.readouterr().err
