@@ -176,3 +176,36 @@ def test_direct_chunk_writes_read_back_through_plain_zarr(tmp_path, monkeypatch)
     np.testing.assert_array_equal(z[1], np.concatenate([a, b]) * 2)
     assert sorted(os.listdir(os.path.join(path, "rank_0", "gradients", "float32", "c", "1"))) == ["0", "1", "2"]
     np.testing.assert_array_equal(open_store(path).rank(0).read("gradients", 2, "b"), b * 2)
+
+
+def _edit_json(path, fn):
+    doc = json.load(open(path))
+    fn(doc["attributes"])
+    json.dump(doc, open(path, "w"))
+
+
+@pytest.mark.parametrize("damage", [
+    "garbage_rank_json", "garbage_kind_json", "tensors_not_a_list", "tensor_without_offset", "unknown_dtype",
+    "steps_not_a_list", "completed_not_a_list", "coords_not_an_object", "root_meta_not_an_object",
+])
+def test_damaged_metadata_is_one_store_error(tmp_path, damage):
+    path = write_run(str(tmp_path / "s"))
+    rank = os.path.join(path, "rank_1")
+    kind = os.path.join(rank, "parameters", "zarr.json")
+    edits = {
+        "garbage_rank_json": lambda: open(os.path.join(rank, "zarr.json"), "w").write("{garbage"),
+        "garbage_kind_json": lambda: open(kind, "w").write("{garbage"),
+        "tensors_not_a_list": lambda: _edit_json(kind, lambda a: a.update(tensors=5)),
+        "tensor_without_offset": lambda: _edit_json(kind, lambda a: a["tensors"][0].pop("offset")),
+        "unknown_dtype": lambda: _edit_json(kind, lambda a: a["tensors"][0].update(dtype="foo")),
+        "steps_not_a_list": lambda: _edit_json(kind, lambda a: a.update(steps="1")),
+        "completed_not_a_list": lambda: _edit_json(os.path.join(rank, "zarr.json"), lambda a: a.update(completed_steps="x")),
+        "coords_not_an_object": lambda: _edit_json(os.path.join(rank, "zarr.json"), lambda a: a.update(coords=[1])),
+        "root_meta_not_an_object": lambda: _edit_json(os.path.join(path, "zarr.json"), lambda a: a.update(tracekit=5)),
+    }
+    edits[damage]()
+    with pytest.raises(StoreError) as info:
+        store = open_store(path)
+        view = store.rank(1)
+        view.coords, view.completed_steps, view.tensors("parameters"), view.steps("parameters")
+    assert "\n" not in str(info.value)

@@ -52,6 +52,8 @@ def _read_root_attrs(path: str) -> dict:
     if ROOT_KEY not in attrs:
         raise StoreError(f"{path} is a zarr store but not a tracekit store (no '{ROOT_KEY}' metadata)")
     meta = attrs[ROOT_KEY]
+    if not isinstance(meta, dict):
+        raise StoreError(f"{path}: the '{ROOT_KEY}' metadata is not an object (damaged store?)")
     version = meta.get("format_version")
     if not isinstance(version, int):
         raise StoreError(f"{path}: tracekit metadata has no format version (half-written store?)")
@@ -60,6 +62,32 @@ def _read_root_attrs(path: str) -> dict:
             f"{path} has store format {version}, newer than this tracekit reads ({FORMAT_VERSION}); upgrade tracekit"
         )
     return meta
+
+
+def _members(group: zarr.Group, where: str) -> list:
+    """A group's children; damaged child metadata is a StoreError naming the place, not a zarr traceback."""
+    try:
+        return list(group.members())
+    except Exception as e:
+        raise StoreError(f"{where}: unreadable metadata below it ({e.__class__.__name__}: {e})") from None
+
+
+def _step_list(value, where: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise StoreError(f"{where}: malformed step list in its metadata (damaged store?)")
+    return value
+
+
+def _tensor_info(entry: dict) -> TensorInfo:
+    """One entry of a kind's tensor index, checked (a dtype tracekit cannot store is damage too)."""
+    from tracekit.dtypes import storage_dtype
+
+    info = TensorInfo(str(entry["name"]), str(entry["dtype"]), tuple(int(d) for d in entry["shape"]),
+                      str(entry["array"]), int(entry["offset"]), int(entry["numel"]))
+    storage_dtype(info.dtype)  # raises ValueError for an unknown dtype
+    if info.offset < 0 or info.numel != int(np.prod(info.shape, dtype=np.int64)):
+        raise ValueError(f"tensor {info.name!r}: offset/numel do not match its shape")
+    return info
 
 
 class RankView:
@@ -73,11 +101,14 @@ class RankView:
 
     @property
     def coords(self) -> dict:
-        return self.attrs.get("coords", {"rank": self.rank})
+        coords = self.attrs.get("coords", {"rank": self.rank})
+        if not isinstance(coords, dict):
+            raise StoreError(f"{self.store.path}: rank {self.rank} has malformed coordinates (damaged metadata)")
+        return coords
 
     @property
     def completed_steps(self) -> list[int]:
-        return sorted(self.attrs.get("completed_steps", []))
+        return sorted(_step_list(self.attrs.get("completed_steps", []), f"{self.store.path}: rank {self.rank}"))
 
     @property
     def status(self) -> str:
@@ -86,7 +117,7 @@ class RankView:
     @cached_property
     def _kind_groups(self) -> dict[str, zarr.Group]:
         groups = {}
-        for name, node in self.group.members():
+        for name, node in _members(self.group, f"{self.store.path}: rank {self.rank}"):
             if isinstance(node, zarr.Group) and "tensors" in node.attrs:
                 groups[name] = node
         return groups
@@ -105,10 +136,12 @@ class RankView:
     def _index(self) -> dict[str, dict[str, TensorInfo]]:
         out = {}
         for kind, g in self._kind_groups.items():
-            out[kind] = {
-                e["name"]: TensorInfo(e["name"], e["dtype"], tuple(e["shape"]), e["array"], e["offset"], e["numel"])
-                for e in g.attrs["tensors"]
-            }
+            try:
+                infos = [_tensor_info(e) for e in g.attrs["tensors"]]
+            except (TypeError, KeyError, ValueError) as e:
+                raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: malformed tensor index "
+                                 f"({e.__class__.__name__}: {e})") from None
+            out[kind] = {info.name: info for info in infos}
         return out
 
     def tensors(self, kind: str) -> list[TensorInfo]:
@@ -123,12 +156,15 @@ class RankView:
 
     def steps(self, kind: str) -> list[int]:
         """Steps for which `kind` holds data and the step was completed (step 0: initial parameters)."""
-        rows = self._kind(kind).attrs.get("steps", [])
+        rows = self._rows(kind)
         done = set(self.completed_steps) | {0}
         return [s for s in rows if s in done]
 
+    def _rows(self, kind: str) -> list[int]:
+        return _step_list(self._kind(kind).attrs.get("steps", []), f"{self.store.path}: rank {self.rank} {kind}")
+
     def _row(self, kind: str, step: int) -> int:
-        rows = self._kind(kind).attrs.get("steps", [])
+        rows = self._rows(kind)
         if step not in self.steps(kind):
             raise StoreError(f"rank {self.rank} has no {kind} data for step {step}")
         return rows.index(step)
@@ -191,7 +227,7 @@ class RunStore:
     @cached_property
     def _rank_groups(self) -> dict[int, zarr.Group]:
         out = {}
-        for name, node in self.root.members():
+        for name, node in _members(self.root, self.path):
             if name.startswith(RANK_PREFIX) and isinstance(node, zarr.Group):
                 try:
                     out[int(name[len(RANK_PREFIX) :])] = node
