@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 
 import click
 
-from tracekit.errors import TracekitError
+from tracekit.errors import TracekitError, UsageError
 
 # Exit codes shared by all commands: 0 success, 1 a verdict of failure (diff violations), 2 unusable input.
 EXIT_FAIL = 1
@@ -55,11 +56,31 @@ def comparison_options(fn):
     return fn
 
 
-def emit_json(obj, dest: str) -> None:
-    """Write obj as JSON to a file path, or to stdout for '-'."""
-    text = json.dumps(obj, indent=2, sort_keys=False, default=str)
+def check_writable(dest: str, option: str) -> None:
+    """UsageError now when the output file `dest` cannot be written, before any work is done for it."""
     if dest == "-":
-        click.echo(text)
-    else:
-        with open(dest, "w") as f:
-            f.write(text + "\n")
+        return
+    folder = os.path.dirname(os.path.abspath(dest))
+    if os.path.isdir(dest):
+        raise UsageError(f"{option} {dest}: is a directory")
+    if not os.path.isdir(folder):
+        raise UsageError(f"{option} {dest}: folder {folder} does not exist")
+    if not os.access(folder, os.W_OK) or (os.path.exists(dest) and not os.access(dest, os.W_OK)):
+        raise UsageError(f"{option} {dest}: not writable")
+
+
+def write_text(dest: str, text: str, option: str) -> None:
+    """Write text to a file path, or to stdout for '-'; an unwritable path is one UsageError line."""
+    if dest == "-":
+        click.echo(text, nl=False)
+        return
+    try:
+        with open(dest, "w", newline="") as f:
+            f.write(text)
+    except OSError as e:
+        raise UsageError(f"{option} {dest}: cannot write it ({e.strerror or e})") from None
+
+
+def emit_json(obj, dest: str, option: str = "--json") -> None:
+    """Write obj as JSON to a file path, or to stdout for '-'."""
+    write_text(dest, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n", option)

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from tracekit.cli.common import EXIT_USAGE, comparison_options, emit_json, one_line_errors
+from tracekit.cli.common import EXIT_USAGE, check_writable, comparison_options, emit_json, one_line_errors
 from tracekit.compare import DEFAULT_ORACLE_FACTOR
 from tracekit.compare import diff as run_diff
 from tracekit.compare.render import render
@@ -56,11 +56,13 @@ def diff(ref, cand, align, rtol, atol, tol, config, exact, equal_nan, kinds, all
 
     \b
     Exit status: 0 all within tolerance, 1 tolerance violations, 2 unusable input
-    (not a store, half-written, too new, unreadable data, or structural differences
-    without --allow-missing). The last line is the verdict:
+    (not a store, half-written, too new, unreadable data, structural differences
+    without --allow-missing, or nothing to compare). The last line is the verdict:
       PASS comparison ranks=N steps=S
       FAIL comparison ranks=N steps=S violations=V first_step=K
     """
+    if json_dest:
+        check_writable(json_dest, "--json")  # before the comparison, not after it
     progress = _Progress(enabled=not quiet and sys.stderr.isatty())
     try:
         report = run_diff(
@@ -80,5 +82,8 @@ def diff(ref, cand, align, rtol, atol, tol, config, exact, equal_nan, kinds, all
     else:
         click.echo(report.summary_line, err=True)
     if report.status == "error" and not (to_stdout and not quiet):  # the human report already says so
-        click.echo("Error: the stores differ in structure; pass --allow-missing to compare the common part", err=True)
+        if report.nothing_compared:
+            click.echo(f"Error: nothing was compared: {report.nothing_compared_reason}", err=True)
+        else:
+            click.echo("Error: the stores differ in structure; pass --allow-missing to compare the common part", err=True)
     sys.exit(report.exit_code if report.exit_code != 2 else EXIT_USAGE)

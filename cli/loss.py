@@ -8,7 +8,7 @@ import math
 
 import click
 
-from tracekit.cli.common import emit_json, one_line_errors
+from tracekit.cli.common import emit_json, one_line_errors, write_text
 
 
 def _json_safe(v):
@@ -70,11 +70,6 @@ def loss(stores, json_dest, csv_dest):
         safe = {**table, "rows": [{k: _json_safe(v) for k, v in r.items()} for r in table["rows"]]}
         emit_json(safe, json_dest)
     elif csv_dest is not None:
-        text = to_csv(table)
-        if csv_dest == "-":
-            click.echo(text, nl=False)
-        else:
-            with open(csv_dest, "w", newline="") as f:
-                f.write(text)
+        write_text(csv_dest, to_csv(table), "--csv")
     else:
         click.echo(render(table))

@@ -68,7 +68,6 @@ def _gather_row_shards(items: list[tuple[str, torch.Tensor]]) -> dict[str, torch
 
     mesh = items[0][1].device_mesh
     world = mesh.size()
-    me = mesh.get_local_rank()
     layout, slot = [], 0
     for name, t in items:
         rows, width = t.shape[0], (t.numel() // t.shape[0] if t.shape[0] else 0)

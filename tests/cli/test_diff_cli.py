@@ -167,9 +167,9 @@ BAD = {
     "foreign zarr": "is a zarr store but not a tracekit store",
     "newer format": "has store format 99, newer than this tracekit reads",
     "no ranks": "has no ranks: a half-written store",
-    "garbage rank metadata": "unreadable rank metadata (JSONDecodeError",
+    "garbage rank metadata": "unreadable metadata below it (JSONDecodeError",
     "rank metadata deleted": "rank_1 has no readable metadata (half-written store?)",
-    "bad tensor index": "rank 0: unreadable metadata",
+    "bad tensor index": "rank 0 gradients: malformed tensor index",
     "deleted chunk": "rank 1 gradients step 2: chunk file rank_1/gradients/float32/c/1/0 is missing",
     "truncated chunk": "rank 0 parameters step 2: chunk file rank_0/parameters/float32/c/2/0 is truncated",
 }
@@ -202,3 +202,63 @@ def test_oracle_shows_both_errors(tmp_path):
     w = doc["first_divergence"]["worst"]
     assert w["index"] == [2] and w["oracle"] == x[2] and w["cand_oracle_err"] > 2 * w["ref_oracle_err"]
     assert invoke(ref, cand, "--oracle", oracle, "--oracle-factor", "-1").exit_code == 2
+
+
+@pytest.mark.parametrize("case, args, reason", [
+    ("no data", (), "no step of any tensor is recorded in both stores"),
+    ("disjoint steps", ("--allow-missing",), "the stores have no step of any tensor in common (2 difference(s) skipped)"),
+    ("global, outputs only", ("--align", "global"), "not comparable: outputs: per-rank outputs depend on the data-parallel layout"),
+])
+def test_nothing_compared_is_an_error_not_a_pass(tmp_path, case, args, reason):
+    dp = lambda r, d: {"rank": r, "world_size": d, "dp_degree": d, "dp_rank": r}  # noqa: E731
+    one = lambda step, kind="loss": {step: {kind: {kind: f32(1.0)}}}  # noqa: E731
+    ref, cand = {
+        "no data": ({0: {}, 1: {}}, {0: {}, 1: {}}),
+        "disjoint steps": ({0: one(1)}, {0: one(2)}),
+        "global, outputs only": ({0: one(1, "outputs")}, {0: one(1, "outputs"), 1: one(1, "outputs")}),
+    }[case]
+    coords = {"global, outputs only": ({0: dp(0, 1)}, {0: dp(0, 2), 1: dp(1, 2)})}.get(case, (None, None))
+    a = write_store(tmp_path / "a", ref, coords=coords[0])
+    b = write_store(tmp_path / "b", cand, coords=coords[1])
+    out = tmp_path / "r.json"
+    r = invoke(a, b, *args, "--json", out)
+    assert r.exit_code == 2, r.output
+    last = r.stdout.rstrip().splitlines()[-1]
+    assert last.startswith("ERROR comparison ranks=") and f"compared=0: {reason}" in last
+    assert f"Nothing was compared: {reason}" in r.stdout
+    doc = json.loads(out.read_text())
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["status"] == "error" and doc["passed"] is False
+    quiet = invoke(a, b, *args, "-q")
+    assert quiet.exit_code == 2 and quiet.stdout.startswith("ERROR") and f"Error: nothing was compared: {reason}" in quiet.stderr
+
+
+def test_an_empty_tensor_alone_still_counts_as_compared(tmp_path):
+    data = {0: {1: {"outputs": {"e": np.zeros((0, 3), f32)}}}}
+    r = invoke(write_store(tmp_path / "a", data), write_store(tmp_path / "b", data), "-q")
+    assert r.exit_code == 0 and r.stdout == "PASS comparison ranks=1 steps=1\n"
+
+
+def test_misspelt_kind_in_tol_or_config_is_a_usage_error(stores, tmp_path):
+    # a tightened gate that applies to nothing would report PASS
+    r = invoke(stores["ref"], stores["same"], "--tol", "gradient=0,0")
+    assert r.exit_code == 2
+    assert r.stderr.strip() == ("Error: --tol gradient: no store recorded this kind "
+                                "(recorded: outputs, loss, gradients, parameters, deltas)")
+    cfg = tmp_path / "tol.toml"
+    cfg.write_text("[kind.losss]\nrtol = 0\n")
+    r = invoke(stores["ref"], stores["same"], "--config", cfg)
+    assert r.exit_code == 2 and r.stderr.startswith("Error: config [kind.losss]: no store recorded this kind")
+
+
+def test_unwritable_json_destination_fails_before_comparing(stores, tmp_path, monkeypatch):
+    import tracekit.cli.diff as diff_module
+
+    def never(*a, **k):
+        raise AssertionError("compared although the report cannot be written")
+
+    monkeypatch.setattr(diff_module, "run_diff", never)
+    for dest, why in ((tmp_path / "nope" / "r.json", "does not exist"), (tmp_path, "is a directory")):
+        r = invoke(stores["ref"], stores["same"], "--json", dest)
+        assert r.exit_code == 2 and r.stderr.strip().startswith(f"Error: --json {dest}: "), r.output
+        assert why in r.stderr and "Traceback" not in r.output

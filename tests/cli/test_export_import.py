@@ -82,3 +82,12 @@ def test_errors_are_one_line_with_exit_2(tmp_path):
 
 class _Obj:
     pass
+
+
+def test_unwritable_export_destination_is_one_line(tmp_path):
+    _store(tmp_path / "s")
+    (tmp_path / "a_file").write_text("x")
+    for args in (("--step", "1", "-o", str(tmp_path / "a_file" / "x.safetensors")), ("-o", str(tmp_path / "a_file" / "tree"))):
+        code, text = _run("export", str(tmp_path / "s"), *args)
+        assert code == 2 and text.startswith("Error: ") and "cannot write it" in text, text
+        assert len(text.strip().splitlines()) == 1 and "Traceback" not in text

@@ -169,3 +169,13 @@ def test_report_bad_input_is_one_line(divergence_runs, tmp_path):
     res = CliRunner().invoke(main, ["report", *divergence_runs, "-o", str(tmp_path / "no" / "r.html")])
     assert res.exit_code == 2 and res.output.startswith("Error: -o ") and "does not exist" in res.output
     assert not (tmp_path / "r.html").exists()
+
+
+def test_unwritable_output_files_are_one_line(tmp_path):
+    a = write_losses(str(tmp_path / "a"), {1: 1.0})
+    missing = str(tmp_path / "no" / "such" / "folder" / "out")
+    for args, option in ((["show", a, "--json", missing], "--json"), (["loss", a, "--json", missing], "--json"),
+                         (["loss", a, "--csv", missing], "--csv")):
+        out = CliRunner().invoke(main, args)
+        assert out.exit_code == 2, out.output
+        assert out.output == f"Error: {option} {missing}: cannot write it (No such file or directory)\n"

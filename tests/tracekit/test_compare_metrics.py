@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
+import tracekit
 from tracekit.compare import metrics as M
 from tracekit.compare import compare_arrays
 
@@ -168,3 +169,47 @@ def test_json_safe_numbers():
     m = compare_arrays(np.zeros(2, np.float32), np.array([0, 1], np.float32), rtol=0, atol=0)
     d = m.to_dict()
     assert d["max_rel_err"] == "inf" and d["rel_l2_err"] == "inf" and d["passed"] is False
+
+
+@pytest.mark.parametrize("dtype, ref, cand", [
+    (np.int64, 2**53 + 1, 2**53),  # one apart, equal once in float64
+    (np.int64, -(2**63), 2**63 - 1),  # the difference overflows int64
+    (np.uint64, 2**64 - 1, 2**64 - 2),
+])
+def test_64_bit_integers_compare_exactly(dtype, ref, cand):
+    m = compare_arrays(np.array([7, ref], dtype), np.array([7, cand], dtype), rtol=0, atol=0)
+    assert (m.passed, m.violations, m.nonfinite) == (False, 1, 0)
+    assert m.worst.index == (1,) and (m.worst.ref, m.worst.cand) == (ref, cand)  # every digit kept
+    assert m.max_abs_err == float(abs(cand - ref)) and m.worst.abs_err == float(abs(cand - ref))
+    assert compare_arrays(np.array([ref], dtype), np.array([ref], dtype), rtol=0, atol=0).passed
+
+
+def test_integer_tolerances_use_the_exact_difference():
+    big = 2**53
+    ref = np.array([big, big, 100], np.int64)
+    cand = np.array([big + 1, big + 2, 101], np.int64)
+    assert compare_arrays(ref, cand, rtol=0, atol=1).violations == 1  # big + 2 only
+    assert compare_arrays(ref, cand, rtol=0, atol=2).passed
+    # 2**53 + 3 rounds to 2**53 + 4 in float64: the exact difference, 3, is within atol=3
+    assert compare_arrays(np.int64([big]), np.int64([big + 3]), rtol=0, atol=3).passed
+    assert compare_arrays(np.int64([big]), np.int64([big + 3]), rtol=0, atol=2.9).violations == 1
+    assert compare_arrays(np.int32([100]), np.int32([111]), rtol=0.1, atol=0).violations == 1
+    assert compare_arrays(np.int32([100]), np.int32([110]), rtol=0.1, atol=0).passed
+
+
+def test_int64_beyond_2_53_fails_the_diff(tmp_path):
+    from tracekit.testing import write_store
+
+    a = write_store(tmp_path / "a", {0: {1: {"outputs": {"ids": np.array([2**53 + 1], np.int64)}}}})
+    b = write_store(tmp_path / "b", {0: {1: {"outputs": {"ids": np.array([2**53], np.int64)}}}})
+    report = tracekit.diff(a, b)
+    assert report.status == "fail" and report.first_divergence.worst.ref == 2**53 + 1
+
+
+def test_complex_relative_error_warns_nothing():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a ComplexWarning would mean the |ref| buffer was complex
+        m = compare_arrays(np.array([1 + 1j, 2], np.complex64), np.array([1 + 2j, 2], np.complex64), rtol=0, atol=0)
+    assert m.violations == 1 and m.max_rel_err == pytest.approx(1 / abs(1 + 1j), rel=1e-6)

@@ -88,3 +88,14 @@ def test_all_zero_rows_compare(tmp_path):
     ref = write_store(tmp_path / "a", z)
     assert os.path.isfile(os.path.join(ref, "rank_0", "loss", "float32", "c", "0", "0"))
     assert tracekit.diff(ref, write_store(tmp_path / "b", z), exact=True).passed
+
+
+def test_tolerance_for_a_kind_no_store_recorded_is_a_usage_error(tmp_path):
+    a = write_store(tmp_path / "a", {0: {1: {"gradients": {"w": np.ones(2, np.float32)}}}})
+    with pytest.raises(UsageError, match=r"^--tol gradient: no store recorded this kind \(recorded: gradients\)$"):
+        tracekit.diff(a, a, tol={"gradient": (0.0, 0.0)})
+    cfg = tmp_path / "t.toml"
+    cfg.write_text("[kind.gradient]\natol = 0\n")
+    with pytest.raises(UsageError, match=r"^config \[kind.gradient\]: no store recorded this kind"):
+        tracekit.diff(a, a, config=str(cfg))
+    assert tracekit.diff(a, a, tol={"gradients": (0.0, 0.0)}).passed

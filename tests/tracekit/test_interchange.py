@@ -3,6 +3,7 @@
 import json
 import os
 import pickle
+import re
 
 import numpy as np
 import pytest
@@ -182,3 +183,38 @@ def test_import_input_errors(tmp_path):
         import_dumps(str(tmp_path / "e"), str(tmp_path / "v"))
     with pytest.raises(UsageError, match="no such file or directory"):
         import_dumps(str(tmp_path / "missing"), str(tmp_path / "v"))
+
+
+def test_export_of_an_unsupported_index_dtype_is_refused():
+    from tracekit.errors import StoreError
+    from tracekit.interchange.tensors import to_torch
+
+    with pytest.raises(StoreError, match="dtype 'foo' is not one a tracekit store holds"):
+        to_torch(np.zeros(2, np.float32), "foo", (2,))
+    assert to_torch(np.arange(2, dtype=np.float32), "float32", (2,)).tolist() == [0.0, 1.0]
+
+
+def test_export_to_an_unwritable_path_is_a_usage_error(tmp_path):
+    _make_store(tmp_path / "src")
+    (tmp_path / "a_file").write_text("x")
+    with pytest.raises(UsageError, match=r"a_file/x.safetensors: cannot write it"):
+        export_file(str(tmp_path / "src"), str(tmp_path / "a_file" / "x.safetensors"), step=1, rank=0)
+    with pytest.raises(UsageError, match=r"a_file/rank_0/step_\d/\w+.safetensors: cannot write it"):
+        export_tree(str(tmp_path / "src"), str(tmp_path / "a_file"))
+    if os.path.isdir("/proc/self"):  # safetensors' own error (SafetensorError), not an OSError
+        with pytest.raises(UsageError, match=r"/proc/x.safetensors: cannot write it"):
+            export_file(str(tmp_path / "src"), "/proc/x.safetensors", step=1, rank=0)
+
+
+@pytest.mark.parametrize("value", ["x", 2.5, True, -1, [2]])
+def test_import_refuses_non_integer_world_size_in_file_metadata(tmp_path, value):
+    from safetensors.torch import save_file
+
+    from tracekit.errors import StoreError
+
+    (tmp_path / "d").mkdir()
+    save_file({"w": torch.ones(2)}, str(tmp_path / "d" / "step_1.safetensors"),
+              metadata={"coords": json.dumps({"world_size": value})})
+    with pytest.raises(StoreError, match=re.escape(f"step_1.safetensors: metadata coords world_size={value!r} is not a non-negative integer")):
+        import_dumps(str(tmp_path / "d"), str(tmp_path / "s"))
+    assert not os.path.exists(tmp_path / "s")

@@ -158,8 +158,9 @@ def test_open_reads_only_metadata(tmp_path):
     tree = tracekit.open(path)
     assert tree["gradients"]["a"].shape == (64, 10, 4) and tree["gradients"]["b"].shape == (64, 10, 2, 2)
     assert tree.to_dataset().tp_rank.values.tolist()[:5] == [0, 1, 2, 3, 0]
-    # the data was never read: computing now meets the missing chunks (zarr reads its fill value, 0)
-    assert float(tree["gradients"]["a"].sel(rank=63, step=10)[0]) == 0.0
+    # the data was never read: computing now meets the missing chunks, which is damage, not zeros
+    with pytest.raises(StoreError, match=r"rank 63 gradients/float32: unreadable data \(chunk c/9/0 is missing\)"):
+        tree["gradients"]["a"].sel(rank=63, step=10).values
 
 
 def test_shapes_differing_over_ranks_become_per_rank_variables(tmp_path):
@@ -201,3 +202,13 @@ def test_open_returns_a_datatree_and_import_stays_light(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_deleted_chunk_is_one_store_error_not_zeros(tmp_path):
+    # the writer writes every chunk, all-zero ones included: a missing one is damage
+    path = write_store(str(tmp_path / "s"))
+    os.remove(os.path.join(path, "rank_1", "gradients", "float32", "c", "1", "0"))
+    g = tracekit.open(path)["gradients"]["g"]
+    with pytest.raises(StoreError, match=r"rank 1 gradients/float32: unreadable data \(chunk c/1/0 is missing\)"):
+        g.sel(rank=1, step=2).values
+    assert float(g.sel(rank=1, step=1)[0, 0]) == 1.25  # the rest stays readable

@@ -198,3 +198,15 @@ def test_tensor_with_per_rank_shapes_has_metrics_but_no_elementwise_view(tmp_pat
     assert "abs_err/shards/s" not in ds
     with pytest.raises(TracekitError, match="different shape on different ranks"):
         ds.tracekit.values("shards/s")
+
+
+def test_chunk_deleted_under_an_open_diff_is_a_store_error(tmp_path):
+    from tracekit.testing import write_store
+
+    data = {0: {s: {"gradients": {"g": np.full(3, s, np.float32)}} for s in (1, 2)}}
+    ref, cand = write_store(tmp_path / "ref", data), write_store(tmp_path / "cand", data)
+    ds = tracekit.open_diff(ref, cand)
+    os.remove(os.path.join(cand, "rank_0", "gradients", "float32", "c", "1", "0"))  # step 2, after the diff
+    with pytest.raises(StoreError, match=r"cand: rank 0 gradients/float32: unreadable data \(chunk c/1/0 is missing\)"):
+        ds["abs_err/gradients/g"].sel(step=2).values
+    assert ds["abs_err/gradients/g"].sel(step=1).values.tolist() == [[0.0, 0.0, 0.0]]

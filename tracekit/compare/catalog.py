@@ -77,6 +77,8 @@ def load_catalog(store_or_path) -> StoreCatalog:
         warnings.simplefilter("ignore")
         try:
             ranks = store.ranks
+        except StoreError:
+            raise  # the reader's own line already names the store and the damage
         except Exception as e:
             raise StoreError(f"{path}: unreadable rank metadata ({e.__class__.__name__}: {e})") from None
         if os.path.isdir(path):

@@ -212,6 +212,7 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
     tolerances, equal_nan, oracle_factor = _resolve_options(rtol, atol, tol, exact, config, tolerances, equal_nan, oracle_factor)
     refc, candc = load_catalog(ref), load_catalog(cand)
     orac = load_catalog(oracle) if oracle is not None else None
+    _check_tolerance_kinds(tolerances, refc, candc)
     plan = alignment.plan(refc, candc, orac, align, kinds)
     options = {"align": align, "exact": tolerances.exact, "equal_nan": equal_nan, "allow_missing": allow_missing,
                "fail_fast": fail_fast, "oracle_factor": oracle_factor if orac is not None else None,
@@ -259,6 +260,17 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
     return report
 
 
+def _check_tolerance_kinds(tolerances: Tolerances, *cats: StoreCatalog) -> None:
+    """A tolerance for a kind no store recorded is a typo: applying to nothing, it would let a
+    tightened gate pass unnoticed."""
+    present = {k for cat in cats for rc in cat.ranks.values() for k in rc.kinds}
+    recorded = ", ".join(sorted(present, key=lambda k: (kind_order(k), k))) or "none"
+    named = [f"--tol {k}" for k in tolerances.kinds if k not in present]
+    named += [f"config [kind.{k}]" for k in tolerances.config_kinds if k not in present]
+    if named:
+        raise UsageError(f"{', '.join(named)}: no store recorded this kind (recorded: {recorded})")
+
+
 def _applied_tolerances(plan, engine) -> list[dict]:
     seen = {}
     for kp in plan.pairs:
@@ -275,12 +287,15 @@ def _step_results(step, pairs, partial, engine) -> list[TensorResult]:
     for kp in sorted(pairs, key=lambda kp: (kind_order(kp.kind), kp.kind, kp.rank)):
         for t in kp.tensors:
             parts = sorted(partial.get((id(kp), t.name), []), key=lambda x: x[0])
+            tol = engine.tol(kp.kind, t.ref.dtype)
             if not parts:
-                continue
+                if t.ref.numel:
+                    continue
+                # an empty tensor has no chunk to read, yet it was compared (shapes and dtypes agree)
+                parts = [(0, MetricsAccumulator(tol.rtol, tol.atol, engine.equal_nan, engine.oracle_factor))]
             acc = parts[0][1]
             for _, later in parts[1:]:
                 acc.merge(later)
-            tol = engine.tol(kp.kind, t.ref.dtype)
             results.append(TensorResult(step, kp.kind, kp.rank, kp.ref_rank, t.name, t.ref.dtype, t.ref.shape,
                                         acc.result(t.ref.shape), tol.source, kp.oracle_rank))
     return results

@@ -1,7 +1,8 @@
 """Closeness and error metrics of one (reference, candidate) pair of arrays.
 
 The closeness rule is torch.isclose's, evaluated in the same arithmetic (float32 for float32,
-bfloat16 and float16 data; float64 for float64, integer and bool data), so a tensor passes here
+bfloat16 and float16 data; float64 for float64 data; integer and bool data on their exact integer
+difference, since float64 cannot tell int64 values above 2**53 apart), so a tensor passes here
 exactly when torch.testing.assert_close(cand, ref, rtol=rtol, atol=atol) passes:
 
     close = (cand == ref)                                   # equal values, equal infinities
@@ -107,7 +108,8 @@ def _num(x):
 
 def work_dtype(dtype: np.dtype) -> np.dtype:
     """The arithmetic a dtype is compared in (torch's opmath): float32 for float32 and narrower
-    floats, float64 for float64 and every integer/bool (exact below 2**53), complex as is."""
+    floats, float64 for float64 and every integer/bool (for the metrics; their closeness is decided
+    on the exact integer difference, see _int_abs_diff), complex as is."""
     dtype = np.dtype(dtype)
     if dtype.kind == "c":
         return dtype
@@ -131,6 +133,28 @@ def _scratch(dtype: np.dtype, n: int) -> tuple[np.ndarray, np.ndarray]:
     if pair is None or pair[0].size < n:
         pair = bufs[key] = (np.empty(max(n, BLOCK_ELEMENTS), dtype), np.empty(max(n, BLOCK_ELEMENTS), dtype))
     return pair[0][:n], pair[1][:n]
+
+
+def _int_abs_diff(ra: np.ndarray, rb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(|rb - ra| exactly, rb < ra) for integer/bool arrays: uint64 (object for int64 mixed with uint64)."""
+    ct = np.result_type(ra.dtype, rb.dtype)
+    if ct.kind in "iub":
+        wide = np.dtype(np.int64 if ct.kind == "i" else np.uint64)
+        x, y = ra.astype(wide, copy=False), rb.astype(wide, copy=False)
+        # hi - lo lies in [0, 2**64): computed modulo 2**64 in uint64 it is exact, even where int64 would overflow
+        ad = np.maximum(x, y).astype(np.uint64) - np.minimum(x, y).astype(np.uint64)
+        return ad, y < x
+    x, y = ra.astype(object), rb.astype(object)  # int64 against uint64: Python ints are exact
+    return np.abs(y - x), y < x
+
+
+def _int_violations(ad_exact: np.ndarray, absa: np.ndarray, rtol: float, atol: float) -> np.ndarray:
+    """|cand - ref| > atol + rtol * |ref| with the integer difference compared exactly (floor of the bound)."""
+    bound = np.floor(atol + rtol * absa)
+    if ad_exact.dtype == object:
+        return (ad_exact > bound).astype(bool)  # Python int against float compares exactly
+    huge = ~(bound < 2.0**64)  # no uint64 difference exceeds this bound (inf included)
+    return (ad_exact > np.where(huge, 0, bound).astype(np.uint64)) & ~huge
 
 
 def _dot(x: np.ndarray, y: np.ndarray) -> float:
@@ -174,22 +198,32 @@ class MetricsAccumulator:
             if oracle.shape != ref.shape:
                 raise ValueError(f"shape mismatch: ref {ref.shape} vs oracle {oracle.shape}")
         wd = np.result_type(work_dtype(ref.dtype), work_dtype(cand.dtype))
+        exact = oracle is None and ref.dtype.kind in "iub" and cand.dtype.kind in "iub"
         with np.errstate(all="ignore"):  # inf/nan arise on purpose (x/0, overflow) and are handled
             for s in range(0, ref.size, BLOCK_ELEMENTS):
                 e = min(s + BLOCK_ELEMENTS, ref.size)
                 a = ref[s:e].astype(wd, copy=False)
                 b = cand[s:e].astype(wd, copy=False)
                 o = None if oracle is None else oracle[s:e].astype(np.float64, copy=False)
-                self._block(a, b, o, offset + s)
+                self._block(a, b, o, offset + s, (ref[s:e], cand[s:e]) if exact else None)
         self.n += ref.size
 
     def _offer_worst(self, cat: int, err: float, index: int, ref: float, cand: float, oracle=None) -> None:
         if self.worst is None or (cat, err) > self.worst[:2]:
             self.worst = (cat, err, index, ref, cand, oracle)
 
-    def _block(self, a: np.ndarray, b: np.ndarray, o: np.ndarray | None, base: int) -> None:
+    def _block(self, a: np.ndarray, b: np.ndarray, o: np.ndarray | None, base: int, native=None) -> None:
+        """native: the (ref, cand) integer/bool blocks, judged on their exact difference."""
         s1, s2 = _scratch(a.dtype, a.size)
-        d = np.subtract(b, a, out=s1)
+        if native is not None:
+            ad_exact, neg = _int_abs_diff(*native)
+            d = s1
+            d[...] = ad_exact  # the exact difference, rounded once (b - a in float64 may cancel to 0)
+            np.negative(d, out=d, where=neg)
+            val = lambda k: (native[0][k].item(), native[1][k].item())  # noqa: E731
+        else:
+            d = np.subtract(b, a, out=s1)
+            val = lambda k: (a[k].item(), b[k].item())  # noqa: E731
         ss_d = _dot(d, d)
         idxmap = None
         if not math.isfinite(ss_d):
@@ -223,7 +257,8 @@ class MetricsAccumulator:
         self.ss_diff += ss_d
 
         if mad > 0:  # an identical block has no relative error: skip the division
-            absa = np.abs(a, out=s2) if s2.dtype == a.dtype and s2.size == a.size else np.abs(a)
+            # a real buffer: |complex| into a complex one would warn when reduced below
+            absa = np.abs(a, out=s2) if a.dtype.kind != "c" and s2.size == a.size else np.abs(a)
             rel = np.divide(ad, absa, out=absa)  # 0/0 -> nan (ignored by fmax), x/0 -> inf
             max_rel = float(np.fmax.reduce(rel))
             if not math.isnan(max_rel):
@@ -239,19 +274,22 @@ class MetricsAccumulator:
             return
         w = ad.dtype.type
         atol = w(self.atol)
-        if mad > atol:  # otherwise nothing can violate: the bound is never below atol
-            tol = np.abs(a)
-            tol *= w(self.rtol)
-            tol += atol
-            viol = ad > tol
+        if native is not None or mad > atol:  # otherwise nothing can violate: the bound is never below atol
+            if native is not None:
+                viol = _int_violations(ad_exact, np.abs(a), self.rtol, self.atol)
+            else:
+                tol = np.abs(a)
+                tol *= w(self.rtol)
+                tol += atol
+                viol = ad > tol
             nv = int(np.count_nonzero(viol))
             if nv:
                 self.violations += nv
                 j = np.flatnonzero(viol)
                 k = int(j[np.argmax(ad[j])])
-                self._offer_worst(1, float(ad[k]), glob(k), a[k].item(), b[k].item())
+                self._offer_worst(1, float(ad[k]), glob(k), *val(k))
                 return
-        self._offer_worst(0, mad, glob(i), a[i].item(), b[i].item())
+        self._offer_worst(0, mad, glob(i), *val(i))
 
     def _nonfinite(self, a, b, o, mask, base) -> None:
         """Positions where some side is NaN/Inf: equal infinities (and NaNs with equal_nan) pass."""
@@ -345,6 +383,8 @@ class MetricsAccumulator:
 def _scalar(v):
     if isinstance(v, complex):
         return abs(v)  # JSON has no complex numbers; the magnitude is what the errors are about
+    if isinstance(v, int) and not isinstance(v, bool):
+        return v  # an integer as recorded: float would round int64 values above 2**53
     return float(v)
 
 

@@ -21,6 +21,8 @@ def _v(x: float) -> str:
     """A value as recorded: enough digits to tell float32 neighbours apart."""
     if isinstance(x, float) and not math.isfinite(x):
         return _g(x)
+    if isinstance(x, int):
+        return str(x)  # integer data, every digit (int64 beyond 2**53 included)
     return f"{x:.9g}"
 
 
@@ -60,6 +62,10 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
         out.append(f"not comparable: {n.kind}{' ' + repr(n.tensor) if n.tensor else ''}: {n.reason}")
     if not report.usable:
         out += ["", "Nothing was compared: pass --allow-missing to compare the common part.", report.summary_line]
+        return "\n".join(out)
+
+    if report.nothing_compared:
+        out += ["", f"Nothing was compared: {report.nothing_compared_reason}.", report.summary_line]
         return "\n".join(out)
 
     out += ["", "Summary per step and kind (max abs error over finite elements; FAIL n: n tensors outside tolerance):"]

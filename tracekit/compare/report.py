@@ -149,12 +149,33 @@ class DiffReport:
         return sum(s.violating for s in self.summary)
 
     @property
+    def num_compared(self) -> int:
+        """(step, rank, kind, tensor) comparisons made."""
+        return sum(s.comparisons for s in self.summary)
+
+    @property
+    def nothing_compared(self) -> bool:
+        """The comparison ran but found no tensor to compare: no verdict can be given, so not PASS."""
+        return self.usable and self.num_compared == 0
+
+    @property
+    def nothing_compared_reason(self) -> str:
+        if self.not_comparable:
+            return "not comparable: " + "; ".join(f"{n.kind}{' ' + repr(n.tensor) if n.tensor else ''}: {n.reason}"
+                                                  for n in self.not_comparable)
+        if self.structural:
+            return f"the stores have no step of any tensor in common ({len(self.structural)} difference(s) skipped)"
+        return "no step of any tensor is recorded in both stores"
+
+    @property
     def passed(self) -> bool:
-        return self.usable and self.num_violations == 0
+        return self.usable and not self.nothing_compared and self.num_violations == 0
 
     @property
     def status(self) -> str:
-        return "error" if not self.usable else ("pass" if self.passed else "fail")
+        if not self.usable or self.nothing_compared:
+            return "error"
+        return "pass" if self.passed else "fail"
 
     @property
     def exit_code(self) -> int:
@@ -167,6 +188,8 @@ class DiffReport:
 
     @property
     def summary_line(self) -> str:
+        if self.nothing_compared:
+            return f"ERROR comparison ranks={len(self.ranks)} compared=0: {self.nothing_compared_reason}"
         if self.status == "error":
             return f"ERROR comparison ranks={len(self.ranks)} structural_problems={len(self.structural)}"
         line = f"{self.status.upper()} comparison ranks={len(self.ranks)} steps={self.num_steps}"

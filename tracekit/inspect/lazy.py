@@ -7,6 +7,7 @@ rows are the steps asked for, in order, with NaN rows where the rank has no such
 
 from __future__ import annotations
 
+import os
 import uuid
 
 import numpy as np
@@ -29,19 +30,42 @@ def value_dtype(logical: str) -> np.dtype:
     return np.dtype(np.float32) if logical != sdt.name else sdt
 
 
-class CheckedArray:
-    """A zarr array whose read errors (a truncated or corrupt chunk) surface as one StoreError line.
+def _chunk_indices(k, n: int, width: int):
+    """The chunk numbers along one axis (length n, chunks of `width`) that index k touches."""
+    if isinstance(k, slice):
+        r = range(*k.indices(n))
+        return range(r[0] // width, r[-1] // width + 1) if len(r) else range(0)
+    idx = np.asarray(k).reshape(-1)
+    idx = np.where(idx < 0, idx + n, idx)
+    return np.unique(idx // width).tolist()
 
-    A chunk file that does not exist reads as zeros, as zarr intends: the writer's zarr skips
-    chunks that are all fill value (0), so an absent chunk is a legitimate all-zero row.
+
+class CheckedArray:
+    """A zarr array whose read errors (a truncated, corrupt or missing chunk) surface as one StoreError line.
+
+    A chunk file that does not exist is damage, not zeros: the writer writes every chunk, all-zero
+    ones included (write_empty_chunks), while zarr 3.1 would silently read a missing one as fill
+    values. So the chunk files a read needs are checked first, as RankView._require_chunks does.
     """
 
     def __init__(self, array, where: str):
         self.array = array
         self.where = where
         self.shape, self.dtype, self.ndim, self.chunks = array.shape, array.dtype, array.ndim, array.chunks
+        self.folder = os.path.join(str(array.store.root), array.path, "c")
+
+    def _require_chunks(self, key) -> None:
+        key = key if isinstance(key, tuple) else (key,)
+        key = key + (slice(None),) * (2 - len(key))
+        rows = _chunk_indices(key[0], self.shape[0], self.chunks[0])
+        cols = _chunk_indices(key[1], self.shape[1], self.chunks[1])
+        for i in rows:
+            for j in cols:
+                if not os.path.isfile(os.path.join(self.folder, str(i), str(j))):
+                    raise StoreError(f"{self.where}: unreadable data (chunk c/{i}/{j} is missing)")
 
     def __getitem__(self, key):
+        self._require_chunks(key)
         try:
             return self.array[key]
         except Exception as e:

@@ -123,6 +123,17 @@ def _int(meta: dict, key: str, path: str) -> int | None:
         raise StoreError(f"{path}: metadata {key}={meta[key]!r} is not a number") from None
 
 
+# Coordinates the store and the diff read as integers (world_size also sizes the imported run).
+_INT_COORDS = ("rank", "local_rank", "world_size", "dp_degree", "dp_rank", "tp_degree", "tp_rank")
+
+
+def _check_coords(coords: dict, path: str) -> None:
+    for k in _INT_COORDS:
+        v = coords.get(k)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise StoreError(f"{path}: metadata coords {k}={v!r} is not a non-negative integer")
+
+
 def import_dumps(src: str, out: str, force: bool = False, default_kind: str = "parameters", step_offset: int = 0,
                  rename: Callable[[str], str] | None = None) -> dict:
     """Read every tensor file under `src` into a new store at `out`; returns a summary."""
@@ -161,6 +172,7 @@ def import_dumps(src: str, out: str, force: bool = False, default_kind: str = "p
             raise UsageError(f"{rel}: unknown kind {kind!r}; known kinds: {', '.join(KIND_NAMES)}")
         if rank not in runs:  # what a tracekit export says about its rank's run and place in it
             runs[rank] = {k: _json(meta, k) for k in ("run", "coords") if _json(meta, k) is not None}
+            _check_coords(runs[rank].get("coords", {}), path)
         bucket = data[rank][step][kind]
         for name, t in tensors.items():
             name = rename(name) if rename else name

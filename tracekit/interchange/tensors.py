@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from tracekit.dtypes import storage_dtype
+from tracekit.errors import StoreError
 from tracekit.store import TensorData
 
 # numpy lacks these dtypes; the store keeps their bits in an unsigned integer array of equal width
@@ -15,6 +16,10 @@ def to_torch(bits: np.ndarray, dtype: str, shape: tuple[int, ...]):
     """Stored data (storage dtype, flat) -> a torch tensor of the logical dtype and shape."""
     import torch
 
+    try:
+        storage_dtype(dtype)
+    except ValueError:  # a damaged or foreign tensor index: refuse rather than export wrong bits
+        raise StoreError(f"dtype {dtype!r} is not one a tracekit store holds") from None
     data = np.array(bits, copy=True)  # owned and writable: torch.from_numpy shares memory
     if dtype in _BITS_VIEW:
         data = data.view(np.dtype(_BITS_VIEW[dtype]))
