@@ -68,3 +68,19 @@ def test_rank_selection_gathers_everywhere_and_never_hangs(recorded_sample, mode
         if full is not None:  # every writer holds the same full parameters
             assert all(np.array_equal(params[n], full[n]) for n in full)
         full = params
+
+
+@pytest.mark.torchrun
+def test_a_rank_whose_recorder_cannot_start_does_not_hang_the_job(recorded_sample, tmp_path):
+    import shutil
+
+    from conftest import run_recorded
+
+    ref = str(tmp_path / "ref")
+    shutil.copytree(recorded_sample("ddp", script="tutorial", steps=STEPS)[0], ref)
+    shutil.rmtree(tmp_path / "ref" / "rank_1" / "parameters")  # rank 1 cannot replay: it fails alone
+    store = str(tmp_path / "replay")
+    result = run_recorded(store, "plain", "ddp", extra=["--steps", str(STEPS)], record_args=["--replay-from", ref])
+    assert result.stderr.count("tracekit: zero-code recording failed on rank 1") == 1
+    assert result.stdout.count("PASS rank=") == 2
+    assert open_store(store).rank(0).completed_steps == list(range(1, STEPS + 1))
