@@ -1,6 +1,6 @@
 """The reference workload, recorded with tracekit's Recorder.
 
-    tracekit record STORE -- torchrun --standalone --nproc-per-node=2 samples/tutorial/train.py --parallelism ddp
+    tracekit record -o STORE -- torchrun --standalone --nproc-per-node=2 samples/tutorial/train.py --parallelism ddp
 
 Without a configured store (TRACEKIT_STORE, set by `tracekit record`) the Recorder is a
 pass-through and this is exactly samples/plain/train.py.
