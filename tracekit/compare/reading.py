@@ -21,6 +21,7 @@ import numpy as np
 
 from tracekit.compare.catalog import RankCatalog
 from tracekit.errors import StoreError
+from tracekit.store.chunks import chunk_cols, first_missing_chunk
 
 
 def _where(rc: RankCatalog, kind: str, step: int) -> str:
@@ -119,10 +120,9 @@ class RowReader:
         return out
 
     def _read_zarr(self, start: int, stop: int) -> np.ndarray:
-        if getattr(self.arr.store_path.store, "root", None) is not None:
-            for c in range(start // self.width, (max(stop, start + 1) - 1) // self.width + 1):
-                if not os.path.isfile(self._path(c)):
-                    raise self._missing(self._path(c))
+        missing = first_missing_chunk(self.arr, [self.row], chunk_cols(start, stop, self.width))
+        if missing is not None:
+            raise self._missing(self._path(missing[1]))
         try:
             return self.arr[self.row, start:stop]
         except Exception as e:  # a truncated or corrupt chunk: one line, not a zarr traceback

@@ -7,13 +7,13 @@ rows are the steps asked for, in order, with NaN rows where the rank has no such
 
 from __future__ import annotations
 
-import os
 import uuid
 
 import numpy as np
 
 from tracekit.dtypes import storage_dtype, to_numpy_values
 from tracekit.errors import StoreError, UsageError
+from tracekit.store.chunks import first_missing_chunk
 
 
 def require_dask():
@@ -52,17 +52,15 @@ class CheckedArray:
         self.array = array
         self.where = where
         self.shape, self.dtype, self.ndim, self.chunks = array.shape, array.dtype, array.ndim, array.chunks
-        self.folder = os.path.join(str(array.store.root), array.path, "c")
 
     def _require_chunks(self, key) -> None:
         key = key if isinstance(key, tuple) else (key,)
         key = key + (slice(None),) * (2 - len(key))
         rows = _chunk_indices(key[0], self.shape[0], self.chunks[0])
         cols = _chunk_indices(key[1], self.shape[1], self.chunks[1])
-        for i in rows:
-            for j in cols:
-                if not os.path.isfile(os.path.join(self.folder, str(i), str(j))):
-                    raise StoreError(f"{self.where}: unreadable data (chunk c/{i}/{j} is missing)")
+        missing = first_missing_chunk(self.array, rows, cols)
+        if missing is not None:
+            raise StoreError(f"{self.where}: unreadable data (chunk c/{missing[0]}/{missing[1]} is missing)")
 
     def __getitem__(self, key):
         self._require_chunks(key)

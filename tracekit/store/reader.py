@@ -16,6 +16,7 @@ import zarr
 
 from tracekit.dtypes import to_numpy_values
 from tracekit.errors import StoreError
+from tracekit.store.chunks import chunk_cols, first_missing_chunk
 from tracekit.store.format import FORMAT_VERSION, RANK_PREFIX, ROOT_KEY, kind_order
 
 
@@ -174,11 +175,10 @@ class RankView:
 
     def _require_chunks(self, kind: str, key: str, row: int, start: int, stop: int) -> None:
         """zarr 3.1 silently returns fill values for a missing chunk; a store must never do that."""
-        width = self.array(kind, key).chunks[1]
-        folder = os.path.join(self.store.path, self.group.path, kind, key, "c", str(row))
-        for j in range(start // width, (max(stop, start + 1) - 1) // width + 1):
-            if not os.path.isfile(os.path.join(folder, str(j))):
-                raise FileNotFoundError(f"chunk c/{row}/{j} of {key} is missing")
+        array = self.array(kind, key)
+        missing = first_missing_chunk(array, [row], chunk_cols(start, stop, array.chunks[1]))
+        if missing is not None:
+            raise FileNotFoundError(f"chunk c/{missing[0]}/{missing[1]} of {key} is missing")
 
     def _read_row(self, kind: str, step: int, key: str, start: int, stop: int) -> np.ndarray:
         row = self._row(kind, step)

@@ -21,6 +21,7 @@ from zarr.storage import LocalStore
 
 from tracekit.dtypes import storage_dtype
 from tracekit.errors import StoreError
+from tracekit.store.chunks import chunk_path
 from tracekit.store.format import FORMAT_VERSION, MAX_CHUNK_BYTES, ROOT_KEY, rank_group_name
 
 
@@ -90,13 +91,12 @@ def _write_row_chunks(arr: zarr.Array, row: int, parts: list[np.ndarray]) -> Non
         arr[row] = np.concatenate(parts) if len(parts) > 1 else parts[0]
         return
     width, itemsize = arr.chunks[1], arr.dtype.itemsize
-    folder = os.path.join(arr.store.root, arr.path, "c", str(row))
-    os.makedirs(folder, exist_ok=True)
+    os.makedirs(os.path.dirname(chunk_path(arr, row, 0)), exist_ok=True)
     views = iter([memoryview(p.view(np.uint8)) for p in parts if p.size])
     pending = next(views, None)
     for j in range(-(-arr.shape[1] // width)):
         room = width * itemsize
-        with open(os.path.join(folder, str(j)), "wb") as f:
+        with open(chunk_path(arr, row, j), "wb") as f:
             while room and pending is not None:
                 take = pending[:room]
                 f.write(take)
