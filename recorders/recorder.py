@@ -133,7 +133,7 @@ class Recorder:
         self.run_info = dict(run_info or {})
         self.step = 0  # steps completed so far; the step being trained is step + 1
         self._staged: dict[str, dict[str, torch.Tensor]] = {}
-        self._before: dict[str, torch.Tensor] | None = None
+        self._before: list[tuple[str, torch.Tensor]] | None = None  # local snapshots, for deltas
         self._in_step = False
         self._initial_done = False
         self._grad_snapshot: list | None = None
@@ -359,15 +359,15 @@ class Recorder:
             wanted += [("parameters", n, p) for n, p in self._params if n in self._recorded_names]
         # delta on the local shards, in the parameter's dtype: elementwise, so it equals after - before of the full tensors
         wanted += [("deltas", n, current[n].detach() - b) for n, b in before]
+        if "optimizer_state" in kinds:
+            chosen = [(n, p) for n, p in self._params if n in self._recorded_names]
+            wanted += [("optimizer_state", n, t) for n, t in state_tensors(self.optimizer, chosen)]
+        # one batched gather for every kind of the step (sharded state is gathered like parameters)
         full = self._gather_all([(f"{kind}/{n}", t) for kind, n, t in wanted])
         staged: dict[str, dict[str, torch.Tensor]] = {}
         for kind, n, _ in wanted:
             if f"{kind}/{n}" in full:
                 staged.setdefault(kind, {})[n] = full[f"{kind}/{n}"]
-        if "optimizer_state" in kinds:
-            chosen = [(n, p) for n, p in self._params if n in self._recorded_names]
-            staged["optimizer_state"] = {n: c for n, t in state_tensors(self.optimizer, chosen)
-                                         if (c := full_cpu(t, keep=self._writes)) is not None}
         return staged
 
     def _submit(self, step: int, kinds: dict[str, dict[str, torch.Tensor]], complete: bool) -> None:

@@ -47,7 +47,7 @@ def _read_safetensors(path: str) -> tuple[dict, dict]:
             meta = dict(f.metadata() or {})
             keys = list(f.keys())
             # a tracekit export lists its recorded order (safetensors itself sorts names)
-            order = [k for k in (_json_list(meta, "names") or []) if k in keys]
+            order = [k for k in (_json(meta, "names", list) or []) if k in keys]
             keys = order + [k for k in keys if k not in order]
             return {k: f.get_tensor(k) for k in keys}, meta
     except (SafetensorError, OSError, ValueError) as e:
@@ -98,20 +98,13 @@ def _bare_name(path: str, kind: str) -> str:
     return os.path.splitext(os.path.basename(path))[0]
 
 
-def _json_list(meta: dict, key: str) -> list | None:
+def _json(meta: dict, key: str, kind: type = dict):
+    """meta[key] parsed as JSON when it is a `kind` (dict or list), else None."""
     try:
         value = json.loads(meta[key]) if key in meta else None
     except ValueError:
         return None
-    return value if isinstance(value, list) else None
-
-
-def _json(meta: dict, key: str) -> dict | None:
-    try:
-        value = json.loads(meta[key]) if key in meta else None
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
+    return value if isinstance(value, kind) else None
 
 
 def _int(meta: dict, key: str, path: str) -> int | None:
@@ -171,7 +164,7 @@ def import_dumps(src: str, out: str, force: bool = False, default_kind: str = "p
         if kind not in KIND_NAMES:
             raise UsageError(f"{rel}: unknown kind {kind!r}; known kinds: {', '.join(KIND_NAMES)}")
         if rank not in runs:  # what a tracekit export says about its rank's run and place in it
-            runs[rank] = {k: _json(meta, k) for k in ("run", "coords") if _json(meta, k) is not None}
+            runs[rank] = {k: v for k in ("run", "coords") if (v := _json(meta, k)) is not None}
             _check_coords(runs[rank].get("coords", {}), path)
         bucket = data[rank][step][kind]
         for name, t in tensors.items():
