@@ -11,11 +11,8 @@ from __future__ import annotations
 import fnmatch
 from typing import Any, Iterator
 
-import numpy as np
 import torch
 
-from tracekit.dtypes import torch_dtype_name
-from tracekit.store import TensorData
 from tracekit.recorders.coords import is_dtensor
 
 # Wrapper modules insert these path components; dropping them lets a DDP, FSDP, compiled or plain
@@ -116,18 +113,6 @@ def gather_full_cpu(items: list[tuple[str, torch.Tensor]], keep: bool = True) ->
             if copy is not None:
                 out[name] = copy
     return out
-
-
-def to_store(name: str, t: torch.Tensor) -> TensorData:
-    """A CPU tensor as a store entry, in storage dtype (bit patterns for dtypes numpy lacks)."""
-    dtype = torch_dtype_name(t.dtype)
-    if t.dtype == torch.bfloat16:
-        data = t.view(torch.int16).numpy().view(np.uint16)
-    elif t.dtype in (torch.float8_e4m3fn, torch.float8_e5m2):
-        data = t.view(torch.uint8).numpy()
-    else:
-        data = t.numpy()
-    return TensorData(name, dtype, tuple(t.shape), data)
 
 
 def flatten_output(obj: Any, prefix: str = "output") -> Iterator[tuple[str, torch.Tensor]]:

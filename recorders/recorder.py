@@ -26,7 +26,8 @@ from tracekit.environment import numeric_env, package_versions, run_environment
 from tracekit.recorders.background import BackgroundWriter
 from tracekit.recorders.config import RecordConfig
 from tracekit.recorders.coords import detect_coords
-from tracekit.recorders.materialize import canonical_name, flatten_output, full_cpu, gather_full_cpu, select, to_store
+from tracekit.recorders.materialize import canonical_name, flatten_output, full_cpu, gather_full_cpu, select
+from tracekit.store.tensors import from_torch
 from tracekit.recorders.optim_state import state_tensors
 from tracekit.recorders.replay import Replay
 
@@ -376,7 +377,7 @@ class Recorder:
 
         def job():
             for kind, tensors in kinds.items():
-                writer.write(step, kind, [to_store(n, t) for n, t in tensors.items()])
+                writer.write(step, kind, [from_torch(n, t) for n, t in tensors.items()])
             if complete:
                 writer.complete_step(step)
 

@@ -45,8 +45,3 @@ def to_numpy_values(bits: np.ndarray, logical: str) -> np.ndarray:
 
         return torch.from_numpy(bits.copy()).view(getattr(torch, logical)).float().numpy()
     return bits
-
-
-def torch_dtype_name(dtype) -> str:
-    """'torch.bfloat16' -> 'bfloat16'."""
-    return str(dtype).removeprefix("torch.")

@@ -33,17 +33,9 @@ def _tensor_data(name: str, value):
     from tracekit.store import TensorData
 
     if hasattr(value, "detach"):  # a torch tensor: keep its dtype (bfloat16 stored as bits)
-        import torch
+        from tracekit.store.tensors import from_torch
 
-        t = value.detach().cpu().contiguous()
-        dtype = str(t.dtype).removeprefix("torch.")
-        if t.dtype == torch.bfloat16:
-            bits = t.view(torch.uint16).numpy() if hasattr(torch, "uint16") else t.view(torch.int16).numpy().view(np.uint16)
-        elif t.dtype in (getattr(torch, "float8_e4m3fn", None), getattr(torch, "float8_e5m2", None)):
-            bits = t.view(torch.uint8).numpy()
-        else:
-            bits = t.numpy()
-        return TensorData(name, dtype, tuple(t.shape), bits)
+        return from_torch(name, value)
     arr = np.asarray(value)
     return TensorData(name, str(arr.dtype), tuple(arr.shape), arr)
 

@@ -9,7 +9,7 @@ from safetensors import safe_open
 
 from tracekit import open_store
 from tracekit.cli.main import main
-from tracekit.interchange.tensors import from_torch
+from tracekit.store.tensors import from_torch
 from tracekit.store import RankWriter, create_store
 
 

@@ -346,14 +346,14 @@ def test_an_optimizer_step_that_raised_does_not_end_recording(tmp_path):
 
 
 def test_replay_refuses_a_second_optimizer_in_the_step(tmp_path, capfd):
-    from tracekit.recorders.materialize import to_store
+    from tracekit.store.tensors import from_torch
     from tracekit.store import RankWriter
 
     model = model_of()
     ref = store_at(tmp_path, "ref")
     writer = RankWriter(ref, 0, {"coords": {"rank": 0}})
     for step in range(4):
-        writer.write(step, "parameters", [to_store(n, torch.full_like(p.detach(), float(step)))
+        writer.write(step, "parameters", [from_torch(n, torch.full_like(p.detach(), float(step)))
                                           for n, p in model.named_parameters()])
         if step:
             writer.complete_step(step)

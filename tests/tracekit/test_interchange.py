@@ -14,7 +14,7 @@ from tracekit import open_store
 from tracekit.errors import UsageError
 from tracekit.interchange import export_file, export_tree, import_dumps, parse_path
 from tracekit.interchange.importer import DumpRefused
-from tracekit.interchange.tensors import from_torch
+from tracekit.store.tensors import from_torch
 from tracekit.store import RankWriter, create_store
 
 # values that a sloppy conversion loses: NaN payloads, -0.0, infinities, subnormals
@@ -187,7 +187,7 @@ def test_import_input_errors(tmp_path):
 
 def test_export_of_an_unsupported_index_dtype_is_refused():
     from tracekit.errors import StoreError
-    from tracekit.interchange.tensors import to_torch
+    from tracekit.store.tensors import to_torch
 
     with pytest.raises(StoreError, match="dtype 'foo' is not one a tracekit store holds"):
         to_torch(np.zeros(2, np.float32), "foo", (2,))

@@ -10,7 +10,7 @@ import json
 import os
 
 from tracekit.errors import StoreError, UsageError
-from tracekit.interchange.tensors import to_torch
+from tracekit.store.tensors import to_torch
 from tracekit.store import RankView, open_store
 
 FORMAT = "tracekit"

@@ -16,7 +16,7 @@ from typing import Callable
 from tracekit.environment import run_environment
 from tracekit.errors import StoreError, UsageError
 from tracekit.interchange.layout import KIND_NAMES, TENSOR_SUFFIXES, parse_path
-from tracekit.interchange.tensors import from_torch
+from tracekit.store.tensors import from_torch
 from tracekit.store import RankWriter, create_store, finalize_store
 from tracekit.store.format import INITIAL_STEP
 
