@@ -5,10 +5,14 @@ reference by float32 rounding noise everywhere, so no shortcut applies), then me
 separate processes:
   raw   numpy.fromfile of every chunk file of both stores (the bytes the diff must read);
   diff  tracekit.diff of the two stores;
-and prints both throughputs (bytes of tensor data per second), their ratio (target >= 0.7) and
-the diff's peak RSS (target: bounded, under 1 GB whatever the store size).
+and prints both throughputs (bytes of tensor data per second), their ratio (target >= 0.9 in
+format 2, whose reads also check every object's hash) and the diff's peak RSS (target: bounded).
 
-    python bench/bench_diff.py --size-mb 1024 --dir /tmp/tracekit-bench
+--identical adds the case content hashes are for: a store diffed against an identical copy,
+in format 1 (every byte read) and format 2 (decided by hash) on the same data, side by side,
+with the speedup (target >= 10x).
+
+    python bench/bench_diff.py --size-mb 1024 --dir /tmp/tracekit-bench [--format 1|2] [--identical]
 """
 
 from __future__ import annotations
@@ -29,13 +33,17 @@ sys.path.insert(0, ROOT)
 KINDS = ("gradients", "parameters", "deltas")
 
 
-def build(path: str, size_bytes: int, ranks: int, steps: int, tensors: int, noise: float, seed: int) -> int:
-    """Write a store of ~size_bytes; the candidate (noise > 0) is the reference plus relative noise."""
+def build(path: str, size_bytes: int, ranks: int, steps: int, tensors: int, noise: float, seed: int,
+          version: int = 2) -> int:
+    """Write a store of ~size_bytes; the candidate (noise > 0) is the reference plus relative noise.
+
+    Every (rank, step, kind, tensor) gets its own random data, so format 2 stores every byte too
+    (no dedup) and both formats hold the same bytes."""
     from tracekit.store import RankWriter, TensorData, create_store
 
     per_row = size_bytes // (ranks * steps * len(KINDS))
     numel = max(tensors, per_row // 4 // tensors)
-    create_store(path, {"mode": "ddp"}, force=True)
+    create_store(path, {"mode": "ddp"}, force=True, format_version=version)
     written = 0
     for r in range(ranks):
         w = RankWriter(path, r, {"coords": {"rank": r, "world_size": ranks, "dp_degree": ranks, "dp_rank": r}})
@@ -86,6 +94,24 @@ def run(code: str, fields: int, *args) -> list[str]:
     return out.stdout.split(maxsplit=fields - 1)
 
 
+def identical(a, size: int) -> None:
+    """An identical copy diffed in format 1 and in format 2, same data, timed side by side."""
+    times = {}
+    for version in (1, 2):
+        ref, same = os.path.join(a.dir, f"id{version}-ref"), os.path.join(a.dir, f"id{version}-same")
+        build(ref, size, a.ranks, a.steps, a.tensors, 0.0, 0, version)
+        build(same, size, a.ranks, a.steps, a.tensors, 0.0, 0, version)
+        runs = [run(DIFF, 5, ROOT, ref, same, a.jobs) for _ in range(a.repeat)]
+        times[version] = min(float(r[1]) for r in runs)
+        nb, _, _, peak, line = runs[0]
+        print(f"identical stores, format {version}: diff {times[version]:.3f} s, {int(nb) / 2**20:.1f} MiB read, "
+              f"peak RSS {int(peak) / 2**20:.0f} MiB   [{line.strip()}]")
+        if not a.keep:
+            shutil.rmtree(ref, ignore_errors=True)
+            shutil.rmtree(same, ignore_errors=True)
+    print(f"identical stores: format 2 diff is {times[1] / times[2]:.1f}x faster than format 1 (target >= 10x)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mb", type=float, default=1024, help="size of each store (default 1024)")
@@ -96,19 +122,21 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--keep", action="store_true", help="keep the stores afterwards")
+    ap.add_argument("--format", type=int, default=2, choices=(1, 2), help="store format of the two stores")
+    ap.add_argument("--identical", action="store_true", help="also time identical stores, format 1 vs 2")
     a = ap.parse_args()
     ref, cand = os.path.join(a.dir, "ref"), os.path.join(a.dir, "cand")
     os.makedirs(a.dir, exist_ok=True)
     size = int(a.size_mb * 2**20)
     t = time.perf_counter()
-    marker = os.path.join(a.dir, f"built-{a.size_mb}-{a.ranks}-{a.steps}-{a.tensors}")
+    marker = os.path.join(a.dir, f"built-{a.format}-{a.size_mb}-{a.ranks}-{a.steps}-{a.tensors}")
     if a.keep and os.path.exists(marker):  # reuse the stores of a previous --keep run of the same size
         n = int(open(marker).read())
     else:
-        n = build(ref, size, a.ranks, a.steps, a.tensors, 0.0, 0)
-        build(cand, size, a.ranks, a.steps, a.tensors, 1e-7, 1)
+        n = build(ref, size, a.ranks, a.steps, a.tensors, 0.0, 0, a.format)
+        build(cand, size, a.ranks, a.steps, a.tensors, 1e-7, 1, a.format)
         open(marker, "w").write(str(n))
-    print(f"2 stores of {n / 2**20:.0f} MiB tensor data each ready in {time.perf_counter() - t:.1f} s")
+    print(f"2 format-{a.format} stores of {n / 2**20:.0f} MiB tensor data each ready in {time.perf_counter() - t:.1f} s")
     # The machine may be shared: wall-clock rates are taken as the best of --repeat runs, and the
     # CPU-time rates (bytes per CPU-second, all threads) show the work per byte whatever the load.
     best = {"raw": 0.0, "diff": 0.0, "raw_cpu": 0.0, "diff_cpu": 0.0}
@@ -124,7 +152,9 @@ def main() -> None:
               f"diff peak RSS {int(peak) / 2**20:.0f} MiB   [{line.strip()}]")
         for k, v in (("raw", raw), ("diff", rate), ("raw_cpu", raw_cpu), ("diff_cpu", rate_cpu)):
             best[k] = max(best[k], v)
-    print(json.dumps({"store_mib": round(n / 2**20), "jobs": a.jobs, "raw_mib_s": round(best["raw"] / 2**20),
+    if a.identical:
+        identical(a, size)
+    print(json.dumps({"format": a.format, "store_mib": round(n / 2**20), "jobs": a.jobs, "raw_mib_s": round(best["raw"] / 2**20),
                       "diff_mib_s": round(best["diff"] / 2**20), "ratio": round(best["diff"] / best["raw"], 3),
                       "raw_mib_per_cpu_s": round(best["raw_cpu"] / 2**20),
                       "diff_mib_per_cpu_s": round(best["diff_cpu"] / 2**20),

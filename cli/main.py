@@ -26,6 +26,7 @@ from tracekit.cli.report import report  # noqa: E402
 from tracekit.cli.export import export  # noqa: E402
 from tracekit.cli.import_ import import_  # noqa: E402
 from tracekit.cli.diff import diff  # noqa: E402
+from tracekit.cli.verify import verify  # noqa: E402
 
 main.add_command(record)
 main.add_command(show)
@@ -34,6 +35,7 @@ main.add_command(report)
 main.add_command(export)
 main.add_command(import_)
 main.add_command(diff)
+main.add_command(verify)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field, replace
 
 from tracekit.errors import UsageError
-from tracekit.store.format import DEFAULT_KINDS, KINDS
+from tracekit.store.kinds import DEFAULT_KINDS, KINDS
 
 ENV_STORE = "TRACEKIT_STORE"
 ENV_KINDS = "TRACEKIT_KINDS"
@@ -17,7 +17,7 @@ ENV_QUEUE_MB = "TRACEKIT_QUEUE_MB"
 ENV_REPLAY_FROM = "TRACEKIT_REPLAY_FROM"
 ENV_REPLAY_STEPS = "TRACEKIT_REPLAY_STEPS"
 
-RECORDABLE_KINDS = KINDS + ("optimizer_state",)
+RECORDABLE_KINDS = KINDS  # every registered kind
 DEFAULT_QUEUE_MB = 1024
 
 

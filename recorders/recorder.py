@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from tracekit.errors import TracekitError
 from tracekit.store import RankWriter, create_store, is_store
-from tracekit.store.format import INITIAL_STEP
+from tracekit.store.kinds import INITIAL_STEP
 from tracekit.environment import numeric_env, package_versions, run_environment
 from tracekit.recorders.background import BackgroundWriter
 from tracekit.recorders.config import RecordConfig

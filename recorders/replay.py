@@ -22,7 +22,7 @@ import torch
 
 from tracekit.errors import TracekitError, UsageError
 from tracekit.store import RunStore, open_store
-from tracekit.store.format import INITIAL_STEP
+from tracekit.store.kinds import INITIAL_STEP
 from tracekit.recorders.config import RecordConfig, format_step_range
 from tracekit.recorders.coords import is_dtensor
 from tracekit.recorders.optim_state import param_groups_of, state_tensors

@@ -42,19 +42,22 @@ def _tensor_data(name: str, value):
 
 def write_store(path, data: Mapping[int, Mapping[int, Mapping[str, Mapping[str, object]]]], *,
                 coords: Mapping[int, dict] | None = None, run: dict | None = None, meta: dict | None = None,
-                force: bool = False) -> str:
+                force: bool = False, format_version: int | None = None) -> str:
     """Write a store from `data[rank][step][kind][tensor name] = array`.
 
     Steps are written in increasing order and each is marked complete (parameters may have a
     step 0, the initial parameters). `coords[rank]` are the rank's coordinates (default: a 1-D
     data-parallel layout over the given ranks), `run` the run facts every rank reports, `meta`
-    extra root metadata. Returns the path.
+    extra root metadata, `format_version` the store format (default: the current one; 1 writes
+    the packed layout of older tracekits). Returns the path.
     """
     from tracekit.store import RankWriter, create_store
 
     path = str(path)
     world = len(data)
-    create_store(path, dict(meta or {}), force=force)
+    from tracekit.store.format import FORMAT_VERSION
+
+    create_store(path, dict(meta or {}), force=force, format_version=format_version or FORMAT_VERSION)
     for rank in sorted(data):
         c = dict(coords[rank]) if coords and rank in coords else {
             "rank": rank, "local_rank": rank, "world_size": world, "dp_degree": world, "dp_rank": rank,

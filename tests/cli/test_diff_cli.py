@@ -133,7 +133,10 @@ def _corrupt(path: Path, how: str) -> Path:
     if how == "foreign zarr":
         zarr.open_group(str(path / "z"), mode="w", attributes={"something": 1})
         return path / "z"
-    store = Path(write_store(path / "s", _run()))
+    # chunk files are format 1's; format 2's objects are damaged in the last two cases, on a store
+    # whose gradients differ from the reference (equal hashes would be decided without a read)
+    version = 1 if how.endswith("chunk") else None
+    store = Path(write_store(path / "s", _run(grad_scale=(2, 1.01)) if "object" in how else _run(), format_version=version))
     meta = store / "zarr.json"
     if how == "newer format":
         doc = json.loads(meta.read_text())
@@ -158,6 +161,17 @@ def _corrupt(path: Path, how: str) -> Path:
     elif how == "truncated chunk":
         chunk = store / "rank_0" / "parameters" / "float32" / "c" / "2" / "0"
         chunk.write_bytes(chunk.read_bytes()[:10])
+    elif how in ("deleted object", "flipped bit in object"):
+        from tracekit.store import open_store
+        from tracekit.store.format import object_key
+
+        obj = store.joinpath(*object_key(open_store(str(store)).rank(1).digests("gradients", 2)["w"]).split("/"))
+        if how == "deleted object":
+            obj.unlink()
+        else:
+            raw = bytearray(obj.read_bytes())
+            raw[3] ^= 0x10
+            obj.write_bytes(bytes(raw))
     return store
 
 
@@ -172,6 +186,8 @@ BAD = {
     "bad tensor index": "rank 0 gradients: malformed tensor index",
     "deleted chunk": "rank 1 gradients step 2: chunk file rank_1/gradients/float32/c/1/0 is missing",
     "truncated chunk": "rank 0 parameters step 2: chunk file rank_0/parameters/float32/c/2/0 is truncated",
+    "deleted object": "gradients step 2 tensor w: its object objects/",
+    "flipped bit in object": "gradients step 2 tensor w: bytes do not match their hash",
 }
 
 

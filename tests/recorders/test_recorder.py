@@ -162,7 +162,7 @@ def test_written_metadata_validates_against_schema(tmp_path):
     kind = json.load(open(tmp_path / "s" / "rank_0" / "gradients" / "zarr.json"))["attributes"]
     jsonschema.validate(kind, part(schema, "kind"))
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate({"tracekit": {**root["tracekit"], "format_version": 2}}, schema)
+        jsonschema.validate({"tracekit": {**root["tracekit"], "format_version": 3}}, schema)
 
 
 def test_background_writer_bounds_memory_and_keeps_order():

@@ -11,6 +11,7 @@ import zarr
 
 import tracekit
 from tracekit.errors import StoreError
+from tracekit.store.format import FORMAT_VERSION
 from tracekit.store import RankWriter, TensorData, create_store
 
 
@@ -26,13 +27,15 @@ def _coords(rank, world, tp=2):
             "meshes": [{"dim_names": ["dp", "tp"], "shape": [world // tp, tp], "coordinate": [rank // tp, rank % tp]}]}
 
 
-def write_store(path, world=4, steps=3, completed=None, shard_shapes=False):
+def write_store(path, world=4, steps=3, completed=None, shard_shapes=False, version=None):
     """Parameters (float32 w, bfloat16 h, int64 n; step 0 too), loss, gradients; values depend on (rank, step).
 
     completed: {rank: last completed step}; rows past it are written but never completed (a crash).
     shard_shapes: gradient `g` has a different shape on every rank (a layout recording local shards).
+    version: the store format (default: the current one; 1 for tests of the packed chunk files).
     """
-    create_store(path, {"command": ["train.py", "--device", "cpu"], "versions": {"torch": "x"}})
+    create_store(path, {"command": ["train.py", "--device", "cpu"], "versions": {"torch": "x"}},
+                 format_version=version or FORMAT_VERSION)
     for r in range(world):
         w = RankWriter(path, r, {"coords": _coords(r, world), "run": {"device": "cpu", "backend": "gloo"}})
         last = (completed or {}).get(r, steps)
@@ -65,7 +68,7 @@ def _plain_zarr(path, rank, kind, name, step):
 
 
 def test_every_value_matches_plain_zarr(tmp_path):
-    path = write_store(str(tmp_path / "s"))
+    path = write_store(str(tmp_path / "s"), version=1)  # format 1: plain zarr arrays hold the values
     tree = tracekit.open(path)
     assert list(tree.children) == ["loss", "gradients", "parameters"]  # compute order
     checked = 0
@@ -132,7 +135,7 @@ def test_open_reads_only_metadata(tmp_path):
     # Rank 0 is written by the writer; ranks 1-63 are copies of it with their own coordinates
     # (writing 64 ranks for real costs ~10 s of chunk writes on a busy CI machine).
     path = str(tmp_path / "big")
-    create_store(path, {"command": ["x"]})
+    create_store(path, {"command": ["x"]}, format_version=1)  # format 1: the chunk files are per rank
     w = RankWriter(path, 0, {"coords": _coords(0, 64, tp=4)})
     for s in range(1, 11):
         w.write(s, "gradients", [TensorData("a", "float32", (4,), np.full(4, s, np.float32)),
@@ -174,7 +177,7 @@ def test_shapes_differing_over_ranks_become_per_rank_variables(tmp_path):
 
 
 def test_corrupt_chunk_is_one_store_error(tmp_path):
-    path = write_store(str(tmp_path / "s"))
+    path = write_store(str(tmp_path / "s"), version=1)
     chunk = os.path.join(path, "rank_1", "gradients", "float32", "c", "1", "0")
     with open(chunk, "wb") as f:
         f.write(b"xx")  # truncated
@@ -206,7 +209,7 @@ def test_open_returns_a_datatree_and_import_stays_light(tmp_path):
 
 def test_deleted_chunk_is_one_store_error_not_zeros(tmp_path):
     # the writer writes every chunk, all-zero ones included: a missing one is damage
-    path = write_store(str(tmp_path / "s"))
+    path = write_store(str(tmp_path / "s"), version=1)
     os.remove(os.path.join(path, "rank_1", "gradients", "float32", "c", "1", "0"))
     g = tracekit.open(path)["gradients"]["g"]
     with pytest.raises(StoreError, match=r"rank 1 gradients/float32: unreadable data \(chunk c/1/0 is missing\)"):

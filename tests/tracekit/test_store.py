@@ -17,8 +17,8 @@ def _bf16_bits(values):
     return torch.tensor(values).bfloat16().view(torch.int16).numpy().view(np.uint16)
 
 
-def write_run(path, ranks=2, steps=3, crash_after=None):
-    create_store(path, {"command": ["test"]})
+def write_run(path, ranks=2, steps=3, crash_after=None, version=FORMAT_VERSION):
+    create_store(path, {"command": ["test"]}, format_version=version)
     for r in range(ranks):
         w = RankWriter(path, r, {"coords": {"rank": r, "world_size": ranks}, "run": {"device": "cpu"}})
         for s in range(0, steps + 1):
@@ -37,8 +37,9 @@ def write_run(path, ranks=2, steps=3, crash_after=None):
     return path
 
 
-def test_roundtrip_values_dtypes_and_steps(tmp_path):
-    store = open_store(write_run(str(tmp_path / "s")))
+@pytest.mark.parametrize("version", [1, 2])
+def test_roundtrip_values_dtypes_and_steps(tmp_path, version):
+    store = open_store(write_run(str(tmp_path / "s"), version=version))
     assert store.ranks == [0, 1]
     r1 = store.rank(1)
     assert r1.completed_steps == [1, 2, 3]
@@ -50,18 +51,20 @@ def test_roundtrip_values_dtypes_and_steps(tmp_path):
     assert info["h"].dtype == "bfloat16" and info["h"].shape == (4,)
 
 
-def test_bfloat16_roundtrips_bitwise(tmp_path):
+@pytest.mark.parametrize("version", [1, 2])
+def test_bfloat16_roundtrips_bitwise(tmp_path, version):
     import torch
 
-    store = open_store(write_run(str(tmp_path / "s")))
+    store = open_store(write_run(str(tmp_path / "s"), version=version))
     bits = store.rank(0).read_bits("parameters", 1, "h")
     want = torch.tensor([1.0, -2.5, 3.0e38, 0.0078125]).bfloat16()
     assert np.array_equal(bits, want.view(torch.int16).numpy().view(np.uint16))
     np.testing.assert_array_equal(store.rank(0).read("parameters", 1, "h"), want.float().numpy())
 
 
-def test_crashed_rank_shows_only_completed_steps(tmp_path):
-    store = open_store(write_run(str(tmp_path / "s"), crash_after=2))
+@pytest.mark.parametrize("version", [1, 2])
+def test_crashed_rank_shows_only_completed_steps(tmp_path, version):
+    store = open_store(write_run(str(tmp_path / "s"), crash_after=2, version=version))
     r0 = store.rank(0)
     assert r0.completed_steps == [1, 2]
     assert r0.steps("loss") == [1, 2]  # step 3's row was written but never completed
@@ -69,14 +72,24 @@ def test_crashed_rank_shows_only_completed_steps(tmp_path):
         r0.read("loss", 3, "loss")
 
 
-def test_plain_xarray_opens_store_with_named_dims(tmp_path):
-    path = write_run(str(tmp_path / "s"))
+def test_plain_xarray_opens_v1_store_with_named_dims(tmp_path):
+    path = write_run(str(tmp_path / "s"), version=1)
     finalize_store(path, 0)
     tree = xr.open_datatree(path, engine="zarr")
     ds = tree["rank_1/parameters"].to_dataset()
     assert ds["float32"].dims == ("step", "float32_element")
     assert ds.sizes["step"] == 4
     np.testing.assert_array_equal(ds["float32"].values[2, :6], np.arange(6, dtype=np.float32) * 3 + 1)
+
+
+def test_plain_xarray_opens_v2_store_and_sees_its_index(tmp_path):
+    path = write_run(str(tmp_path / "s"))
+    finalize_store(path, 0)
+    tree = xr.open_datatree(path, engine="zarr")
+    ds = tree["rank_1/parameters"].to_dataset()
+    assert ds["hash"].dims == ("step", "hash_element") and ds["hash"].shape == (4, 3 * 16)
+    assert ds["finite"].values.tolist() == [[1, 1, 1]] * 4
+    assert tree["objects"].shape == (0,)  # the object folder is a leaf zarr never lists
 
 
 def test_finalize_records_exit_status_and_ranks(tmp_path):
@@ -144,7 +157,7 @@ def test_open_rejects_bad_stores_in_one_line(tmp_path, damage, message):
 
 
 def test_missing_chunk_is_a_store_error(tmp_path):
-    path = write_run(str(tmp_path / "s"), ranks=1)
+    path = write_run(str(tmp_path / "s"), ranks=1, version=1)
     os.remove(os.path.join(path, "rank_0", "loss", "float32", "c", "1", "0"))
     with pytest.raises(StoreError, match="rank 0 loss step 2"):
         open_store(path).rank(0).read_kind("loss", 2)
@@ -152,7 +165,7 @@ def test_missing_chunk_is_a_store_error(tmp_path):
 
 def test_all_zero_rows_are_written_and_read_back(tmp_path):
     path = str(tmp_path / "s")
-    create_store(path, {"command": []})
+    create_store(path, {"command": []}, format_version=1)
     w = RankWriter(path, 0, {})
     w.write(1, "gradients", [TensorData("frozen", "float32", (3,), np.zeros(3, np.float32))])
     w.complete_step(1)
@@ -165,7 +178,7 @@ def test_direct_chunk_writes_read_back_through_plain_zarr(tmp_path, monkeypatch)
 
     monkeypatch.setattr(writer, "MAX_CHUNK_BYTES", 40)  # 10 float32 per chunk: tensors straddle chunk edges
     path = str(tmp_path / "s")
-    create_store(path, {"command": []})
+    create_store(path, {"command": []}, format_version=1)
     w = RankWriter(path, 0, {})
     a, b = np.arange(7, dtype=np.float32), np.arange(100, 116, dtype=np.float32)
     for step in (1, 2):
@@ -188,8 +201,9 @@ def _edit_json(path, fn):
     "garbage_rank_json", "garbage_kind_json", "tensors_not_a_list", "tensor_without_offset", "unknown_dtype",
     "steps_not_a_list", "completed_not_a_list", "coords_not_an_object", "root_meta_not_an_object",
 ])
-def test_damaged_metadata_is_one_store_error(tmp_path, damage):
-    path = write_run(str(tmp_path / "s"))
+@pytest.mark.parametrize("version", [1, 2])
+def test_damaged_metadata_is_one_store_error(tmp_path, damage, version):
+    path = write_run(str(tmp_path / "s"), version=version)
     rank = os.path.join(path, "rank_1")
     kind = os.path.join(rank, "parameters", "zarr.json")
     edits = {

@@ -18,13 +18,11 @@ from dataclasses import dataclass, field
 from tracekit.compare.catalog import RankCatalog, StoreCatalog
 from tracekit.errors import UsageError
 from tracekit.store import TensorInfo
-from tracekit.store.format import kind_order
+from tracekit.store.kinds import LAYOUT_DEPENDENT_KINDS, REPLICATED_KINDS, kind_order
 
 ALIGN_MODES = ("rank", "coords", "global")
-# Kinds whose value is per data shard (each data-parallel rank sees its own slice of the batch).
-LAYOUT_DEPENDENT_KINDS = frozenset({"outputs", "local_loss"})
-# Kinds recorded as full tensors on every rank (DTensor shards are gathered by the recorder).
-REPLICATED_KINDS = frozenset({"loss", "gradients", "parameters", "deltas"})
+# LAYOUT_DEPENDENT_KINDS: per data shard (each data-parallel rank sees its own slice of the batch);
+# REPLICATED_KINDS: full tensors on every rank. Both come from the kind registry.
 
 
 @dataclass(frozen=True)

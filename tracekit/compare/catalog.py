@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 
 from tracekit.errors import StoreError
 from tracekit.store import RunStore, TensorInfo, open_store
-from tracekit.store.format import RANK_PREFIX, kind_order
+from tracekit.store.format import RANK_PREFIX
+from tracekit.store.kinds import kind_order
 
 
 @dataclass
@@ -103,12 +104,11 @@ def _load_rank(store: RunStore, r: int) -> RankCatalog:
             raise TypeError("coords is not a mapping")
         cat = RankCatalog(r, coords, view)
         for kind in view.kinds:
-            rows = list(view.group[kind].attrs.get("steps", []))
-            visible = view.steps(kind)
+            rows = view.rows(kind)
             tensors = {t.name: t for t in view.tensors(kind)}
             for t in tensors.values():  # touch every field so a malformed index fails here
                 _ = (t.dtype, t.shape, t.array, t.offset + t.numel, t.nbytes)
-            cat.kinds[kind] = KindCatalog(kind, tensors, visible, {s: rows.index(s) for s in visible})
+            cat.kinds[kind] = KindCatalog(kind, tensors, list(rows), rows)
     except StoreError:
         raise
     except Exception as e:

@@ -19,13 +19,13 @@ from typing import Callable
 from tracekit.compare import alignment
 from tracekit.compare.alignment import KindPair, TensorPair
 from tracekit.compare.catalog import StoreCatalog, load_catalog
-from tracekit.compare.metrics import MetricsAccumulator
-from tracekit.compare.reading import Buffers, RowReader
+from tracekit.compare.metrics import MetricsAccumulator, TensorMetrics
 from tracekit.compare.report import DiffReport, Divergence, KindSummary, LossRow, TensorResult
 from tracekit.compare.tolerances import DEFAULT_ORACLE_FACTOR, Tolerance, Tolerances, load_config, parse_tol_option
-from tracekit.dtypes import to_numpy_values
+from tracekit.store.dtypes import to_numpy_values
 from tracekit.errors import UsageError
-from tracekit.store.format import kind_order
+from tracekit.store.kinds import kind_order
+from tracekit.store.rows import Buffers, RowReader
 
 DETAILS = ("violations", "all")
 # Elements read per side at a time: small enough to stay in the CPU cache while compared.
@@ -49,11 +49,14 @@ class _Unit:
     segments: list[_Segment]
 
 
-def _units(pair: KindPair, step: int, ref_rc) -> list[_Unit]:
-    """Split the tensors of one (rank, kind, step) row into spans that each lie in one ref chunk."""
+def _units(pair: KindPair, step: int, ref_rc, skip: frozenset = frozenset()) -> list[_Unit]:
+    """Split the tensors of one (rank, kind, step) row into spans that each lie in one ref chunk
+    (tensors named in `skip` are decided without reading)."""
     out = []
     by_key: dict[str, list[TensorPair]] = {}
     for t in pair.tensors:
+        if t.name in skip:
+            continue
         by_key.setdefault(t.ref.array, []).append(t)
     for key, tensors in by_key.items():
         width = ref_rc.array(pair.kind, key).chunks[1]
@@ -109,6 +112,31 @@ def _span(segments: list[_Segment], info_of) -> dict[str, tuple[int, int]]:
     return out
 
 
+# Tensors this small are read even when their hashes agree: reading costs nothing, and a scalar's
+# value (the loss) is shown in the report.
+HASH_SKIP_MIN_ELEMENTS = 2
+
+
+def _identical_by_hash(pair: KindPair, step: int, ref_rc, cand_rc, oracle: bool) -> frozenset:
+    """Tensors whose bytes are the same on both sides by their content hashes (format v2), and hold
+    no NaN/Inf (identical NaNs may still be violations): their comparison needs no read."""
+    if oracle:
+        return frozenset()
+    rd, cd = ref_rc.view.digests(pair.kind, step), cand_rc.view.digests(pair.kind, step)
+    if rd is None or cd is None:
+        return frozenset()
+    rf, cf = ref_rc.view.finite(pair.kind, step), cand_rc.view.finite(pair.kind, step)
+    return frozenset(
+        t.name for t in pair.tensors
+        if t.ref.numel >= HASH_SKIP_MIN_ELEMENTS and t.ref.name == t.cand.name
+        and rd[t.ref.name] == cd[t.cand.name] and rf[t.ref.name] and cf[t.cand.name])
+
+
+def _identical_metrics(numel: int, tol) -> TensorMetrics:
+    """What comparing two equal, all-finite tensors gives: no error (the worst element is unread)."""
+    return TensorMetrics(numel, tol.rtol, tol.atol, 0, 0, 0.0, 0.0, 0.0, 1.0, None)
+
+
 class _Engine:
     def __init__(self, ref: StoreCatalog, cand: StoreCatalog, oracle: StoreCatalog | None, tolerances: Tolerances,
                  equal_nan: bool, oracle_factor: float | None):
@@ -141,7 +169,8 @@ class _Engine:
         try:
             for side, rc, info_of in sides:
                 for key, span in _span(u.segments, info_of).items():
-                    readers[(side, key)] = RowReader(rc, kind, step, key, span)
+                    readers[(side, key)] = RowReader(rc.view, kind, step, key, span, array=rc.array(kind, key),
+                                                     row=rc.kinds[kind].rows[step])
             for batch in _batches(u.segments, self.oracle is not None):
                 n = sum(t - f for _, f, t in batch)
                 sg0, f0, _ = batch[0]
@@ -226,15 +255,25 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
         return report
 
     steps = sorted({s for kp in plan.pairs for s in kp.steps})
-    total = sum(len(kp.steps) * sum(t.ref.nbytes + t.cand.nbytes + (t.oracle.nbytes if t.oracle else 0)
-                                    for t in kp.tensors) for kp in plan.pairs)
+    # Decided by content hash (format 2), before any data is read: these bytes are never read.
+    same = {(id(kp), s): _identical_by_hash(kp, s, refc.ranks[kp.ref_rank], candc.ranks[kp.rank], orac is not None)
+            for kp in plan.pairs if kp.tensors for s in kp.steps}
+
+    def pair_bytes(t) -> int:
+        return t.ref.nbytes + t.cand.nbytes + (t.oracle.nbytes if t.oracle else 0)
+
+    total = sum(pair_bytes(t) for kp in plan.pairs if kp.tensors for s in kp.steps
+                for t in kp.tensors if t.name not in same[(id(kp), s)])
+    report.bytes_identical_by_hash = sum(pair_bytes(t) for kp in plan.pairs if kp.tensors for s in kp.steps
+                                         for t in kp.tensors if t.name in same[(id(kp), s)])
     done = 0
     if jobs is None:
         jobs = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=max(1, int(jobs)), thread_name_prefix="tracekit-diff") as pool:
         for step in steps:
             pairs = [kp for kp in plan.pairs if step in kp.steps and kp.tensors]
-            units = [u for kp in pairs for u in _units(kp, step, refc.ranks[kp.ref_rank])]
+            skip = {id(kp): same[(id(kp), step)] for kp in pairs}
+            units = [u for kp in pairs for u in _units(kp, step, refc.ranks[kp.ref_rank], skip[id(kp)])]
             futures = [pool.submit(engine.run_unit, u) for u in units]
             partial: dict[tuple[int, str], list[tuple[int, MetricsAccumulator]]] = {}  # (pair, tensor) -> parts
             try:
@@ -249,7 +288,8 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
                 for f in futures:
                     f.cancel()
                 raise
-            results = _step_results(step, pairs, partial, engine)
+            results = _step_results(step, pairs, partial, engine, skip)
+            report.identical_by_hash += sum(len(v) for v in skip.values())
             _add_step(report, step, results, details)
             if fail_fast and any(not r.passed for r in results):
                 report.stopped_early = step != steps[-1]
@@ -282,12 +322,16 @@ def _applied_tolerances(plan, engine) -> list[dict]:
     return sorted(seen.values(), key=lambda d: (kind_order(d["kind"]), d["kind"], d["dtype"]))
 
 
-def _step_results(step, pairs, partial, engine) -> list[TensorResult]:
+def _step_results(step, pairs, partial, engine, same) -> list[TensorResult]:
     results = []
     for kp in sorted(pairs, key=lambda kp: (kind_order(kp.kind), kp.kind, kp.rank)):
         for t in kp.tensors:
             parts = sorted(partial.get((id(kp), t.name), []), key=lambda x: x[0])
             tol = engine.tol(kp.kind, t.ref.dtype)
+            if t.name in same[id(kp)]:
+                results.append(TensorResult(step, kp.kind, kp.rank, kp.ref_rank, t.name, t.ref.dtype, t.ref.shape,
+                                            _identical_metrics(t.ref.numel, tol), tol.source, kp.oracle_rank))
+                continue
             if not parts:
                 if t.ref.numel:
                     continue

@@ -6,7 +6,7 @@ import math
 
 from tracekit.compare.alignment import ranges
 from tracekit.compare.report import DiffReport, TensorResult
-from tracekit.store.format import kind_order
+from tracekit.store.kinds import kind_order
 
 
 def _g(x: float) -> str:

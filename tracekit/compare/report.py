@@ -131,6 +131,8 @@ class DiffReport:
     not_comparable: list[NotComparable] = field(default_factory=list)
     stopped_early: bool = False  # --fail-fast stopped after the first violating step
     bytes_compared: int = 0
+    identical_by_hash: int = 0  # tensor comparisons decided by equal content hashes, without reading
+    bytes_identical_by_hash: int = 0  # the bytes those comparisons did not need to read (both sides)
     seconds: float = 0.0
 
     # ---- verdict ---------------------------------------------------------------------------
@@ -218,5 +220,7 @@ class DiffReport:
             "skipped": [p.to_dict() for p in self.structural] if self.options.get("allow_missing") else [],
             "not_comparable": [n.to_dict() for n in self.not_comparable],
             "stopped_early": self.stopped_early,
-            "stats": {"bytes_compared": self.bytes_compared, "seconds": round(self.seconds, 3)},
+            "stats": {"bytes_compared": self.bytes_compared, "identical_by_hash": self.identical_by_hash,
+                      "bytes_identical_by_hash": self.bytes_identical_by_hash,
+                      "seconds": round(self.seconds, 3)},
         }

@@ -15,6 +15,7 @@ import tomllib
 from dataclasses import dataclass, field
 
 from tracekit.errors import UsageError
+from tracekit.store.kinds import tolerance_class
 
 # (rtol, atol). The float rows are torch.testing.assert_close's table; float8 has no torch default,
 # so it gets twice its machine epsilon (the bfloat16 row is also ~2 eps). Integers and bool are exact.
@@ -30,15 +31,15 @@ DTYPE_DEFAULTS: dict[str, tuple[float, float]] = {
 }
 EXACT = (0.0, 0.0)  # every other dtype: int*, uint*, bool
 
-# Built-in exceptions by (kind, dtype). Parameters move by lr * grad per step (~1e-5 in the
+# Built-in exceptions by (tolerance class of the kind, see tracekit/store/kinds.py; dtype). Parameters move by lr * grad per step (~1e-5 in the
 # reference workloads), so the float32 atol of 1e-5 would hide an update that is 1% off (~1e-7
 # to 1e-6 per element) until it shows in the next step's outputs. Parameter rounding noise is
 # about one ulp (below 1e-8 for |p| < 0.1), so 1e-7 keeps a wide margin while the update stays
 # visible at the step where it goes wrong. (Deltas cannot do the same: p_after - p_before
 # cancels, so their noise is an ulp of the parameter, not of the delta.)
 KIND_DEFAULTS: dict[tuple[str, str], tuple[float, float]] = {
-    ("parameters", "float32"): (1.3e-6, 1e-7),
-    ("parameters", "float64"): (1e-7, 1e-9),
+    ("parameter", "float32"): (1.3e-6, 1e-7),
+    ("parameter", "float64"): (1e-7, 1e-9),
 }
 
 # The three-way verdict: a candidate element may be this many times further from the float64
@@ -89,7 +90,7 @@ class Tolerances:
     def resolve(self, kind: str, dtype: str) -> Tolerance:
         if self.exact:
             return Tolerance(0.0, 0.0, "--exact")
-        builtin = KIND_DEFAULTS.get((kind, dtype))
+        builtin = KIND_DEFAULTS.get((tolerance_class(kind), dtype))
         default = DTYPE_DEFAULTS.get(dtype, EXACT)
         # candidates in precedence order: (rtol, atol, label)
         layers = [

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from tracekit.errors import StoreError
-from tracekit.store.format import kind_order
+from tracekit.store.kinds import kind_order
 
 # Metrics of each (rank, step, tensor), as TensorMetrics attributes; NaN where nothing was compared.
 METRICS = ("max_abs_err", "max_rel_err", "rel_l2_err", "cosine", "violation_fraction")

@@ -11,7 +11,7 @@ import uuid
 
 import numpy as np
 
-from tracekit.dtypes import storage_dtype, to_numpy_values
+from tracekit.store.dtypes import storage_dtype, to_numpy_values
 from tracekit.errors import StoreError, UsageError
 from tracekit.store.chunks import first_missing_chunk
 
@@ -66,6 +66,8 @@ class CheckedArray:
         self._require_chunks(key)
         try:
             return self.array[key]
+        except StoreError:  # already one line naming the damage (format 2's hash checks)
+            raise
         except Exception as e:
             raise StoreError(f"{self.where}: unreadable data ({e.__class__.__name__}: {e})") from None
 

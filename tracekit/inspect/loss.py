@@ -7,10 +7,10 @@ import os
 
 from tracekit.errors import StoreError, UsageError
 from tracekit.store import open_store
+from tracekit.store.kinds import LOSS_KINDS
 
 # The global loss is what the training reports and what runs are compared on; a store recorded
 # without it still has each rank's local loss, which is better than nothing.
-LOSS_KINDS = ("loss", "local_loss")
 
 
 def run_losses(path) -> tuple[str, dict[int, float]]:

@@ -10,7 +10,7 @@ from tracekit.inspect.coords import rank_columns
 from tracekit.inspect.lazy import packed_dask, require_dask, tensor_rows
 from tracekit.inspect.summary import run_metadata
 from tracekit.store import RunStore, open_store
-from tracekit.store.format import kind_order
+from tracekit.store.kinds import kind_order
 
 
 def tensor_dims(name: str, ndim: int) -> tuple[str, ...]:
@@ -26,8 +26,7 @@ def _row_maps(store, kind: str) -> dict[int, dict[int, int]]:
         if kind not in view.kinds:
             out[r] = {}
             continue
-        rows = view._kind(kind).attrs.get("steps", [])  # the reader's cached group: no second metadata read
-        out[r] = {s: rows.index(s) for s in view.steps(kind)}
+        out[r] = view.rows(kind)
     return out
 
 

@@ -18,7 +18,7 @@ from tracekit.errors import StoreError, UsageError
 from tracekit.interchange.layout import KIND_NAMES, TENSOR_SUFFIXES, parse_path
 from tracekit.store.tensors import from_torch
 from tracekit.store import RankWriter, create_store, finalize_store
-from tracekit.store.format import INITIAL_STEP
+from tracekit.store.kinds import INITIAL_STEP
 
 
 class DumpRefused(UsageError):

@@ -11,9 +11,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tracekit.store.format import KINDS
+from tracekit.store.kinds import KINDS
 
-KIND_NAMES = KINDS + ("optimizer_state",)
+KIND_NAMES = KINDS
 ALIASES = {"grads": "gradients", "grad": "gradients", "params": "parameters", "weights": "parameters",
            "output": "outputs"}
 TENSOR_SUFFIXES = (".safetensors", ".pt", ".pth", ".bin")

@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from tracekit.store.format import kind_order
+from tracekit.store.kinds import kind_order
 
 CSS = """
 body { font-family: system-ui, -apple-system, "Segoe UI", Roboto, sans-serif; margin: 2em auto; max-width: 1100px;

@@ -1,25 +1,34 @@
-"""Names and constants of store format v1 (documented in docs/FORMAT.md)."""
+"""Names and constants of the store format (documented in docs/FORMAT.md).
 
-FORMAT_VERSION = 1
+Only tracekit/store uses these: everything else reads and writes through the store's API.
+"""
+
+# 2: content-addressed objects + per-(rank, kind) index rows of hashes. 1: packed arrays.
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)
 # Root group attribute under which all tracekit metadata lives; a zarr group without it is foreign.
 ROOT_KEY = "tracekit"
 RANK_PREFIX = "rank_"
 
-# Kinds in compute order: the diff reports the first divergence in this order within a step.
-KINDS = ("outputs", "loss", "local_loss", "gradients", "parameters", "deltas")
-DEFAULT_KINDS = ("outputs", "loss", "gradients", "parameters", "deltas")
-# parameters hold step 0: the initial parameters, before the first optimizer step.
-INITIAL_STEP = 0
+# Kinds live in their one registry (tracekit/store/kinds.py); re-exported here for old imports.
+from tracekit.store.kinds import DEFAULT_KINDS, INITIAL_STEP, KINDS, kind_order  # noqa: F401
 
 # Rows of one packed array are split into chunks of at most this many bytes, so a huge model
 # never needs one huge chunk in memory to read a single tensor.
 MAX_CHUNK_BYTES = 64 * 1024 * 1024
 
 
+# Format v2: tensor bytes live once per content at objects/<2 hex>/<30 hex>, shared by all ranks;
+# each (rank, kind) group holds the index arrays below, one row per recorded step.
+OBJECTS_DIR = "objects"
+HASH_ARRAY = "hash"  # uint8 (row, 16 * tensors): each tensor's content hash, in index order
+FINITE_ARRAY = "finite"  # uint8 (row, tensors): 1 when every element is finite (no NaN/Inf)
+
+
+def object_key(digest: bytes) -> str:
+    h = digest.hex()
+    return f"{OBJECTS_DIR}/{h[:2]}/{h[2:]}"
+
+
 def rank_group_name(rank: int) -> str:
     return f"{RANK_PREFIX}{rank}"
-
-
-def kind_order(kind: str) -> int:
-    """Position in compute order; kinds added later sort after the known ones."""
-    return KINDS.index(kind) if kind in KINDS else len(KINDS)

@@ -2,22 +2,30 @@
 
 Only rows listed in a kind's `steps` and steps listed in a rank's `completed_steps` are visible,
 so a store left behind by a crash reads as exactly the steps that were fully written.
+
+This is the one reader: compare, inspect, interchange and replay all go through RankView (steps,
+rows, tensors, arrays, hashes), whatever the format version.
 """
 
 from __future__ import annotations
 
-import json
 import os
+import threading
 from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 import zarr
 
-from tracekit.dtypes import to_numpy_values
+from tracekit.store.dtypes import to_numpy_values
 from tracekit.errors import StoreError
+from tracekit.store import io
 from tracekit.store.chunks import chunk_cols, first_missing_chunk
-from tracekit.store.format import FORMAT_VERSION, RANK_PREFIX, ROOT_KEY, kind_order
+from tracekit.store.rows import read_row_bytes
+from tracekit.store.format import FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, RANK_PREFIX, ROOT_KEY
+from tracekit.store.hashing import HASH_BYTES
+from tracekit.store.objects import ObjectRows, Verified, check_object
+from tracekit.store.kinds import kind_order
 
 
 @dataclass(frozen=True)
@@ -31,7 +39,7 @@ class TensorInfo:
 
     @property
     def nbytes(self) -> int:
-        from tracekit.dtypes import storage_dtype
+        from tracekit.store.dtypes import storage_dtype
 
         return self.numel * storage_dtype(self.dtype).itemsize
 
@@ -41,12 +49,10 @@ def _read_root_attrs(path: str) -> dict:
         raise StoreError(f"{path}: no such store")
     if not os.path.isdir(path):
         raise StoreError(f"{path} is not a directory, so not a tracekit store")
-    meta_file = os.path.join(path, "zarr.json")
-    if not os.path.isfile(meta_file):
+    if not io.exists(path, "zarr.json"):
         raise StoreError(f"{path} is not a tracekit store (no zarr.json at its root)")
     try:
-        with open(meta_file) as f:
-            doc = json.load(f)
+        doc = io.read_json(path, "zarr.json")
     except (OSError, ValueError) as e:
         raise StoreError(f"{path}: unreadable root metadata ({e.__class__.__name__})") from None
     attrs = doc.get("attributes", {}) if isinstance(doc, dict) else {}
@@ -81,7 +87,7 @@ def _step_list(value, where: str) -> list[int]:
 
 def _tensor_info(entry: dict) -> TensorInfo:
     """One entry of a kind's tensor index, checked (a dtype tracekit cannot store is damage too)."""
-    from tracekit.dtypes import storage_dtype
+    from tracekit.store.dtypes import storage_dtype
 
     info = TensorInfo(str(entry["name"]), str(entry["dtype"]), tuple(int(d) for d in entry["shape"]),
                       str(entry["array"]), int(entry["offset"]), int(entry["numel"]))
@@ -99,6 +105,10 @@ class RankView:
         self.rank = rank
         self.group = group
         self.attrs = dict(group.attrs)
+        self._lock = threading.RLock()  # the diff reads one view from several threads
+        self._object_rows: dict[tuple[str, str], ObjectRows] = {}
+        self._index_cache: dict[tuple[str, str, int], np.ndarray] = {}
+        self._index_arrays: dict[tuple[str, str], zarr.Array] = {}
 
     @property
     def coords(self) -> dict:
@@ -164,14 +174,96 @@ class RankView:
     def _rows(self, kind: str) -> list[int]:
         return _step_list(self._kind(kind).attrs.get("steps", []), f"{self.store.path}: rank {self.rank} {kind}")
 
+    def rows(self, kind: str) -> dict[int, int]:
+        """{step: row} for the visible steps of `kind`: the one step-to-row mapping of the store."""
+        rows = self._rows(kind)
+        return {s: rows.index(s) for s in self.steps(kind)}
+
+    def step_of_row(self, kind: str, row: int) -> int | None:
+        rows = self._rows(kind)
+        return rows[row] if 0 <= row < len(rows) else None
+
     def _row(self, kind: str, step: int) -> int:
         rows = self._rows(kind)
         if step not in self.steps(kind):
             raise StoreError(f"rank {self.rank} has no {kind} data for step {step}")
         return rows.index(step)
 
-    def array(self, kind: str, key: str) -> zarr.Array:
-        return self._kind(kind)[key]
+    def array(self, kind: str, key: str):
+        """The storage array `key` of a kind, shaped (row, element): a zarr array (v1), or the same
+        view over content-addressed objects (v2, hash-checked on read)."""
+        if self.store.format_version == 1:
+            return self._kind(kind)[key]
+        with self._lock:
+            arr = self._object_rows.get((kind, key))
+            if arr is None:
+                if key not in {t.array for t in self.tensors(kind)}:
+                    raise KeyError(key)
+                arr = self._object_rows[(kind, key)] = ObjectRows(self, kind, key)
+        return arr
+
+    # -- format v2 index: content hashes and finiteness per tensor and row --
+
+    def _index_array(self, kind: str, name: str) -> zarr.Array:
+        with self._lock:
+            arr = self._index_arrays.get((kind, name))
+        if arr is None:
+            try:
+                arr = self._kind(kind)[name]
+            except KeyError:
+                raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: no {name!r} index array (damaged store?)") from None
+            except Exception as e:
+                raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: unreadable {name!r} index array "
+                                 f"({e.__class__.__name__})") from None
+            with self._lock:
+                self._index_arrays[(kind, name)] = arr
+        return arr
+
+    def index_rows(self, kind: str) -> int:
+        return self._index_array(kind, HASH_ARRAY).shape[0]
+
+    def _index_row(self, kind: str, name: str, row: int, width: int) -> np.ndarray:
+        key = (kind, name, row)
+        with self._lock:
+            cached = self._index_cache.get(key)
+        if cached is not None:
+            return cached
+        arr = self._index_array(kind, name)
+        where = f"{self.store.path}: rank {self.rank} {kind} step {self.step_of_row(kind, row)}"
+        if arr.shape[1] != width or not 0 <= row < arr.shape[0]:
+            raise StoreError(f"damaged store: {where}: the {name} index does not match the tensor index")
+        missing = first_missing_chunk(arr, [row], chunk_cols(0, width, arr.chunks[1]))
+        if missing is not None:
+            raise StoreError(f"damaged store: {where}: chunk c/{missing[0]}/{missing[1]} of its {name} index is missing")
+        try:
+            values = read_row_bytes(arr, row)
+            if values is None:  # not a plain local array: through zarr
+                values = np.asarray(arr[row])
+        except Exception as e:
+            raise StoreError(f"damaged store: {where}: unreadable {name} index ({e.__class__.__name__}: {e})") from None
+        with self._lock:
+            self._index_cache[key] = values
+        return values
+
+    def row_digests(self, kind: str, row: int) -> list[bytes]:
+        """Each tensor's 16-byte content hash at a row, in index order (v2 only)."""
+        n = len(self.tensors(kind))
+        flat = self._index_row(kind, HASH_ARRAY, row, HASH_BYTES * n)
+        return [flat[i * HASH_BYTES : (i + 1) * HASH_BYTES].tobytes() for i in range(n)]
+
+    def digests(self, kind: str, step: int) -> dict[str, bytes] | None:
+        """{tensor: content hash} at a step; None for a format v1 store (it has no hashes)."""
+        if self.store.format_version == 1:
+            return None
+        return dict(zip((t.name for t in self.tensors(kind)), self.row_digests(kind, self._row(kind, step))))
+
+    def finite(self, kind: str, step: int) -> dict[str, bool] | None:
+        """{tensor: True when it holds no NaN/Inf} at a step (False may also mean "not known"); None for v1."""
+        if self.store.format_version == 1:
+            return None
+        names = [t.name for t in self.tensors(kind)]
+        flags = self._index_row(kind, FINITE_ARRAY, self._row(kind, step), len(names))
+        return {n: bool(f) for n, f in zip(names, flags)}
 
     def _require_chunks(self, kind: str, key: str, row: int, start: int, stop: int) -> None:
         """zarr 3.1 silently returns fill values for a missing chunk; a store must never do that."""
@@ -182,6 +274,9 @@ class RankView:
 
     def _read_row(self, kind: str, step: int, key: str, start: int, stop: int) -> np.ndarray:
         row = self._row(kind, step)
+        if self.store.format_version != 1:
+            arr = self.array(kind, key)
+            return arr.read_into(row, start, stop, np.empty(stop - start, dtype=arr.dtype))
         try:
             self._require_chunks(kind, key, row, start, stop)
             return self.array(kind, key)[row, start:stop]
@@ -219,8 +314,10 @@ class RunStore:
     def __init__(self, path: str):
         self.path = os.fspath(path)
         self.meta = _read_root_attrs(self.path)
+        self.format_version: int = self.meta["format_version"]
+        self._verified = Verified()
         try:
-            self.root = zarr.open_group(self.path, mode="r", use_consolidated=False)
+            self.root = io.open_root_group(self.path, mode="r")
         except Exception as e:
             raise StoreError(f"{self.path}: cannot open as zarr ({e.__class__.__name__}: {e})") from None
 
@@ -257,6 +354,13 @@ class RunStore:
             info.update(self.rank(self.ranks[0]).attrs.get("run", {}))
         info.update({k: v for k, v in self.meta.items() if v is not None})
         return info
+
+    def ensure_verified(self, digest: bytes, info: "TensorInfo", where: str) -> None:
+        """Check an object's bytes against its hash once per open store; StoreError (damage) if they differ."""
+        if digest in self._verified:
+            return
+        check_object(self.path, digest, info, where)
+        self._verified.add(digest)
 
     @property
     def finished(self) -> bool:

@@ -2,8 +2,10 @@
 
 zarr 3.1 loses data when two processes create the same node or write chunks of the same array,
 so ownership is strict: the root belongs to whoever creates it, `rank_R/` to rank R's writer.
-Each (rank, kind) is packed into one array per storage dtype, shaped (row, element): one chunk
-write per kind and step instead of one per tensor (zarr spends ~2 ms per chunk write).
+Format v2 keeps each tensor's bytes as one content-addressed object under `objects/` (shared by
+all ranks: every writer of a key writes the same bytes, atomically) and per (rank, kind) only
+the index rows (hashes, finiteness); format v1 packs each (rank, kind) into one array per storage
+dtype, shaped (row, element). docs/FORMAT.md describes both.
 """
 
 from __future__ import annotations
@@ -17,12 +19,14 @@ from typing import Sequence
 
 import numpy as np
 import zarr
-from zarr.storage import LocalStore
 
-from tracekit.dtypes import storage_dtype
 from tracekit.errors import StoreError
-from tracekit.store.chunks import chunk_path
-from tracekit.store.format import FORMAT_VERSION, MAX_CHUNK_BYTES, ROOT_KEY, rank_group_name
+from tracekit.store import io
+from tracekit.store.chunks import chunk_key
+from tracekit.store.dtypes import all_finite, storage_dtype
+from tracekit.store.format import (FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX_CHUNK_BYTES, OBJECTS_DIR, READABLE_VERSIONS,
+                                   ROOT_KEY, object_key, rank_group_name)
+from tracekit.store.hashing import ALGORITHM, HASH_BYTES, tensor_hash
 
 
 def now_iso() -> str:
@@ -36,7 +40,7 @@ class TensorData:
     name: str
     dtype: str
     shape: tuple[int, ...]
-    data: np.ndarray  # storage dtype (see tracekit.dtypes), any shape with prod(shape) elements
+    data: np.ndarray  # storage dtype (see tracekit.store.dtypes), any shape with prod(shape) elements
 
 
 def is_store(path: str) -> bool:
@@ -52,8 +56,13 @@ def is_store(path: str) -> bool:
         return False
 
 
-def create_store(path: str, meta: dict, force: bool = False) -> None:
-    """Create the root group with its metadata. Refuses to clobber anything not asked for."""
+def create_store(path: str, meta: dict, force: bool = False, format_version: int = FORMAT_VERSION) -> None:
+    """Create the root group with its metadata. Refuses to clobber anything not asked for.
+
+    format_version: 2 (the default) or 1, the packed layout older tracekits wrote (kept so that
+    tests and benchmarks can make v1 stores)."""
+    if format_version not in READABLE_VERSIONS:
+        raise StoreError(f"cannot write store format {format_version} (known: {READABLE_VERSIONS})")
     if os.path.exists(path):
         if not os.path.isdir(path):
             raise StoreError(f"{path} exists and is not a directory")
@@ -63,13 +72,18 @@ def create_store(path: str, meta: dict, force: bool = False) -> None:
             if not force:
                 raise StoreError(f"{path} already holds a tracekit store; pass --force to overwrite it")
             shutil.rmtree(path)
-    root_meta = {"format_version": FORMAT_VERSION, "start_time": now_iso(), **meta}
-    zarr.open_group(path, mode="w", attributes={ROOT_KEY: root_meta})
+    root_meta = {"format_version": format_version, "start_time": now_iso(), **meta}
+    root = zarr.open_group(io.zarr_store(path), mode="w", attributes={ROOT_KEY: root_meta})
+    if format_version >= 2:
+        # The object folder is declared an empty zarr array: zarr and xarray then treat it as a
+        # leaf and never list (or warn about) the files inside, which are not zarr chunks.
+        root.create_array(OBJECTS_DIR, shape=(0,), dtype=np.uint8, chunks=(1,), dimension_names=("object_byte",),
+                          attributes={ROOT_KEY: "content-addressed tensor bytes (docs/FORMAT.md)"})
 
 
 def update_root_meta(path: str, **fields) -> None:
     """Merge fields into the root metadata (only while no rank writes: before start or after end)."""
-    root = zarr.open_group(path, mode="r+", use_consolidated=False)
+    root = io.open_root_group(path, mode="r+")
     meta = dict(root.attrs[ROOT_KEY])
     meta.update(fields)
     root.attrs[ROOT_KEY] = meta
@@ -87,27 +101,106 @@ def _write_row_chunks(arr: zarr.Array, row: int, parts: list[np.ndarray]) -> Non
     go to disk as they are. The files are exactly what zarr writes for the `bytes` codec: the
     chunk's little-endian elements, the last chunk padded with the fill value (0) to full width.
     """
-    if sys.byteorder != "little" or not isinstance(arr.store, LocalStore):
+    where = io.array_key(arr)
+    if sys.byteorder != "little" or where is None:
         arr[row] = np.concatenate(parts) if len(parts) > 1 else parts[0]
         return
     width, itemsize = arr.chunks[1], arr.dtype.itemsize
-    os.makedirs(os.path.dirname(chunk_path(arr, row, 0)), exist_ok=True)
     views = iter([memoryview(p.view(np.uint8)) for p in parts if p.size])
-    pending = next(views, None)
-    for j in range(-(-arr.shape[1] // width)):
+    state = {"pending": next(views, None)}
+
+    def chunk_parts():
         room = width * itemsize
-        with open(chunk_path(arr, row, j), "wb") as f:
-            while room and pending is not None:
-                take = pending[:room]
-                f.write(take)
-                room -= len(take)
-                pending = pending[len(take):] if len(take) < len(pending) else next(views, None)
-            if room:
-                f.truncate(width * itemsize)  # zero padding of the edge chunk
+        while room and state["pending"] is not None:
+            pending = state["pending"]
+            take = pending[:room]
+            yield take
+            room -= len(take)
+            state["pending"] = pending[len(take):] if len(take) < len(pending) else next(views, None)
+
+    for j in range(-(-arr.shape[1] // width)):
+        # the last chunk is zero-padded to full width, as zarr writes it
+        io.write_parts(where[0], chunk_key(arr, row, j), chunk_parts(), pad_to=width * itemsize)
+
+
+def _index_entries(tensors: Sequence["TensorData"]) -> tuple[list[dict], dict[str, int]]:
+    """The kind's tensor index: each tensor's place in the row of its storage array (v1: a real
+    packed array; v2: the same addressing over the tensor's objects), and each array's width."""
+    offsets: dict[str, int] = {}
+    index = []
+    for t in tensors:
+        key = t.dtype
+        numel = int(np.prod(t.shape, dtype=np.int64))
+        index.append({"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "array": key,
+                      "offset": offsets.get(key, 0), "numel": numel})
+        offsets[key] = offsets.get(key, 0) + numel
+    return index, offsets
+
+
+def _check_same_tensors(kind: str, index: list[dict], tensors: Sequence["TensorData"]) -> None:
+    if [(t.name, t.dtype, list(t.shape)) for t in tensors] != [(e["name"], e["dtype"], e["shape"]) for e in index]:
+        raise StoreError(
+            f"the {kind} tensors changed between steps (names, dtypes or shapes); "
+            "a store keeps one fixed set of tensors per kind"
+        )
+
+
+def _row_array(group: zarr.Group, name: str, width: int, dtype) -> zarr.Array:
+    return group.create_array(
+        name, shape=(0, width), chunks=(1, _chunk_elements(width, np.dtype(dtype).itemsize)), dtype=dtype,
+        dimension_names=("step", f"{name}_element"), compressors=None, fill_value=0,
+        # zarr skips all-zero chunks by default; we write them, so a missing chunk always means damage
+        config={"write_empty_chunks": True},
+    )
+
+
+class _ObjectKindWriter:
+    """Format v2: each tensor's bytes once as a content-addressed object, then one index row per step."""
+
+    def __init__(self, group: zarr.Group, kind: str, store_root: str):
+        self.group = group
+        self.kind = kind
+        self.root = store_root
+        self.index: list[dict] | None = None
+        self.hash_array: zarr.Array | None = None
+        self.finite_array: zarr.Array | None = None
+        self.steps: list[int] = []
+        self.objects_written = 0  # new objects; the rest were already in the store (dedup)
+
+    def _create(self, tensors: Sequence[TensorData]) -> None:
+        index, _ = _index_entries(tensors)
+        n = len(index)
+        self.hash_array = _row_array(self.group, HASH_ARRAY, HASH_BYTES * n, np.uint8)
+        self.finite_array = _row_array(self.group, FINITE_ARRAY, n, np.uint8)
+        self.index = index
+        self.group.attrs.update({"tensors": index, "steps": [], "hash": ALGORITHM})
+
+    def append(self, step: int, tensors: Sequence[TensorData]) -> None:
+        if self.index is None:
+            self._create(tensors)
+        else:
+            _check_same_tensors(self.kind, self.index, tensors)
+        digests = np.empty((len(tensors), HASH_BYTES), dtype=np.uint8)
+        finite = np.empty(len(tensors), dtype=np.uint8)
+        for i, t in enumerate(tensors):
+            data = np.ascontiguousarray(t.data).reshape(-1)
+            digest = tensor_hash(t.name, t.dtype, t.shape, data)
+            digests[i] = np.frombuffer(digest, dtype=np.uint8)
+            finite[i] = all_finite(data, t.dtype)
+            # objects first: an index row never names an object that is not there
+            if io.write_once(self.root, object_key(digest), [memoryview(data).cast("B")]):
+                self.objects_written += 1
+        row = len(self.steps)
+        for arr, values in ((self.hash_array, digests.reshape(-1)), (self.finite_array, finite)):
+            arr.resize((row + 1, arr.shape[1]))
+            _write_row_chunks(arr, row, [values])
+        # The row counts only once it is listed: a crash mid-write leaves an unlisted row behind.
+        self.steps.append(step)
+        self.group.attrs["steps"] = self.steps
 
 
 class _KindWriter:
-    """Appends one row per step to the packed arrays of one kind of one rank."""
+    """Format v1: appends one row per step to the packed arrays of one kind of one rank."""
 
     def __init__(self, group: zarr.Group, kind: str):
         self.group = group
@@ -117,35 +210,17 @@ class _KindWriter:
         self.steps: list[int] = []
 
     def _create(self, tensors: Sequence[TensorData]) -> None:
-        offsets: dict[str, int] = {}
-        index = []
-        for t in tensors:
-            key = t.dtype
-            numel = int(np.prod(t.shape, dtype=np.int64))
-            index.append({"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "array": key,
-                          "offset": offsets.get(key, 0), "numel": numel})
-            offsets[key] = offsets.get(key, 0) + numel
+        index, offsets = _index_entries(tensors)
         for key, total in offsets.items():
-            sdt = storage_dtype(key)
-            self.arrays[key] = self.group.create_array(
-                key, shape=(0, total), chunks=(1, _chunk_elements(total, sdt.itemsize)), dtype=sdt,
-                dimension_names=("step", f"{key}_element"), compressors=None, fill_value=0,
-                # zarr skips all-zero chunks by default; we write them, so a missing chunk always means damage
-                config={"write_empty_chunks": True},
-            )
+            self.arrays[key] = _row_array(self.group, key, total, storage_dtype(key))
         self.index = index
         self.group.attrs.update({"tensors": index, "steps": []})
 
     def append(self, step: int, tensors: Sequence[TensorData]) -> None:
         if self.index is None:
             self._create(tensors)
-        elif [(t.name, t.dtype, list(t.shape)) for t in tensors] != [
-            (e["name"], e["dtype"], e["shape"]) for e in self.index
-        ]:
-            raise StoreError(
-                f"the {self.kind} tensors changed between steps (names, dtypes or shapes); "
-                "a store keeps one fixed set of tensors per kind"
-            )
+        else:
+            _check_same_tensors(self.kind, self.index, tensors)
         parts: dict[str, list[np.ndarray]] = {k: [] for k in self.arrays}
         for t in tensors:
             parts[t.dtype].append(np.ascontiguousarray(t.data).reshape(-1))
@@ -164,14 +239,18 @@ class RankWriter:
     def __init__(self, store_path: str, rank: int, attrs: dict):
         if not is_store(store_path):
             raise StoreError(f"{store_path} is not a tracekit store (create it first)")
-        root = zarr.open_group(store_path, mode="r+", use_consolidated=False)
+        root = io.open_root_group(store_path, mode="r+")
+        self.store_path = store_path
+        self.format_version = root.attrs[ROOT_KEY].get("format_version")
+        if self.format_version not in READABLE_VERSIONS:
+            raise StoreError(f"{store_path}: cannot append to store format {self.format_version}")
         name = rank_group_name(rank)
         if name in root:
             raise StoreError(f"{store_path} already holds data of rank {rank}")
         self.group = root.create_group(
             name, attributes={**attrs, "completed_steps": [], "status": "running", "start_time": now_iso()}
         )
-        self.kinds: dict[str, _KindWriter] = {}
+        self.kinds: dict[str, _KindWriter | _ObjectKindWriter] = {}
         self.completed: list[int] = []
 
     def write(self, step: int, kind: str, tensors: Sequence[TensorData]) -> None:
@@ -179,7 +258,9 @@ class RankWriter:
             return
         kw = self.kinds.get(kind)
         if kw is None:
-            kw = self.kinds[kind] = _KindWriter(self.group.create_group(kind), kind)
+            group = self.group.create_group(kind)
+            kw = self.kinds[kind] = (_KindWriter(group, kind) if self.format_version == 1
+                                     else _ObjectKindWriter(group, kind, self.store_path))
         kw.append(step, tensors)
 
     def complete_step(self, step: int) -> None:

@@ -1,4 +1,7 @@
-"""Reading element ranges of packed rows fast, with the checks zarr does not make.
+"""Reading element ranges of a kind's rows fast, with the checks zarr does not make.
+
+Format v2 rows are read from their content-addressed objects (tracekit/store/objects.py, hash
+checked); format v1 rows from the packed arrays' chunk files, as follows.
 
 Two things zarr does not do for us here:
 - It returns the fill value for a chunk file that does not exist, so a deleted chunk would read as
@@ -19,19 +22,20 @@ import sys
 
 import numpy as np
 
-from tracekit.compare.catalog import RankCatalog
 from tracekit.errors import StoreError
-from tracekit.store.chunks import chunk_cols, first_missing_chunk
+from tracekit.store import io
+from tracekit.store.chunks import chunk_cols, chunk_key, first_missing_chunk
+from tracekit.store.objects import ObjectRows
 
 
-def _where(rc: RankCatalog, kind: str, step: int) -> str:
-    return f"{rc.view.store.path}: rank {rc.rank} {kind} step {step}"
+def _where(view, kind: str, step: int) -> str:
+    return f"{view.store.path}: rank {view.rank} {kind} step {step}"
 
 
 def _direct_folder(arr) -> str | None:
     """The array's folder when its chunks can be read as raw bytes, else None."""
-    root = getattr(arr.store_path.store, "root", None)
-    if root is None or not hasattr(os, "preadv"):
+    where = io.array_key(arr)
+    if where is None or not hasattr(os, "preadv"):
         return None
     try:
         codecs = arr.metadata.codecs
@@ -40,7 +44,26 @@ def _direct_folder(arr) -> str | None:
                  and type(arr.metadata.chunk_key_encoding).__name__ == "DefaultChunkKeyEncoding")
     except AttributeError:
         return None
-    return os.path.join(os.fspath(root), arr.store_path.path) if plain else None
+    return io.local_path(*where) if plain else None
+
+
+def read_row_bytes(arr, row: int) -> np.ndarray | None:
+    """A whole row of a small plain local array (an index row), read straight from its chunk files:
+    a zarr read costs ~1 ms of overhead, and the diff reads one index row per (rank, kind, step).
+    None when the array is not plain and local (read it through zarr)."""
+    folder = _direct_folder(arr)
+    if folder is None:
+        return None
+    width, item = arr.chunks[1], arr.dtype.itemsize
+    root, _ = io.array_key(arr)
+    out = np.empty(arr.shape[1], dtype=arr.dtype)
+    for c in chunk_cols(0, arr.shape[1], width):
+        n = min(width, arr.shape[1] - c * width)
+        key = chunk_key(arr, row, c)
+        with io.Reader(root, key) as r:  # missing: FileNotFoundError, reported by the caller
+            if r.readinto(0, memoryview(out[c * width : c * width + n]).cast("B")) != n * item:
+                raise StoreError(f"chunk file {key} is truncated")
+    return out
 
 
 class Buffers:
@@ -58,27 +81,30 @@ class Buffers:
 
 
 class RowReader:
-    """Element ranges of one packed row (rank, kind, step, array); close() when done."""
+    """Element ranges of one row (rank, kind, step, storage array); close() when done."""
 
-    def __init__(self, rc: RankCatalog, kind: str, step: int, key: str, span: tuple[int, int] | None = None):
-        """span: the element range that will be read, so the zarr path reads it once, not per piece."""
-        self.rc, self.kind, self.step = rc, kind, step
+    def __init__(self, view, kind: str, step: int, key: str, span: tuple[int, int] | None = None,
+                 array=None, row: int | None = None):
+        """view: the rank's RankView. span: the element range that will be read, so the zarr path
+        reads it once, not per piece. array/row: the opened array and the step's row, when the
+        caller already has them."""
+        self.view, self.kind, self.step = view, kind, step
         self.span = span
         self._cached: tuple[int, np.ndarray] | None = None
-        self.arr = rc.array(kind, key)
-        self.row = rc.kinds[kind].rows[step]
+        self.arr = array if array is not None else view.array(kind, key)
+        self.row = row if row is not None else view.rows(kind)[step]
         self.width = self.arr.chunks[1]
         self.dtype = np.dtype(self.arr.dtype)
-        self.folder = _direct_folder(self.arr)
+        self.objects = isinstance(self.arr, ObjectRows)
+        self.folder = None if self.objects else _direct_folder(self.arr)
         self._fds: dict[int, int] = {}
 
     def _path(self, c: int) -> str:
-        folder = self.folder or os.path.join(os.fspath(self.arr.store_path.store.root), self.arr.store_path.path)
-        return os.path.join(folder, self.arr.metadata.encode_chunk_key((self.row, c)))
+        return io.local_path(io.array_key(self.arr)[0], chunk_key(self.arr, self.row, c))
 
     def _missing(self, path: str) -> StoreError:
-        rel = os.path.relpath(path, self.rc.view.store.path)
-        return StoreError(f"{_where(self.rc, self.kind, self.step)}: chunk file {rel} is missing (unreadable data)")
+        rel = os.path.relpath(path, self.view.store.path)
+        return StoreError(f"{_where(self.view, self.kind, self.step)}: chunk file {rel} is missing (unreadable data)")
 
     def _fd(self, c: int) -> int:
         fd = self._fds.get(c)
@@ -89,11 +115,13 @@ class RowReader:
             except FileNotFoundError:
                 raise self._missing(path) from None
             except OSError as e:
-                raise StoreError(f"{_where(self.rc, self.kind, self.step)}: unreadable chunk file ({e.strerror or e})") from None
+                raise StoreError(f"{_where(self.view, self.kind, self.step)}: unreadable chunk file ({e.strerror or e})") from None
         return fd
 
     def read(self, start: int, stop: int, out: np.ndarray) -> np.ndarray:
         """Elements [start, stop) in storage dtype, into `out` (length stop - start) when read directly."""
+        if self.objects:
+            return self.arr.read_into(self.row, start, stop, out)
         if self.folder is None:
             if self.span is None or not (self.span[0] <= start and stop <= self.span[1]):
                 return self._read_zarr(start, stop)
@@ -112,10 +140,10 @@ class RowReader:
             try:
                 got = os.preadv(self._fd(c), [view], (s - c * self.width) * item)
             except OSError as err:
-                raise StoreError(f"{_where(self.rc, self.kind, self.step)}: unreadable chunk file ({err.strerror or err})") from None
+                raise StoreError(f"{_where(self.view, self.kind, self.step)}: unreadable chunk file ({err.strerror or err})") from None
             if got != want:
-                rel = os.path.relpath(self._path(c), self.rc.view.store.path)
-                raise StoreError(f"{_where(self.rc, self.kind, self.step)}: chunk file {rel} is truncated (unreadable data)")
+                rel = os.path.relpath(self._path(c), self.view.store.path)
+                raise StoreError(f"{_where(self.view, self.kind, self.step)}: chunk file {rel} is truncated (unreadable data)")
             s = e
         return out
 
@@ -126,7 +154,7 @@ class RowReader:
         try:
             return self.arr[self.row, start:stop]
         except Exception as e:  # a truncated or corrupt chunk: one line, not a zarr traceback
-            raise StoreError(f"{_where(self.rc, self.kind, self.step)}: unreadable data ({e.__class__.__name__}: {e})") from None
+            raise StoreError(f"{_where(self.view, self.kind, self.step)}: unreadable data ({e.__class__.__name__}: {e})") from None
 
     def close(self) -> None:
         for fd in self._fds.values():

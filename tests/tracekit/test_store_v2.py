@@ -1,0 +1,192 @@
+"""Format v2: content-addressed objects, dedup across ranks and steps, hashes checked on read, verify."""
+
+import os
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import tracekit
+from tracekit import StoreError, open_store
+from tracekit.cli.main import main
+from tracekit.store.format import HASH_ARRAY, object_key
+from tracekit.store.verify import verify_store
+from tracekit.testing import write_store
+
+
+def _w(step, rank=0, drift=0.0):
+    base = np.arange(12, dtype=np.float32).reshape(3, 4)
+    return base * step + drift * rank
+
+
+def _run(path, ranks=2, steps=3, drift=0.0, version=None, frozen=True):
+    data = {}
+    for r in range(ranks):
+        data[r] = {}
+        for s in range(1, steps + 1):
+            grads = {"w": _w(s, r, drift), "v": _w(s + 10, r, drift)}
+            if frozen:
+                grads["frozen"] = np.ones(7, np.float32)  # the same bytes at every step
+            data[r][s] = {"gradients": grads, "loss": {"loss": np.float32(1.0 / s)}}
+    return write_store(path, data, format_version=version)
+
+
+def _objects(path):
+    return sorted(os.path.join(d, f) for d, _, fs in os.walk(os.path.join(path, "objects")) for f in fs if f != "zarr.json")
+
+
+def _object_path(path, rank, kind, step, name):
+    digest = open_store(path).rank(rank).digests(kind, step)[name]
+    return os.path.join(path, *object_key(digest).split("/"))
+
+
+def test_identical_bytes_are_stored_once_across_ranks_and_steps(tmp_path):
+    path = _run(str(tmp_path / "s"), ranks=4, steps=3)
+    # per step: w, v, loss (equal on all ranks) -> 3 objects; frozen once for all steps
+    assert len(_objects(path)) == 3 * 3 + 1
+    store = open_store(path)
+    for r in range(4):
+        np.testing.assert_array_equal(store.rank(r).read("gradients", 2, "w"), _w(2))
+        np.testing.assert_array_equal(store.rank(r).read("gradients", 3, "frozen"), np.ones(7, np.float32))
+
+
+def test_a_drifted_replica_keeps_its_own_bytes(tmp_path):
+    path = _run(str(tmp_path / "s"), ranks=2, steps=1, drift=1e-3, frozen=False)
+    store = open_store(path)
+    d0, d1 = store.rank(0).digests("gradients", 1), store.rank(1).digests("gradients", 1)
+    assert d0["w"] != d1["w"] and len(_objects(path)) == 2 + 2 + 1  # w, v per rank; one loss
+    np.testing.assert_array_equal(store.rank(1).read("gradients", 1, "w"), _w(1, 1, 1e-3))
+    report = tracekit.diff(path, path, align="rank")
+    assert report.passed and report.bytes_compared == 2 * 2 * 4  # against itself: only the scalar losses are read
+
+
+def _flip_bit(file, byte=5):
+    with open(file, "r+b") as f:
+        f.seek(byte)
+        b = f.read(1)[0]
+        f.seek(byte)
+        f.write(bytes([b ^ 0x01]))
+
+
+def _copy_from_other_step(path):
+    src, dst = _object_path(path, 1, "gradients", 1, "w"), _object_path(path, 1, "gradients", 2, "w")
+    with open(src, "rb") as f, open(dst, "wb") as g:
+        g.write(f.read())  # same size, valid bytes of another step: only the hash tells
+
+
+def _swap_index_entries(path):
+    """Swap the hash entries of w and v (same size) in rank 1's step-2 index row."""
+    chunk = os.path.join(path, "rank_1", "gradients", HASH_ARRAY, "c", "1", "0")
+    raw = bytearray(open(chunk, "rb").read())
+    raw[0:16], raw[16:32] = raw[16:32], raw[0:16]
+    open(chunk, "wb").write(bytes(raw))
+
+
+DAMAGE = {
+    "flipped_bit": lambda p: _flip_bit(_object_path(p, 1, "gradients", 2, "w")),
+    "copied_from_other_step": _copy_from_other_step,
+    "swapped_index_entries": _swap_index_entries,
+    "missing_object": lambda p: os.remove(_object_path(p, 1, "gradients", 2, "w")),
+    "truncated_object": lambda p: os.truncate(_object_path(p, 1, "gradients", 2, "w"), 8),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_damage_is_reported_on_read_never_as_values(tmp_path, damage):
+    path = _run(str(tmp_path / "s"), ranks=2, steps=3, drift=1e-3)
+    DAMAGE[damage](path)
+    with pytest.raises(StoreError, match=r"^damaged store: .*: rank 1 gradients step 2 tensor (w|v): ") as info:
+        open_store(path).rank(1).read("gradients", 2, "w")
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_diff_of_a_damaged_store_exits_2_naming_the_damage(tmp_path, damage):
+    ref = _run(str(tmp_path / "ref"), ranks=2, steps=3)
+    cand = _run(str(tmp_path / "cand"), ranks=2, steps=3, drift=1e-3)  # rank 1 differs: its bytes are read
+    DAMAGE[damage](cand)
+    result = CliRunner().invoke(main, ["diff", ref, cand])
+    assert result.exit_code == 2, result.output
+    assert "damaged store" in result.output and "rank 1 gradients step 2 tensor" in result.output
+    assert "PASS" not in result.output and "FAIL" not in result.output
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_verify_names_each_problem_on_one_line(tmp_path, damage):
+    path = _run(str(tmp_path / "s"), ranks=2, steps=3, drift=1e-3)
+    clean = CliRunner().invoke(main, ["verify", path])
+    assert clean.exit_code == 0 and clean.output.startswith("verify: OK"), clean.output
+    DAMAGE[damage](path)
+    result = CliRunner().invoke(main, ["verify", path])
+    assert result.exit_code == 2
+    lines = result.output.strip().splitlines()
+    problems = [line for line in lines if line.startswith("damaged: ")]
+    expected = {"rank 1 gradients step 2 tensor w"} | ({"rank 1 gradients step 2 tensor v"} if damage == "swapped_index_entries" else set())
+    assert {line.split(": ")[1] for line in problems} == expected, lines
+    assert lines[-1].startswith(f"verify: {len(problems)} problem")
+
+
+def test_verify_reports_a_missing_index_chunk_and_v1_missing_chunks(tmp_path):
+    path = _run(str(tmp_path / "s"), ranks=1, steps=2)
+    os.remove(os.path.join(path, "rank_0", "loss", HASH_ARRAY, "c", "0", "0"))
+    result = verify_store(path)
+    assert [(p.rank, p.kind, p.step) for p in result.problems] == [(0, "loss", 1)]
+    assert "index" in result.problems[0].what
+
+    v1 = _run(str(tmp_path / "v1"), ranks=1, steps=2, version=1)
+    assert verify_store(v1).ok
+    os.remove(os.path.join(v1, "rank_0", "gradients", "float32", "c", "1", "0"))
+    (p,) = verify_store(v1).problems
+    assert (p.rank, p.kind, p.step) == (0, "gradients", 2) and "missing" in p.what
+
+
+def test_identical_stores_diff_by_hash_and_differences_are_read(tmp_path):
+    ref = _run(str(tmp_path / "ref"), ranks=2, steps=3)
+    same = _run(str(tmp_path / "same"), ranks=2, steps=3)
+    report = tracekit.diff(ref, same, exact=True)
+    assert report.passed and report.bytes_compared == 2 * 2 * 3 * 4  # only the scalar losses (2 sides, ranks, steps)
+    assert report.identical_by_hash == 2 * 3 * 3  # w, v, frozen per rank and step
+
+    cand = _run(str(tmp_path / "cand"), ranks=2, steps=3, drift=1e-3)
+    report = tracekit.diff(ref, cand)
+    assert not report.passed and {r.rank for r in report.violations} == {1}
+    assert report.first_divergence.step == 1 and report.first_divergence.kind == "gradients"
+
+
+def test_nan_tensors_are_read_even_when_hashes_agree(tmp_path):
+    x = np.array([1.0, np.nan, 3.0], np.float32)
+    ref = write_store(tmp_path / "a", {0: {1: {"outputs": {"x": x}}}})
+    cand = write_store(tmp_path / "b", {0: {1: {"outputs": {"x": x}}}})
+    assert not tracekit.diff(ref, cand).passed  # NaN == NaN is a violation unless equal_nan
+    assert tracekit.diff(ref, cand, equal_nan=True).passed
+
+
+@pytest.mark.parametrize("ref_version, cand_version", [(1, 2), (2, 1)])
+def test_v1_and_v2_stores_diff_against_each_other(tmp_path, ref_version, cand_version):
+    ref = _run(str(tmp_path / "ref"), ranks=2, steps=2, version=ref_version)
+    cand = _run(str(tmp_path / "cand"), ranks=2, steps=2, drift=1e-3, version=cand_version)
+    assert tracekit.diff(ref, _run(str(tmp_path / "same"), ranks=2, steps=2, version=cand_version), exact=True).passed
+    report = tracekit.diff(ref, cand)
+    assert {r.rank for r in report.violations} == {1}
+
+
+def test_open_reads_v2_like_v1(tmp_path):
+    pytest.importorskip("dask")
+    v1 = tracekit.open(_run(str(tmp_path / "v1"), ranks=2, steps=3, version=1))
+    v2 = tracekit.open(_run(str(tmp_path / "v2"), ranks=2, steps=3))
+    for kind in ("gradients", "loss"):
+        a, b = v1[kind].to_dataset(), v2[kind].to_dataset()
+        assert set(a.data_vars) == set(b.data_vars)
+        for name in a.data_vars:
+            np.testing.assert_array_equal(a[name].values, b[name].values)
+
+
+@pytest.mark.parametrize("damage", ["flipped_bit", "missing_object"])
+def test_open_reads_only_metadata_and_reports_damage_on_compute(tmp_path, damage):
+    pytest.importorskip("dask")
+    path = _run(str(tmp_path / "s"), ranks=2, steps=3, drift=1e-3)
+    DAMAGE[damage](path)
+    w = tracekit.open(path)["gradients"]["w"]  # nothing read yet: opening succeeds
+    with pytest.raises(StoreError, match=r"^damaged store: .*: rank 1 gradients step 2 tensor w: "):
+        w.sel(rank=1, step=2).values
+    np.testing.assert_array_equal(w.sel(rank=1, step=1).values, _w(1, 1, 1e-3))  # the rest stays readable

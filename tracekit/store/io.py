@@ -1,0 +1,126 @@
+"""Every byte a store reads or writes outside zarr's own calls goes through this module.
+
+Keys are '/'-separated paths relative to the store root. Today a store is a local folder; making
+stores URL-aware (an object store behind zarr's FsspecStore) means changing this one module:
+`zarr_store` to return that store, and the few functions below to call it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from typing import Iterable
+
+import zarr
+from zarr.storage import LocalStore
+
+
+def is_local(root) -> bool:
+    """Whether a store root is a local folder (the direct read/write paths need one)."""
+    return isinstance(root, (str, os.PathLike))
+
+
+def zarr_store(root: str, read_only: bool = False):
+    """The zarr store object for a store root."""
+    return LocalStore(os.fspath(root), read_only=read_only)
+
+
+def open_root_group(root: str, mode: str) -> zarr.Group:
+    return zarr.open_group(zarr_store(root, read_only=mode == "r"), mode=mode, use_consolidated=False)
+
+
+def local_path(root: str, key: str) -> str:
+    return os.path.join(os.fspath(root), *key.split("/"))
+
+
+def array_key(array) -> tuple[str, str] | None:
+    """(store root, array path) of a zarr array on a local store; None for any other store."""
+    root = getattr(array.store_path.store, "root", None)
+    if root is None:
+        return None
+    return os.fspath(root), array.store_path.path
+
+
+def exists(root: str, key: str) -> bool:
+    return os.path.isfile(local_path(root, key))
+
+
+def size(root: str, key: str) -> int | None:
+    try:
+        return os.stat(local_path(root, key)).st_size
+    except FileNotFoundError:
+        return None
+
+
+def read_json(root: str, key: str):
+    """A JSON document; FileNotFoundError / ValueError / OSError pass through for the caller to word."""
+    with open(local_path(root, key)) as f:
+        return json.load(f)
+
+
+def list_dir(root: str, key: str = "") -> list[str]:
+    try:
+        return sorted(os.listdir(local_path(root, key) if key else os.fspath(root)))
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
+def write_parts(root: str, key: str, parts: Iterable, pad_to: int | None = None) -> None:
+    """Write the buffers one after another into `key` (zero-padded to `pad_to` bytes)."""
+    path = local_path(root, key)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "wb") as f:
+        for p in parts:
+            f.write(p)
+        if pad_to is not None and f.tell() < pad_to:
+            f.truncate(pad_to)
+
+
+def write_once(root: str, key: str, parts: Iterable) -> bool:
+    """Write an immutable object unless it exists; False if it was already there.
+
+    For content-addressed keys: any writer that finds the key present, or loses a race to write
+    it, would have written the same bytes. A temporary name and an atomic rename mean a reader
+    never sees a half-written object under its final key, and a crash leaves only a temp file.
+    """
+    path = local_path(root, key)
+    if os.path.isfile(path):
+        return False
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    tmp = os.path.join(folder, f".tmp-{uuid.uuid4().hex}")
+    try:
+        with open(tmp, "wb") as f:
+            for p in parts:
+                f.write(p)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return True
+
+
+class Reader:
+    """Positional reads of one object, the file opened once."""
+
+    def __init__(self, root: str, key: str):
+        self.key = key
+        self._fd = os.open(local_path(root, key), os.O_RDONLY)  # FileNotFoundError: missing
+
+    def readinto(self, offset: int, view: memoryview) -> int:
+        return os.preadv(self._fd, [view], offset)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,149 @@
+"""`tracekit verify`: check a whole store, and name every problem on its own line.
+
+Format v2: every listed row's index (hash and finiteness arrays) is present and sized to the
+tensor index, and every tensor's object exists, has the size its index entry implies and hashes
+to the recorded value (each distinct object is read once). Format v1 stores carry no hashes, so
+only their structure is checked: every chunk file of a listed row exists with its full size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+from tracekit.errors import StoreError
+from tracekit.store import io
+from tracekit.store.chunks import chunk_cols, chunk_key
+from tracekit.store.hashing import FILE_PIECE
+from tracekit.store.objects import object_problem
+from tracekit.store.reader import RankView, RunStore, open_store
+
+
+@dataclass(frozen=True)
+class Problem:
+    rank: int | None
+    kind: str | None
+    step: int | None
+    tensor: str | None
+    what: str
+
+    def line(self) -> str:
+        where = [f"rank {self.rank}" if self.rank is not None else None, self.kind,
+                 f"step {self.step}" if self.step is not None else None,
+                 f"tensor {self.tensor}" if self.tensor is not None else None]
+        return "damaged: " + " ".join(w for w in where if w) + f": {self.what}"
+
+
+@dataclass
+class VerifyResult:
+    path: str
+    format_version: int
+    problems: list[Problem] = field(default_factory=list)
+    entries: int = 0  # (rank, kind, step, tensor) entries checked
+    objects: int = 0  # distinct objects read (v2) or chunk files checked (v1)
+    bytes_read: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def summary(self) -> str:
+        what = (f"{self.entries} tensor entries, {self.objects} objects, {self.bytes_read} bytes hashed"
+                if self.format_version >= 2 else
+                f"{self.entries} tensor entries, {self.objects} chunk files (format 1 has no hashes: structure only)")
+        verdict = "OK" if self.ok else f"{len(self.problems)} problem{'s' * (len(self.problems) != 1)}"
+        return f"verify: {verdict}: {self.path} ({what})"
+
+
+def verify_store(path, on_problem: Callable[[Problem], None] | None = None) -> VerifyResult:
+    """Check every rank, kind and listed step of a store; StoreError only if it cannot be opened at all."""
+    store = path if isinstance(path, RunStore) else open_store(path)
+    result = VerifyResult(store.path, store.format_version)
+
+    def report(p: Problem) -> None:
+        result.problems.append(p)
+        if on_problem is not None:
+            on_problem(p)
+
+    try:
+        ranks = store.ranks
+    except StoreError as e:
+        report(Problem(None, None, None, None, str(e)))
+        return result
+    known: dict[bytes, str | None] = {}  # object digest -> its problem (None: fine), each read once
+    buf = np.empty(FILE_PIECE, dtype=np.uint8)
+    for r in ranks:
+        try:
+            view = store.rank(r)
+            view.coords, view.completed_steps
+            kinds = view.kinds
+        except StoreError as e:
+            report(Problem(r, None, None, None, _strip(str(e), store.path)))
+            continue
+        for kind in kinds:
+            try:
+                tensors = view.tensors(kind)
+                rows = view.rows(kind)
+            except StoreError as e:
+                report(Problem(r, kind, None, None, _strip(str(e), store.path)))
+                continue
+            if store.format_version == 1:
+                _verify_v1_kind(view, kind, tensors, rows, result, report)
+            else:
+                _verify_v2_kind(view, kind, tensors, rows, result, report, known, buf)
+    return result
+
+
+def _strip(message: str, path: str) -> str:
+    return message.removeprefix("damaged store: ").removeprefix(f"{path}: ")
+
+
+def _verify_v2_kind(view: RankView, kind, tensors, rows, result, report, known, buf) -> None:
+    root = view.store.path
+    for step, row in rows.items():
+        try:
+            digests = view.row_digests(kind, row)
+            view.finite(kind, step)
+        except StoreError as e:
+            report(Problem(view.rank, kind, step, None, _strip(str(e), root).split(": ", 1)[-1]))
+            continue
+        for info, digest in zip(tensors, digests):
+            result.entries += 1
+            if digest not in known:
+                known[digest] = object_problem(root, digest, info, buf)
+                result.objects += 1
+                if known[digest] is None:
+                    result.bytes_read += info.nbytes
+            if known[digest] is not None:
+                report(Problem(view.rank, kind, step, info.name, known[digest]))
+
+
+def _verify_v1_kind(view: RankView, kind, tensors, rows, result, report) -> None:
+    root = view.store.path
+    for key in sorted({t.array for t in tensors}):
+        try:
+            arr = view.array(kind, key)
+        except Exception as e:
+            report(Problem(view.rank, kind, None, None, f"cannot open array {key!r} ({e.__class__.__name__})"))
+            continue
+        members = [t for t in tensors if t.array == key]
+        for t in members:
+            if t.offset + t.numel > arr.shape[1]:
+                report(Problem(view.rank, kind, None, t.name,
+                               f"index entry [{t.offset}, {t.offset + t.numel}) lies outside array {key} (width {arr.shape[1]})"))
+        width, item = arr.chunks[1], arr.dtype.itemsize
+        for step, row in rows.items():
+            result.entries += len(members)
+            if row >= arr.shape[0]:
+                report(Problem(view.rank, kind, step, None, f"array {key} has no row {row}"))
+                continue
+            for c in chunk_cols(0, arr.shape[1], width):
+                result.objects += 1
+                ck = chunk_key(arr, row, c)
+                size = io.size(root, ck)
+                if size is None:
+                    report(Problem(view.rank, kind, step, None, f"chunk file {ck} is missing"))
+                elif size != width * item:
+                    report(Problem(view.rank, kind, step, None, f"chunk file {ck} has {size} bytes, expected {width * item}"))
