@@ -157,7 +157,8 @@ class Recorder:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.close(status="finished" if exc_type is None else "failed")
+        self.close(status="finished" if exc_type is None else
+                   "terminated" if issubclass(exc_type, KeyboardInterrupt) else "failed")
 
     def start(self) -> "Recorder":
         if self._started or not self.enabled:

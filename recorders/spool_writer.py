@@ -65,13 +65,15 @@ class _Writer:
             pass
 
     # ---- the rank's messages ---------------------------------------------------------------
-    def _wait_for_rank(self) -> None:
-        """Block until the rank says something, or dies."""
+    def _wait_for_rank(self, block: bool = True) -> bool:
+        """Wait until the rank says something, or dies (without block: only look). True if it did."""
         fds = [0] + ([self.pidfd] if self.pidfd is not None else [])
         try:
-            ready, _, _ = select.select(fds, [], [])
+            ready, _, _ = select.select(fds, [], [], None if block else 0)
         except InterruptedError:
-            return
+            return False
+        if not ready:
+            return False
         if self.pidfd is not None and self.pidfd in ready:
             self.rank_gone = True
         if 0 in ready:
@@ -85,6 +87,7 @@ class _Writer:
                 if cmd == "close":
                     status, _, attrs = rest.partition(" ")
                     self.closing = (status, json.loads(attrs) if attrs else {})
+        return not self.rank_gone and 0 in ready
 
     # ---- the spool -----------------------------------------------------------------------------
     def _entries(self, final: bool) -> list[tuple[int, str]]:
@@ -110,8 +113,10 @@ class _Writer:
         finally:
             entry.close()
         os.unlink(path)
-        if self.bytes_per_s:
-            time.sleep(max(0.0, size / self.bytes_per_s - (time.monotonic() - t0)))
+        if self.bytes_per_s:  # a capped rate: wait out the rest of this entry's time (a SIGTERM cuts it short)
+            until = t0 + size / self.bytes_per_s
+            while not self.stopped and time.monotonic() < until:
+                time.sleep(min(0.05, until - time.monotonic()))
         self.say(f"done {seq}")
 
     def _unwritten_steps(self, final: bool) -> list[int]:
@@ -139,6 +144,8 @@ class _Writer:
         return self._finish(final)
 
     def _finish(self, final: bool) -> int:
+        while self.closing is None and self._wait_for_rank(block=False):
+            pass  # stopped mid-drain: the rank's last words may still be unread
         status, attrs = self.closing or ("died", {})
         if self.stopped:
             attrs = {**attrs, "unwritten_steps": self._unwritten_steps(True)}
