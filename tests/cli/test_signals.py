@@ -36,7 +36,7 @@ class Job:
     def __init__(self, tmp_path, script_args, record_args=(), torchrun=False, mbps=SLOW_DISK):
         self.store = str(tmp_path / "s")
         cmd = [sys.executable, "-m", "tracekit.cli.main", "record", "-o", self.store, *record_args, "--",
-               *(TORCHRUN if torchrun else []), sys.executable, SCRIPT, *script_args]
+               *(TORCHRUN if torchrun else [sys.executable]), SCRIPT, *script_args]
         env = dict(os.environ, TRACEKIT_WRITE_MBPS=mbps)
         self.stderr = open(tmp_path / "stderr.txt", "w+")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env,
