@@ -6,7 +6,7 @@ import shlex
 
 import click
 
-from tracekit.cli.common import emit_json, one_line_errors
+from tracekit.cli.common import emit_json, json_option, one_line_errors
 
 # Run facts in the order a reader looks for them; anything else recorded follows.
 _FIRST = ("command", "mode", "device", "backend", "compile_backend", "seed", "world_size", "versions", "env",
@@ -105,15 +105,14 @@ def render(summary: dict) -> str:
 
 @click.command()
 @click.argument("store", type=click.Path())
-@click.option("--json", "json_dest", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
-              help="Print the summary as JSON (to FILE if given, else stdout).")
+@json_option("the summary")
 @one_line_errors
-def show(store, json_dest):
+def show(store, as_json):
     """Summarize STORE: run metadata, ranks and their coordinates, steps, tensors, bytes on disk."""
     from tracekit.inspect.summary import summarize
 
     summary = summarize(store)
-    if json_dest is not None:
-        emit_json(summary, json_dest)
+    if as_json:
+        emit_json(summary, "-")
     else:
         click.echo(render(summary))
