@@ -35,6 +35,16 @@ class _Progress:
             self.bar = None
 
 
+def environment_block(diffs: list[dict]) -> str:
+    """A few lines naming the versions and numeric env vars that differ between REF and CAND."""
+    if not diffs:
+        return ""
+    show = lambda v: "(unset)" if v is None else v  # noqa: E731
+    lines = ["Environment differs between REF and CAND (versions and numeric env vars; may explain differences):"]
+    lines += [f"  {d['fact']}: REF {show(d['values']['REF'])}, CAND {show(d['values']['CAND'])}" for d in diffs]
+    return "\n".join(lines)
+
+
 @click.command("diff")
 @click.argument("ref", type=click.Path())
 @click.argument("cand", type=click.Path())
@@ -64,9 +74,12 @@ def diff(ref, cand, align, rtol, atol, tol, config, exact, equal_nan, kinds, all
     """
     from tracekit.compare import diff as run_diff  # the engine, only when comparing (not for --help)
     from tracekit.compare.render import render
+    from tracekit.inspect.facts import differences, run_facts
+    from tracekit.store import open_store
 
     if json_file:
         check_writable(json_file, "--json-file")  # before the comparison, not after it
+    ref, cand = open_store(ref), open_store(cand)  # once, for the diff and the environment check
     progress = _Progress(enabled=not quiet and sys.stderr.isatty())
     try:
         report = run_diff(
@@ -81,11 +94,18 @@ def diff(ref, cand, align, rtol, atol, tol, config, exact, equal_nan, kinds, all
     if as_json:
         emit_json(report.to_dict(), "-")
     to_stdout = not as_json  # with the JSON on stdout, the verdict line goes to stderr
+    env_block = "" if quiet else environment_block(differences({"REF": run_facts(ref), "CAND": run_facts(cand)}))
     if quiet:
         click.echo(report.summary_line, err=not to_stdout)
     elif to_stdout:
-        click.echo(render(report, max_rows=max_rows))
+        text = render(report, max_rows=max_rows)
+        if env_block:  # just before the verdict, the last line
+            body, _, verdict = text.rpartition("\n")
+            text = f"{body}\n{env_block}\n{verdict}" if body else f"{env_block}\n{verdict}"
+        click.echo(text)
     else:
+        if env_block:
+            click.echo(env_block, err=True)
         click.echo(report.summary_line, err=True)
     if report.status == "error" and not (to_stdout and not quiet):  # the human report already says so
         if report.nothing_compared:
