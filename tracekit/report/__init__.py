@@ -1,7 +1,7 @@
 """The HTML report of a diff: `write_report(ref, cand, "report.html")` (CLI: `tracekit report`).
 
 One self-contained file, viewable offline: the verdict, the first divergence, the loss table and
-curves, heatmaps of the max relative error over rank x step per kind, and the worst tensors.
+curves, heatmaps of the violation margin (error / bound) over rank x step per kind, and the worst tensors.
 Plots need matplotlib (the `plot` extra); without it the report has the tables only, and says so.
 """
 
