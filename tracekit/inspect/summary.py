@@ -94,3 +94,20 @@ def summarize(path) -> dict:
         "kinds": _kinds(store),
         "bytes_on_disk": _bytes_under(store.path),
     }
+
+
+def recording_summary(path) -> dict:
+    """What a finished recording holds, for `tracekit record`'s closing line: ranks, completed
+    steps (union over ranks), kinds, bytes on disk and each rank's status."""
+    store = open_store(path)
+    steps: set[int] = set()
+    kinds: list[str] = []
+    statuses: dict[str, int] = {}
+    for r in store.ranks:
+        view = store.rank(r)
+        steps.update(view.completed_steps)
+        kinds += [k for k in view.kinds if k not in kinds]
+        statuses[view.status] = statuses.get(view.status, 0) + 1
+    return {"store": os.path.abspath(store.path), "ranks": len(store.ranks), "steps": sorted(steps), "kinds": kinds,
+            "bytes": _bytes_under(store.path), "statuses": statuses,
+            "exit_status": store.meta.get("exit_status")}
