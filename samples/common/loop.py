@@ -53,7 +53,7 @@ class Workload:
         self.runtime = runtime
         self.dtype = getattr(torch, config.dtype)
         self._check_batch_split()
-        model = build_model(config.seed, self.dtype, bias=config.parallelism != "simplefsdp_tp")
+        model = build_model(config.seed, self.dtype, bias=config.bias)
         model.to(runtime.device)
         self.parallel: ParallelModel = parallelize(
             config.parallelism, model, runtime, tp=config.tp, compile_backend=config.compile_backend
@@ -96,6 +96,8 @@ class Workload:
         self._check_gradients(step)
         if faults.wants_nan_grad(rank, step):
             self._plant_nan_gradient()
+        if faults.grad_factor(rank, step) != 1.0:
+            self._scale_gradients(faults.grad_factor(rank, step))
         global_loss = self._global_loss(local_loss.detach()) * faults.reported_loss_factor(step)
         return StepResult(output=output, local_loss=local_loss.detach(), global_loss=global_loss)
 
@@ -117,6 +119,11 @@ class Workload:
         first = next(iter(self.named_model.parameters()))
         with torch.no_grad():
             local_tensor(first.grad).view(-1)[0] = math.nan
+
+    def _scale_gradients(self, factor: float) -> None:
+        with torch.no_grad():
+            for p in self.named_model.parameters():
+                local_tensor(p.grad).mul_(factor)
 
     def optimizer_step(self, step: int) -> None:
         params = list(self.named_model.parameters())

@@ -12,7 +12,7 @@ def test_sample_finds_the_planted_fault(tmp_path):
                          capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
     assert out.returncode == 0, out.stdout + out.stderr
     lines = out.stdout.splitlines()
-    assert lines[0] == "FAIL comparison ranks=4 steps=5 violations=15 first_step=3"
+    assert lines[0] == "FAIL comparison ranks=4 steps=5 violations=18 first_step=3"
     assert "first failing step: 3, ranks [2]" in lines
     assert "element (5, 1): |cand - ref| = 0.0135" in lines
     assert any(line.startswith("reference -0.02693119") and "(ratio 0.5)" in line for line in lines)
