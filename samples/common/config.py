@@ -76,7 +76,7 @@ def build_parser(description: str) -> argparse.ArgumentParser:
         default=[],
         metavar="SPEC",
         help="plant a fault (repeatable): lr_scale=F, loss_scale=RANK:STEP:F, nan_grad=RANK:STEP, "
-        "reported_loss_scale=STEP:F, grad_scale=RANK:STEP:F",
+        "reported_loss_scale=STEP:F, grad_scale=RANK:STEP:F, crash=RANK:STEP:raise|exit|kill",
     )
     return parser
 

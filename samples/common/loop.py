@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -89,6 +90,8 @@ class Workload:
 
     def forward_backward(self, step: int) -> StepResult:
         faults, rank = self.config.faults, self.runtime.rank
+        if faults.crash_at(rank, step):
+            _crash(faults.crash_at(rank, step), rank, step)
         inputs, targets = self.batch(step)
         output = self.parallel.module(inputs)
         local_loss = F.mse_loss(output, targets) * faults.local_loss_factor(rank, step)
@@ -144,6 +147,17 @@ class Workload:
 
     def finish(self) -> None:
         say(f"PASS rank={self.runtime.rank} mode={self.config.parallelism} world_size={self.runtime.world_size}")
+
+
+def _crash(how: str, rank: int, step: int) -> None:
+    """The planted crash fault: a rank that stops for good in the middle of the run."""
+    if how == "raise":
+        raise RuntimeError(f"planted crash on rank {rank} at step {step}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if how == "exit":
+        os._exit(3)  # no cleanup, no exit hooks: like a C extension calling exit()
+    os.kill(os.getpid(), signal.SIGKILL)  # like the OOM killer
 
 
 def _train_once(config: TrainConfig, runtime: Runtime, train: Callable[[Workload], None]) -> None:

@@ -55,7 +55,10 @@ def _side(d: dict | None) -> str:
     if not d:
         return "-"
     extra = ", ".join(f"{k}={d[k]}" for k in ("device", "backend", "mode", "dtype") if d.get(k) is not None)
-    return f"{d['path']} ({d['ranks']} ranks, {d['steps']} steps{', ' + extra if extra else ''})"
+    line = f"{d['path']} ({d['ranks']} ranks, {d['steps']} steps{', ' + extra if extra else ''})"
+    for r, u in (d.get("unfinished_ranks") or {}).items():
+        line += f"\n           rank {r} {u['status']}" + (f": {u['cause']}" if u.get("cause") else "")
+    return line
 
 
 def render(report: DiffReport, max_rows: int = 20) -> str:

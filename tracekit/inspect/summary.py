@@ -70,6 +70,7 @@ def summarize(path) -> dict:
             "rank": r,
             "coords": view.coords,
             "status": view.status,
+            "cause": view.cause,
             "steps_completed": len(done),
             "first_step": done[0] if done else None,
             "last_step": done[-1] if done else None,
