@@ -17,6 +17,7 @@ from tracekit.environment import run_environment
 from tracekit.errors import UsageError
 from tracekit.store import create_store, finalize_store
 from tracekit.recorders.config import RecordConfig, format_step_range
+from tracekit.recorders.exits import StderrTail, worker_exits
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -47,11 +48,16 @@ def launch(command: Sequence[str], config: RecordConfig, force: bool = False, ex
     create_store(store, meta, force=force)
     env = worker_env(config.with_store(store))
     env.update(env_updates or {})
+    read_fd, write_fd = os.pipe()  # the workers' exit codes are in torchrun's report on stderr
     try:
-        proc = subprocess.Popen(list(command), env=env)
+        proc = subprocess.Popen(list(command), env=env, stderr=write_fd)
     except OSError as e:  # on PATH and executable, yet not runnable (bad format, permissions)
+        os.close(read_fd)
+        os.close(write_fd)
         finalize_store(store, 127)
         raise UsageError(f"cannot run {command[0]}: {e.strerror or e}") from None
+    os.close(write_fd)
+    tail = StderrTail(read_fd)
     previous = {}
 
     def forward(signum, frame):
@@ -66,5 +72,5 @@ def launch(command: Sequence[str], config: RecordConfig, force: bool = False, ex
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     status = rc if rc >= 0 else 128 - rc  # killed by signal N: report 128+N, as shells do
-    finalize_store(store, status)
+    finalize_store(store, status, worker_exits(tail.text()) if rc != 0 else {})
     return status

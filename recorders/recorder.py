@@ -23,6 +23,7 @@ from tracekit.errors import TracekitError
 from tracekit.store import RankWriter, create_store, is_store
 from tracekit.store.format import INITIAL_STEP
 from tracekit.environment import numeric_env, package_versions, run_environment
+from tracekit.recorders import outcome
 from tracekit.recorders.background import BackgroundWriter
 from tracekit.recorders.config import RecordConfig
 from tracekit.recorders.coords import detect_coords
@@ -56,8 +57,9 @@ _HOOKS_INSTALLED = False
 
 
 def _close_all() -> None:
+    status, cause = outcome.exit_status()  # finished only if the program ended cleanly
     for rec in list(_LIVE):
-        rec.close("finished")
+        rec.close(status, cause)
 
 
 def _forget_all_in_child() -> None:
@@ -155,7 +157,10 @@ class Recorder:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.close(status="finished" if exc_type is None else "failed")
+        if exc_type is None:
+            self.close(status="finished")
+        else:
+            self.close(status="failed", cause=outcome.one_line(exc) if exc is not None else exc_type.__name__)
 
     def start(self) -> "Recorder":
         if self._started or not self.enabled:
@@ -213,6 +218,7 @@ class Recorder:
 
     def _install_exit_handlers(self) -> None:
         _install_process_hooks()
+        outcome.install()
         _LIVE.add(self)  # weakly: a recorder the program dropped is not kept alive by its exit hooks
         if threading.current_thread() is threading.main_thread():
             prev = signal.getsignal(signal.SIGTERM)
@@ -247,8 +253,9 @@ class Recorder:
         if self._bg is not None:
             self._bg.flush()
 
-    def close(self, status: str = "finished") -> None:
-        """Write out everything queued and mark the rank's status. Safe to call more than once."""
+    def close(self, status: str = "finished", cause: str | None = None) -> None:
+        """Write out everything queued and mark the rank's status (with a one-line cause when it
+        did not finish). Safe to call more than once."""
         if self._closed or not self._started:
             return
         self._closed = True
@@ -263,14 +270,14 @@ class Recorder:
         try:
             self._bg.close()
         except TracekitError as e:
-            status = "failed"
+            status, cause = "failed", cause or f"recording: {e}"
             print(f"tracekit: {e}", file=sys.stderr)
         fallback = _neuron_fallback_ops()
         if fallback is not None:
             self._writer.update_attrs(fallback_ops=fallback)
         if self._replay is not None:
             self._writer.update_attrs(**self._replay.attrs())  # now with the steps actually replayed
-        self._writer.close(status=status)
+        self._writer.close(status=status, cause=cause)
 
     # ---- the step ----------------------------------------------------------------------------
     def _active(self, step: int) -> bool:

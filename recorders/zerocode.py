@@ -37,6 +37,8 @@ import torch
 import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from tracekit.recorders import outcome
+
 from tracekit.errors import TracekitError
 from tracekit.recorders import recorder as recorder_module
 from tracekit.recorders.bootstrap_env import ENV_LAUNCHER_PID, ENV_OPTIMIZER, ENV_STRICT
@@ -233,7 +235,7 @@ class ZeroCode:
         """Hand over the last step and close, while the interpreter can still write (see _start)."""
         if not self.stood_down and self.recorder is not None:
             self._guarded(self._finish_open_step)
-            self._guarded(self.recorder.close)
+            self._guarded(self.recorder.close, *outcome.exit_status())  # failed if the script raised
 
     # ---- the first training step ----------------------------------------------------------
     def _is_worker(self) -> bool:
