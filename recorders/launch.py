@@ -28,6 +28,7 @@ from tracekit.store import create_store, finalize_store
 from tracekit.recorders.config import RecordConfig, format_step_range
 from tracekit.recorders.spool import ENV_SPOOL, spool_root
 from tracekit.recorders.spool_writer import LOCK
+from tracekit.recorders.exits import StderrTail, worker_exits
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)  # start the flush clock
@@ -62,12 +63,17 @@ def launch(command: Sequence[str], config: RecordConfig, force: bool = False, ex
     env = worker_env(config.with_store(store))
     env[ENV_SPOOL] = spools
     env.update(env_updates or {})
+    read_fd, write_fd = os.pipe()  # the workers' exit codes are in torchrun's report on stderr
     try:
         try:
-            proc = subprocess.Popen(list(command), env=env)
+            proc = subprocess.Popen(list(command), env=env, stderr=write_fd)
         except OSError as e:  # on PATH and executable, yet not runnable (bad format, permissions)
+            os.close(read_fd)
+            os.close(write_fd)
             finalize_store(store, 127)
             raise UsageError(f"cannot run {command[0]}: {e.strerror or e}") from None
+        os.close(write_fd)
+        tail = StderrTail(read_fd)
         deadline: list[float] = []  # set by the first ending signal
 
         def forward(signum, frame):
@@ -86,7 +92,7 @@ def launch(command: Sequence[str], config: RecordConfig, force: bool = False, ex
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         status = rc if rc >= 0 else 128 - rc  # killed by signal N: report 128+N, as shells do
-        finalize_store(store, status)
+        finalize_store(store, status, worker_exits(tail.text()) if rc != 0 else {})
         return status
     finally:
         shutil.rmtree(spools, ignore_errors=True)

@@ -23,6 +23,7 @@ from tracekit.errors import TracekitError
 from tracekit.store import create_store, is_store
 from tracekit.store.format import INITIAL_STEP
 from tracekit.environment import numeric_env, package_versions, run_environment
+from tracekit.recorders import outcome
 from tracekit.recorders.handoff import Handoff
 from tracekit.recorders.config import RecordConfig
 from tracekit.recorders.coords import detect_coords
@@ -56,8 +57,9 @@ _HOOKS_INSTALLED = False
 
 
 def _close_all() -> None:
+    status, cause = outcome.exit_status()  # finished only if the program ended cleanly
     for rec in list(_LIVE):
-        rec.close("finished")
+        rec.close(status, cause)
 
 
 def _forget_all_in_child() -> None:
@@ -157,8 +159,10 @@ class Recorder:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.close(status="finished" if exc_type is None else
-                   "terminated" if issubclass(exc_type, KeyboardInterrupt) else "failed")
+        if exc_type is None:
+            self.close(status="finished")
+        else:
+            self.close(status="failed", cause=outcome.one_line(exc) if exc is not None else exc_type.__name__)
 
     def start(self) -> "Recorder":
         if self._started or not self.enabled:
@@ -216,6 +220,7 @@ class Recorder:
 
     def _install_exit_handlers(self) -> None:
         _install_process_hooks()
+        outcome.install()
         _LIVE.add(self)  # weakly: a recorder the program dropped is not kept alive by its exit hooks
         if threading.current_thread() is threading.main_thread():
             for sig in _HANDLED_SIGNALS:
@@ -230,7 +235,7 @@ class Recorder:
         # the way the signal would have killed us. A signal during close()'s wait lands here too.
         try:
             if self._handoff is not None and not self._forked:
-                self._handoff.send_close("terminated", self._end_attrs())
+                self._handoff.send_close("terminated", self._end_attrs(f"terminated by {signal.Signals(signum).name}"))
             self.close(status="terminated", wait=False)
         finally:
             self._restore_handlers()
@@ -265,10 +270,11 @@ class Recorder:
         if self._handoff is not None:
             self._handoff.flush()
 
-    def close(self, status: str = "finished", wait: bool = True) -> None:
-        """Mark the rank's status; with wait, block until every step is in the store. Safe to call
-        more than once. The signal handlers stay in place until the store has everything: a
-        SIGTERM during the wait still ends the rank with every spooled step kept."""
+    def close(self, status: str = "finished", cause: str | None = None, wait: bool = True) -> None:
+        """Mark the rank's status (with a one-line cause when it did not finish); with wait, block
+        until every step is in the store. Safe to call more than once. The signal handlers stay in
+        place until the store has everything: a SIGTERM during the wait still ends the rank with
+        every spooled step kept."""
         if self._closed or not self._started:
             return
         self._closed = True
@@ -277,7 +283,7 @@ class Recorder:
         self._hooks.clear()
         try:
             if self._handoff is not None:
-                self._handoff.send_close(status, self._end_attrs())
+                self._handoff.send_close(status, self._end_attrs(cause))
                 self._handoff.close(status, wait=wait)
         except TracekitError as e:
             print(f"tracekit: {e}", file=sys.stderr)
@@ -285,8 +291,8 @@ class Recorder:
             if wait:
                 self._restore_handlers()
 
-    def _end_attrs(self) -> dict:
-        attrs = {}
+    def _end_attrs(self, cause: str | None = None) -> dict:
+        attrs = {"cause": cause} if cause else {}
         fallback = _neuron_fallback_ops()
         if fallback is not None:
             attrs["fallback_ops"] = fallback

@@ -4,7 +4,8 @@ Started by the rank's Recorder (subprocess, never fork; in a session of its own,
 to the job's process group or terminal do not reach it). It owns the rank's group in the store
 (the store writer API: RankWriter). It writes sealed entries in order as they come; when the rank
 closes, or dies in any way (exception, signal, SIGKILL, os._exit, the OOM killer), it writes what
-is left, the open step's capture included, marks the rank's status and exits. At most the step
+is left, the open step's capture included, and exits; the status is the one the rank closed
+with, or, if it never closed, `running` until the launcher's finalization says killed or died. At most the step
 the rank was capturing when it died (its .part file) is lost.
 
 Talks to the rank over two pipes. Rank -> writer (our stdin): "sealed" after each hand-off,
@@ -146,12 +147,16 @@ class _Writer:
     def _finish(self, final: bool) -> int:
         while self.closing is None and self._wait_for_rank(block=False):
             pass  # stopped mid-drain: the rank's last words may still be unread
-        status, attrs = self.closing or ("died", {})
         if self.stopped:
-            attrs = {**attrs, "unwritten_steps": self._unwritten_steps(True)}
-        if attrs:
-            self.writer.update_attrs(**attrs)
-        self.writer.close(status=status)
+            self.writer.update_attrs(unwritten_steps=self._unwritten_steps(True))
+        if self.closing is not None:
+            status, attrs = self.closing
+            cause = attrs.pop("cause", None)
+            if attrs:
+                self.writer.update_attrs(**attrs)
+            self.writer.close(status=status, cause=cause)
+        # else the rank died without closing: its status stays `running`, and the launcher's
+        # finalization says how it ended (killed or died, tracekit/store/status.py)
         self.say("closed")
         return 0
 
@@ -187,7 +192,7 @@ def main(argv=None) -> int:
         print("error " + " ".join(message.split()), flush=True)
         if writer is not None:
             try:
-                writer.writer.close(status="failed")
+                writer.writer.close(status="failed", cause=f"recording: {message}")
             except Exception:
                 pass
         return 1

@@ -38,6 +38,8 @@ import torch
 import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from tracekit.recorders import outcome
+
 from tracekit.errors import TracekitError
 from tracekit.recorders import recorder as recorder_module
 from tracekit.recorders.bootstrap_env import ENV_LAUNCHER_PID, ENV_OPTIMIZER, ENV_STRICT
@@ -81,8 +83,6 @@ class ZeroCode:
         self._window = False  # a training step is open: begun, not yet handed to the writer
         self._replay_loaded = False  # replay put the next step's start state in place; no backward since
         self.stood_down = False
-        self.uncaught: type | None = None  # the script's uncaught exception, if it raised one
-        self._original_excepthook = sys.excepthook
         self.failed = False
         self.compiled_optimizer = False  # an optimizer step ran compiled, out of our hooks' sight
 
@@ -105,8 +105,6 @@ class ZeroCode:
 
         self._original_backward, self._backward = original, backward
         torch.autograd.backward = backward
-        self._original_excepthook = sys.excepthook
-        sys.excepthook = self._excepthook
         self._handles = [register_optimizer_step_pre_hook(self._pre_hook),
                          register_optimizer_step_post_hook(self._post_hook)]
         return self
@@ -136,8 +134,6 @@ class ZeroCode:
                 h.remove()
             self._handles.clear()
             self.calls.unwrap()
-            if sys.excepthook == self._excepthook:
-                sys.excepthook = self._original_excepthook
         if self.stood_down:
             return
         self.stood_down = True
@@ -239,23 +235,15 @@ class ZeroCode:
     def _at_exit(self) -> None:
         """Hand over the last step and close, while the interpreter can still write (see _start)."""
         if not self.stood_down and self.recorder is not None:
-            error = self.uncaught
-            status = ("finished" if error is None else
-                      "terminated" if issubclass(error, KeyboardInterrupt) else "failed")
+            status, cause = outcome.exit_status()  # failed if the script raised
             try:
                 self._guarded(self._finish_open_step)
-                self._guarded(self.recorder.close, status)
+                self._guarded(self.recorder.close, status, cause)
             except KeyboardInterrupt:
                 # a SIGINT during the exit flush: Python would ignore it here and exit 0; die of it
                 # instead (the writer process stores the rest)
                 signal.signal(signal.SIGINT, signal.SIG_DFL)
                 os.kill(os.getpid(), signal.SIGINT)
-
-    def _excepthook(self, exc_type, exc, tb) -> None:
-        # Python calls it for the script's uncaught exception before the exit hooks run: the rank's
-        # status then says how the script ended. A SIGINT arrives as a KeyboardInterrupt.
-        self.uncaught = exc_type
-        self._original_excepthook(exc_type, exc, tb)
 
     # ---- the first training step ----------------------------------------------------------
     def _is_worker(self) -> bool:
