@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tracekit.compare.options import ALIGN_MODES
 from tracekit.compare.catalog import RankCatalog, StoreCatalog
 from tracekit.errors import UsageError
 from tracekit.store import TensorInfo
 from tracekit.store.kinds import LAYOUT_DEPENDENT_KINDS, REPLICATED_KINDS, kind_order
 
-ALIGN_MODES = ("rank", "coords", "global")
 # LAYOUT_DEPENDENT_KINDS: per data shard (each data-parallel rank sees its own slice of the batch);
 # REPLICATED_KINDS: full tensors on every rank. Both come from the kind registry.
 

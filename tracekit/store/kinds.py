@@ -22,7 +22,8 @@ class Kind:
       recording), "per_rank" (depends on the rank's data shard: outputs, local loss), "varies"
       (shapes may differ between layouts, so a tensor is compared only where shapes agree).
     tolerance: the tolerance class the diff resolves per dtype (see compare/tolerances.py);
-      "parameter" tightens atol because parameters move by tiny updates.
+      "parameter" tightens atol because parameters move by tiny updates; "delta" has no norm rule
+      (p_after - p_before cancels, so its noise is an ulp of the parameter, not of the delta).
     """
 
     name: str
@@ -39,7 +40,7 @@ KIND_TABLE: tuple[Kind, ...] = (
     Kind("local_loss", 2, False, layout="per_rank"),
     Kind("gradients", 3, True),
     Kind("parameters", 4, True, first_step=INITIAL_STEP, tolerance="parameter"),
-    Kind("deltas", 5, True),
+    Kind("deltas", 5, True, tolerance="delta"),
     Kind("optimizer_state", 6, False, layout="varies"),
 )
 
