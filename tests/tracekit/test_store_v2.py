@@ -190,3 +190,25 @@ def test_open_reads_only_metadata_and_reports_damage_on_compute(tmp_path, damage
     with pytest.raises(StoreError, match=r"^damaged store: .*: rank 1 gradients step 2 tensor w: "):
         w.sel(rank=1, step=2).values
     np.testing.assert_array_equal(w.sel(rank=1, step=1).values, _w(1, 1, 1e-3))  # the rest stays readable
+
+
+def test_kind_metadata_roundtrips_and_matches_the_schema(tmp_path):
+    import json
+
+    import jsonschema
+
+    from tracekit.schemas import load, part
+    from tracekit.store.meta import KindMeta
+
+    schema = part(load("store-metadata"), "kind")
+    for version in (1, 2):
+        path = _run(str(tmp_path / f"v{version}"), ranks=1, steps=2, version=version)
+        attrs = json.load(open(os.path.join(path, "rank_0", "gradients", "zarr.json")))["attributes"]
+        jsonschema.validate(attrs, schema)
+        meta = KindMeta.from_attrs(attrs)
+        assert meta.to_attrs() == attrs and meta.steps == [1, 2] and [t.name for t in meta.tensors] == ["w", "v", "frozen"]
+        assert (meta.hash is None) == (version == 1)
+    with pytest.raises(ValueError, match="offset/numel"):
+        KindMeta.from_attrs({**attrs, "tensors": [{**attrs["tensors"][0], "numel": 5}]})
+    with pytest.raises(TypeError):
+        KindMeta.from_attrs({**attrs, "steps": "1"})

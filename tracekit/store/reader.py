@@ -26,22 +26,7 @@ from tracekit.store.format import FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, RANK
 from tracekit.store.hashing import HASH_BYTES
 from tracekit.store.objects import ObjectRows, Verified, check_object
 from tracekit.store.kinds import kind_order
-
-
-@dataclass(frozen=True)
-class TensorInfo:
-    name: str
-    dtype: str  # logical dtype: float32, bfloat16, ...
-    shape: tuple[int, ...]
-    array: str  # packed array holding it
-    offset: int
-    numel: int
-
-    @property
-    def nbytes(self) -> int:
-        from tracekit.store.dtypes import storage_dtype
-
-        return self.numel * storage_dtype(self.dtype).itemsize
+from tracekit.store.meta import STEPS, TENSORS, KindMeta, TensorInfo
 
 
 def _read_root_attrs(path: str) -> dict:
@@ -83,18 +68,6 @@ def _step_list(value, where: str) -> list[int]:
     if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         raise StoreError(f"{where}: malformed step list in its metadata (damaged store?)")
     return value
-
-
-def _tensor_info(entry: dict) -> TensorInfo:
-    """One entry of a kind's tensor index, checked (a dtype tracekit cannot store is damage too)."""
-    from tracekit.store.dtypes import storage_dtype
-
-    info = TensorInfo(str(entry["name"]), str(entry["dtype"]), tuple(int(d) for d in entry["shape"]),
-                      str(entry["array"]), int(entry["offset"]), int(entry["numel"]))
-    storage_dtype(info.dtype)  # raises ValueError for an unknown dtype
-    if info.offset < 0 or info.numel != int(np.prod(info.shape, dtype=np.int64)):
-        raise ValueError(f"tensor {info.name!r}: offset/numel do not match its shape")
-    return info
 
 
 class RankView:
@@ -148,7 +121,7 @@ class RankView:
     def _kind_groups(self) -> dict[str, zarr.Group]:
         groups = {}
         for name, node in _members(self.group, f"{self.store.path}: rank {self.rank}"):
-            if isinstance(node, zarr.Group) and "tensors" in node.attrs:
+            if isinstance(node, zarr.Group) and TENSORS in node.attrs:
                 groups[name] = node
         return groups
 
@@ -167,7 +140,7 @@ class RankView:
         out = {}
         for kind, g in self._kind_groups.items():
             try:
-                infos = [_tensor_info(e) for e in g.attrs["tensors"]]
+                infos = KindMeta.from_attrs(dict(g.attrs)).tensors
             except (TypeError, KeyError, ValueError) as e:
                 raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: malformed tensor index "
                                  f"({e.__class__.__name__}: {e})") from None
@@ -191,7 +164,7 @@ class RankView:
         return [s for s in rows if s in done]
 
     def _rows(self, kind: str) -> list[int]:
-        return _step_list(self._kind(kind).attrs.get("steps", []), f"{self.store.path}: rank {self.rank} {kind}")
+        return _step_list(self._kind(kind).attrs.get(STEPS, []), f"{self.store.path}: rank {self.rank} {kind}")
 
     def rows(self, kind: str) -> dict[int, int]:
         """{step: row} for the visible steps of `kind`: the one step-to-row mapping of the store."""

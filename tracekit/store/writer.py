@@ -27,6 +27,7 @@ from tracekit.store.dtypes import all_finite, storage_dtype
 from tracekit.store.format import (FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX_CHUNK_BYTES, OBJECTS_DIR, READABLE_VERSIONS,
                                    ROOT_KEY, object_key, rank_group_name)
 from tracekit.store.hashing import ALGORITHM, HASH_BYTES, tensor_hash
+from tracekit.store.meta import STEPS, KindMeta, TensorInfo, index_of
 
 
 def now_iso() -> str:
@@ -123,22 +124,14 @@ def _write_row_chunks(arr: zarr.Array, row: int, parts: list[np.ndarray]) -> Non
         io.write_parts(where[0], chunk_key(arr, row, j), chunk_parts(), pad_to=width * itemsize)
 
 
-def _index_entries(tensors: Sequence["TensorData"]) -> tuple[list[dict], dict[str, int]]:
+def _index_entries(tensors: Sequence["TensorData"]) -> tuple[list[TensorInfo], dict[str, int]]:
     """The kind's tensor index: each tensor's place in the row of its storage array (v1: a real
     packed array; v2: the same addressing over the tensor's objects), and each array's width."""
-    offsets: dict[str, int] = {}
-    index = []
-    for t in tensors:
-        key = t.dtype
-        numel = int(np.prod(t.shape, dtype=np.int64))
-        index.append({"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "array": key,
-                      "offset": offsets.get(key, 0), "numel": numel})
-        offsets[key] = offsets.get(key, 0) + numel
-    return index, offsets
+    return index_of((t.name, t.dtype, t.shape) for t in tensors)
 
 
-def _check_same_tensors(kind: str, index: list[dict], tensors: Sequence["TensorData"]) -> None:
-    if [(t.name, t.dtype, list(t.shape)) for t in tensors] != [(e["name"], e["dtype"], e["shape"]) for e in index]:
+def _check_same_tensors(kind: str, index: list[TensorInfo], tensors: Sequence["TensorData"]) -> None:
+    if [(t.name, t.dtype, tuple(t.shape)) for t in tensors] != [(e.name, e.dtype, e.shape) for e in index]:
         raise StoreError(
             f"the {kind} tensors changed between steps (names, dtypes or shapes); "
             "a store keeps one fixed set of tensors per kind"
@@ -173,7 +166,8 @@ class _ObjectKindWriter:
         self.hash_array = _row_array(self.group, HASH_ARRAY, HASH_BYTES * n, np.uint8)
         self.finite_array = _row_array(self.group, FINITE_ARRAY, n, np.uint8)
         self.index = index
-        self.group.attrs.update({"tensors": index, "steps": [], "hash": ALGORITHM})
+        self.meta = KindMeta(index, [], ALGORITHM)
+        self.group.attrs.update(self.meta.to_attrs())
 
     def append(self, step: int, tensors: Sequence[TensorData]) -> None:
         if self.index is None:
@@ -196,7 +190,7 @@ class _ObjectKindWriter:
             _write_row_chunks(arr, row, [values])
         # The row counts only once it is listed: a crash mid-write leaves an unlisted row behind.
         self.steps.append(step)
-        self.group.attrs["steps"] = self.steps
+        self.group.attrs[STEPS] = self.steps
 
 
 class _KindWriter:
@@ -214,7 +208,8 @@ class _KindWriter:
         for key, total in offsets.items():
             self.arrays[key] = _row_array(self.group, key, total, storage_dtype(key))
         self.index = index
-        self.group.attrs.update({"tensors": index, "steps": []})
+        self.meta = KindMeta(index, [])
+        self.group.attrs.update(self.meta.to_attrs())
 
     def append(self, step: int, tensors: Sequence[TensorData]) -> None:
         if self.index is None:
@@ -230,7 +225,7 @@ class _KindWriter:
             _write_row_chunks(arr, row, parts[key])
         # The row counts only once it is listed: a crash mid-write leaves an unlisted row behind.
         self.steps.append(step)
-        self.group.attrs["steps"] = self.steps
+        self.group.attrs[STEPS] = self.steps
 
 
 class RankWriter:

@@ -1,0 +1,86 @@
+"""Typed metadata of a store's kind groups: the tensor index and the kind's attributes.
+
+`from_attrs` checks what it reads (a malformed entry is a ValueError/TypeError/KeyError the
+reader turns into one StoreError line); `to_attrs` is exactly what the writer stores, and the
+JSON Schema (schemas/store-metadata.schema.json, `$defs` `tensor` and `kind`) describes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tracekit.store.dtypes import storage_dtype
+
+# Attribute keys of a kind group.
+TENSORS = "tensors"
+STEPS = "steps"
+HASH = "hash"
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """One tensor of a kind: its identity and where its elements sit in its storage array's row."""
+
+    name: str
+    dtype: str  # logical dtype: float32, bfloat16, ...
+    shape: tuple[int, ...]
+    array: str  # storage array (v1: the packed array; v2: the virtual row of that dtype)
+    offset: int
+    numel: int
+
+    @property
+    def nbytes(self) -> int:
+        return self.numel * storage_dtype(self.dtype).itemsize
+
+    @classmethod
+    def from_attrs(cls, entry: dict) -> "TensorInfo":
+        """One index entry, checked (a dtype tracekit cannot store is damage too)."""
+        info = cls(str(entry["name"]), str(entry["dtype"]), tuple(int(d) for d in entry["shape"]),
+                   str(entry["array"]), int(entry["offset"]), int(entry["numel"]))
+        storage_dtype(info.dtype)  # raises ValueError for an unknown dtype
+        if info.offset < 0 or info.numel != int(np.prod(info.shape, dtype=np.int64)):
+            raise ValueError(f"tensor {info.name!r}: offset/numel do not match its shape")
+        return info
+
+    def to_attrs(self) -> dict:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "array": self.array,
+                "offset": self.offset, "numel": self.numel}
+
+
+def index_of(tensors) -> tuple[list[TensorInfo], dict[str, int]]:
+    """The index of tensors given as (name, dtype, shape) in order: each packed after the previous
+    one of its dtype; and each storage array's width."""
+    widths: dict[str, int] = {}
+    out = []
+    for name, dtype, shape in tensors:
+        numel = int(np.prod(shape, dtype=np.int64))
+        out.append(TensorInfo(name, dtype, tuple(int(d) for d in shape), dtype, widths.get(dtype, 0), numel))
+        widths[dtype] = widths.get(dtype, 0) + numel
+    return out, widths
+
+
+@dataclass
+class KindMeta:
+    """A kind group's attributes: the tensor index, the step of each row, the hash (format 2)."""
+
+    tensors: list[TensorInfo]
+    steps: list[int] = field(default_factory=list)
+    hash: str | None = None
+
+    @classmethod
+    def from_attrs(cls, attrs: dict) -> "KindMeta":
+        entries = attrs[TENSORS]
+        if not isinstance(entries, list):
+            raise TypeError("the tensor index is not a list")
+        steps = attrs.get(STEPS, [])
+        if not isinstance(steps, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in steps):
+            raise TypeError("the step list is not a list of integers")
+        return cls([TensorInfo.from_attrs(e) for e in entries], list(steps), attrs.get(HASH))
+
+    def to_attrs(self) -> dict:
+        out = {TENSORS: [t.to_attrs() for t in self.tensors], STEPS: list(self.steps)}
+        if self.hash is not None:
+            out[HASH] = self.hash
+        return out
