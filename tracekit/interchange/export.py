@@ -10,7 +10,7 @@ import json
 import os
 
 from tracekit.errors import StoreError, UsageError
-from tracekit.dtypes import storage_dtype
+from tracekit.store.dtypes import storage_dtype
 from tracekit.interchange import safetensors_io
 from tracekit.store import RankView, open_store
 

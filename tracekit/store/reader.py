@@ -307,7 +307,7 @@ class RunStore:
         self.path = os.fspath(path)
         self.meta = _read_root_attrs(self.path)
         self.format_version: int = self.meta["format_version"]
-        self._verified = Verified()
+        self.verified = Verified()  # objects whose bytes matched their hash (immutable: checked once)
         try:
             self.root = io.open_root_group(self.path, mode="r")
         except Exception as e:
@@ -349,10 +349,10 @@ class RunStore:
 
     def ensure_verified(self, digest: bytes, info: "TensorInfo", where: str) -> None:
         """Check an object's bytes against its hash once per open store; StoreError (damage) if they differ."""
-        if digest in self._verified:
+        if digest in self.verified:
             return
         check_object(self.path, digest, info, where)
-        self._verified.add(digest)
+        self.verified.add(digest)
 
     @property
     def finished(self) -> bool:
