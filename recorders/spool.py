@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tracekit.dtypes import storage_dtype
+from tracekit.store.dtypes import storage_dtype
 from tracekit.store import TensorData
 
 MAGIC = b"TKSPOOL1"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tracekit.dtypes import storage_dtype
+from tracekit.store.dtypes import storage_dtype
 from tracekit.errors import StoreError
 from tracekit.store import TensorData
 

@@ -211,8 +211,9 @@ class RankView:
                 self._index_arrays[(kind, name)] = arr
         return arr
 
-    def index_rows(self, kind: str) -> int:
-        return self._index_array(kind, HASH_ARRAY).shape[0]
+    def listed_rows(self, kind: str) -> int:
+        """Rows of `kind` listed in its steps (written completely; rows are appended in order)."""
+        return len(self._rows(kind))
 
     def _index_row(self, kind: str, name: str, row: int, width: int) -> np.ndarray:
         key = (kind, name, row)
