@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from tracekit.cli.common import EXIT_USAGE, check_writable, comparison_options, emit_json, one_line_errors
+from tracekit.cli.common import EXIT_USAGE, check_writable, comparison_options, emit_json, one_line_errors, storage_options
 from tracekit.compare import DEFAULT_ORACLE_FACTOR
 from tracekit.compare import diff as run_diff
 from tracekit.compare.render import render
@@ -50,6 +50,7 @@ class _Progress:
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Worker threads (default: the CPUs available).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no tables: only the verdict line.")
 @one_line_errors
+@storage_options
 def diff(ref, cand, align, rtol, atol, tol, config, exact, equal_nan, kinds, allow_missing, fail_fast, oracle,
          oracle_factor, json_dest, all_tensors, max_rows, jobs, quiet):
     """Compare a candidate run CAND with a reference run REF, rank by rank and step by step.

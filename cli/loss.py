@@ -8,7 +8,7 @@ import math
 
 import click
 
-from tracekit.cli.common import emit_json, one_line_errors, write_text
+from tracekit.cli.common import emit_json, one_line_errors, storage_options, write_text
 
 
 def _json_safe(v):
@@ -53,6 +53,7 @@ def to_csv(table: dict) -> str:
 @click.option("--csv", "csv_dest", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
               help="Print the table as CSV (to FILE if given, else stdout).")
 @one_line_errors
+@storage_options
 def loss(stores, json_dest, csv_dest):
     """The loss per step of each STORE side by side, with |difference| and relative difference to the first.
 

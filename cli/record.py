@@ -4,7 +4,7 @@ import sys
 
 import click
 
-from tracekit.cli.common import one_line_errors
+from tracekit.cli.common import one_line_errors, storage_options
 from tracekit.errors import UsageError
 from tracekit.recorders.config import (RECORDABLE_KINDS, DEFAULT_QUEUE_MB, RecordConfig, parse_kinds, parse_ranks,
                                        parse_step_range)
@@ -13,7 +13,7 @@ from tracekit.recorders.launch import launch
 
 
 @click.command(context_settings={"ignore_unknown_options": False})
-@click.option("-o", "--output", "store", required=True, type=click.Path(), help="Store to create (a directory).")
+@click.option("-o", "--output", "store", required=True, type=click.Path(), help="Store to create: a directory, or a URL such as s3://bucket/runs/ref.")
 @click.option("--force", is_flag=True, help="Overwrite an existing tracekit store at OUTPUT.")
 @click.option("--kinds", default=None, metavar="LIST",
               help=f"Kinds to record: a list replaces the defaults, +KIND/-KIND edits them. Known: {', '.join(RECORDABLE_KINDS)}.")
@@ -35,6 +35,7 @@ from tracekit.recorders.launch import launch
               help="Zero-code: the training optimizer's class name, when the first one stepped after backward() is not it.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @one_line_errors
+@storage_options
 def record(store, force, kinds, param_globs, ranks, every, queue_mb, replay_from, replay_steps, zero_code, strict,
            optimizer_name, command):
     """Run COMMAND (usually torchrun ...) and record what every rank computes into STORE.

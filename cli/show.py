@@ -6,7 +6,7 @@ import shlex
 
 import click
 
-from tracekit.cli.common import emit_json, one_line_errors
+from tracekit.cli.common import emit_json, one_line_errors, storage_options
 
 # Run facts in the order a reader looks for them; anything else recorded follows.
 _FIRST = ("command", "mode", "device", "backend", "compile_backend", "seed", "world_size", "versions", "env",
@@ -108,6 +108,7 @@ def render(summary: dict) -> str:
 @click.option("--json", "json_dest", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
               help="Print the summary as JSON (to FILE if given, else stdout).")
 @one_line_errors
+@storage_options
 def show(store, json_dest):
     """Summarize STORE: run metadata, ranks and their coordinates, steps, tensors, bytes on disk."""
     from tracekit.inspect.summary import summarize

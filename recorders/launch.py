@@ -16,6 +16,7 @@ from typing import Sequence
 from tracekit.environment import run_environment
 from tracekit.errors import UsageError
 from tracekit.store import create_store, finalize_store
+from tracekit.store.location import canonical, child_env
 from tracekit.recorders.config import RecordConfig, format_step_range
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
@@ -34,7 +35,7 @@ def launch(command: Sequence[str], config: RecordConfig, force: bool = False, ex
         raise UsageError("no command to record; put it after --, e.g. tracekit record -o runs/ref -- torchrun ... train.py")
     if shutil.which(command[0]) is None:
         raise UsageError(f"command not found: {command[0]}")
-    store = os.path.abspath(config.store)
+    store = canonical(config.store)
     meta = {"launcher": "tracekit record", **run_environment(list(command)),
             "record_config": {"kinds": list(config.kinds), "params": list(config.params),
                               "ranks": sorted(config.ranks) if config.ranks is not None else None,
@@ -46,6 +47,7 @@ def launch(command: Sequence[str], config: RecordConfig, force: bool = False, ex
         meta.update(check_reference(config.replay_from, store), replay_steps=format_step_range(config.replay_steps))
     create_store(store, meta, force=force)
     env = worker_env(config.with_store(store))
+    env.update(child_env())  # --storage-option reaches the ranks this way, never through the store
     env.update(env_updates or {})
     try:
         proc = subprocess.Popen(list(command), env=env)

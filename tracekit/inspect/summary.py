@@ -2,21 +2,9 @@
 
 from __future__ import annotations
 
-import os
-
 from tracekit.store import open_store
+from tracekit.store.location import canonical
 from tracekit.store.format import RANK_PREFIX
-
-
-def _bytes_under(path: str) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.path.getsize(os.path.join(root, f))
-            except OSError:  # a file vanishing mid-walk (a run still writing) is not an error
-                pass
-    return total
 
 
 def _kinds(store) -> list[dict]:
@@ -74,14 +62,14 @@ def summarize(path) -> dict:
             "first_step": done[0] if done else None,
             "last_step": done[-1] if done else None,
             "kinds": view.kinds,
-            "bytes": _bytes_under(os.path.join(store.path, f"{RANK_PREFIX}{r}")),
+            "bytes": store.location.size_under(f"{RANK_PREFIX}{r}"),
         })
     return {
-        "store": os.path.abspath(store.path),
+        "store": canonical(store.path),
         "finished": store.finished,
         "run": run_metadata(store),
         "world_size": len(store.ranks),
         "ranks": ranks,
         "kinds": _kinds(store),
-        "bytes_on_disk": _bytes_under(store.path),
+        "bytes_on_disk": store.location.size_under(),
     }

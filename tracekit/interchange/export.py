@@ -12,6 +12,7 @@ import os
 from tracekit.errors import StoreError, UsageError
 from tracekit.store.tensors import to_torch
 from tracekit.store import RankView, open_store
+from tracekit.store.location import canonical
 
 FORMAT = "tracekit"
 
@@ -21,7 +22,7 @@ def _metadata(view: RankView, step: int, kind: str, names: list[str]) -> dict[st
     # lists tensors sorted by name, so the recorded order (model order) travels in `names`.
     return {"names": json.dumps(names), "format": FORMAT, "run": json.dumps(view.attrs.get("run", {}), default=str, sort_keys=True),
             "coords": json.dumps(view.coords, default=str, sort_keys=True),
-            "rank": str(view.rank), "step": str(step), "kind": kind, "store": os.path.abspath(view.store.path)}
+            "rank": str(view.rank), "step": str(step), "kind": kind, "store": canonical(view.store.path)}
 
 
 def _write(view: RankView, step: int, kind: str, out: str) -> int:

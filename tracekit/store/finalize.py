@@ -6,16 +6,18 @@ import warnings
 
 import zarr
 
+from tracekit.store.location import resolve
 from tracekit.store.reader import open_store
 from tracekit.store.writer import now_iso, update_root_meta
 
 
-def finalize_store(path: str, exit_status: int) -> dict:
+def finalize_store(path, exit_status: int, storage_options=None) -> dict:
     """Record end time, exit status and per-rank completion in the root metadata; return them.
 
     Only safe once no rank writes any more (the launcher calls it after its command exited).
     """
-    store = open_store(path)
+    location = resolve(path, storage_options)
+    store = open_store(location)
     ranks = {}
     run: dict = {}
     for r in store.ranks:
@@ -30,12 +32,12 @@ def finalize_store(path: str, exit_status: int) -> dict:
         "run": run,
         "ranks": ranks,
     }
-    update_root_meta(path, **summary)
+    update_root_meta(location, **summary)
     try:
         # Consolidated metadata lets plain xarray/zarr open the finished store in one read.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            zarr.consolidate_metadata(path)
+            zarr.consolidate_metadata(location.zarr_store())
     except Exception:  # an optimisation only; the store is complete without it
         pass
     return summary
