@@ -41,7 +41,7 @@ def test_a_two_rank_recording_straight_into_a_bucket(s3, recorded_sample, tmp_pa
     # with the endpoint given as a --storage-option instead of the environment
     s3.fs.put(local, f"{s3.bucket}/copy", recursive=True)
     monkeypatch.delenv("AWS_ENDPOINT_URL")
-    code, out = cli("diff", "--exact", "--json", tmp_path / "r.json", "--storage-option", f"endpoint_url={s3.endpoint}",
+    code, out = cli("diff", "--exact", "--json-file", tmp_path / "r.json", "--storage-option", f"endpoint_url={s3.endpoint}",
                     url, s3.url("copy"))
     outputs.append(out)
     assert code == 0 and out.splitlines()[-1] == "PASS comparison ranks=2 steps=3", out

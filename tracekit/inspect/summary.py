@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from tracekit.inspect.facts import common, differences, rank_facts
 from tracekit.store import open_store
 from tracekit.store.location import canonical
 from tracekit.store.format import RANK_PREFIX
@@ -50,6 +51,7 @@ def run_metadata(store) -> dict:
 def summarize(path) -> dict:
     """Everything `tracekit show` prints; plain JSON-able values only."""
     store = open_store(path)
+    facts = rank_facts(store)
     ranks = []
     for r in store.ranks:
         view = store.rank(r)
@@ -58,6 +60,8 @@ def summarize(path) -> dict:
             "rank": r,
             "coords": view.coords,
             "status": view.status,
+            "versions": facts[r]["versions"],
+            "env": facts[r]["env"],
             "steps_completed": len(done),
             "first_step": done[0] if done else None,
             "last_step": done[-1] if done else None,
@@ -66,7 +70,12 @@ def summarize(path) -> dict:
         })
     return {
         "store": canonical(store.path),
-        "finished": store.finished,
+        "finished": store.finished,  # a launcher finalized it: end time and exit status known
+        # recorded through TRACEKIT_STORE, without `tracekit record`: nobody finalizes the store
+        "launcherless": "launcher" in store.meta and store.meta["launcher"] is None,
+        "running_ranks": [r["rank"] for r in ranks if r["status"] == "running"],
+        # versions and numeric env vars equal on every rank, and the watched ones that differ
+        "environment": {"common": common(facts), "differs": differences(facts)},
         "run": run_metadata(store),
         "world_size": len(store.ranks),
         "ranks": ranks,
