@@ -183,6 +183,13 @@ class Location:
             return
         _sync(self._remote().delete_dir(""))
 
+    def __getstate__(self):  # travels to Dask workers as URL and options, without the open store
+        return {"url": self.url, "options": dict(self.options)}
+
+    def __setstate__(self, state):
+        object.__setattr__(self, "url", state["url"])
+        object.__setattr__(self, "options", state["options"])
+
     def _remote(self):
         store = self.__dict__.get("_store")
         if store is None:
@@ -196,7 +203,9 @@ def _sync(coro):
 
     try:
         return sync(coro)
-    except (OSError, PermissionError) as e:  # no such bucket, access denied, unreachable endpoint
+    except (StoreError, UsageError):
+        raise
+    except Exception as e:  # no such bucket, access denied, no credentials, unreachable endpoint
         raise StoreError(f"object store error ({e.__class__.__name__}: {e})") from None
 
 
