@@ -9,6 +9,7 @@ import xarray as xr
 import tracekit
 from tracekit.errors import StoreError
 from tracekit.store import RankWriter, TensorData, create_store, finalize_store, open_store
+from tracekit.store.location import storage_options_scope
 from tracekit.testing import write_store
 
 
@@ -113,12 +114,13 @@ def test_nothing_written_or_reported_holds_the_secret(s3, monkeypatch):
     report = tracekit.diff(url, url)
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")  # a second secret travels as a storage option only
     option_secret = "tracekit-option-secret-55aa"
-    write_store(s3.url("cand"), _data(1), meta={"note": "written with options"})
-    opened = open_store(s3.url("cand"), storage_options={"key": "k", "secret": option_secret})
-    assert opened.ranks == [0, 1]
-    report2 = tracekit.diff(opened, url)
-    text = (json.dumps(report.to_dict(), default=str) + json.dumps(report2.to_dict(), default=str) + repr(opened)
-            + json.dumps(opened.meta, default=str) + str(tracekit.open(opened)))
+    with storage_options_scope({"key": "k", "secret": option_secret}):  # what --storage-option does
+        write_store(s3.url("cand"), _data(1), meta={"note": "written with options"})
+        opened = open_store(s3.url("cand"))
+        assert opened.ranks == [0, 1]
+        report2 = tracekit.diff(opened, url)
+        text = (json.dumps(report.to_dict(), default=str) + json.dumps(report2.to_dict(), default=str) + repr(opened)
+                + json.dumps(opened.meta, default=str) + str(tracekit.open(opened)))
     stored = s3.objects()
     assert len(stored) > 20
     for secret in (s3.secret, option_secret):
@@ -144,3 +146,43 @@ def test_a_missing_bucket_or_prefix_is_one_line(s3):
         open_store(s3.url("nothing/here"))
     with pytest.raises(StoreError):
         open_store("s3://no-such-bucket-tracekit/ref")
+
+
+def test_both_s3_clients_write_and_read_the_same_store(s3, monkeypatch):
+    """zarr's ObjectStore (obstore) and FsspecStore (s3fs) are interchangeable on one store."""
+    from zarr.storage import FsspecStore, ObjectStore
+
+    from tracekit.store.location import resolve
+
+    monkeypatch.setenv("TRACEKIT_S3_CLIENT", "obstore")
+    assert isinstance(resolve(s3.url("x")).zarr_store(), ObjectStore)
+    by_obstore = write_store(s3.url("ob"), _data(0))
+    monkeypatch.setenv("TRACEKIT_S3_CLIENT", "fsspec")
+    assert isinstance(resolve(s3.url("x")).zarr_store(), FsspecStore)
+    by_fsspec = write_store(s3.url("fs"), _data(0))
+    assert tracekit.diff(by_obstore, by_fsspec, exact=True).passed
+    monkeypatch.setenv("TRACEKIT_S3_CLIENT", "obstore")
+    assert tracekit.diff(by_fsspec, by_obstore, exact=True).passed
+
+
+def test_auto_client_choice(monkeypatch):
+    from zarr.storage import FsspecStore, ObjectStore
+
+    from tracekit.errors import UsageError
+    from tracekit.store.location import resolve
+
+    monkeypatch.delenv("TRACEKIT_S3_CLIENT", raising=False)
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:1")
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    assert isinstance(resolve("s3://b/r", {"key": "k", "secret": "s"}).zarr_store(), ObjectStore)
+    # an option only s3fs knows, or a named profile (botocore reads profiles): s3fs serves the URL
+    assert isinstance(resolve("s3://b/r", {"default_block_size": 1 << 20}).zarr_store(), FsspecStore)
+    monkeypatch.setenv("AWS_PROFILE", "team")
+    assert isinstance(resolve("s3://b/r").zarr_store(), FsspecStore)
+    monkeypatch.setenv("TRACEKIT_S3_CLIENT", "obstore")
+    with pytest.raises(UsageError, match="not one the obstore client takes"):
+        resolve("s3://b/r", {"default_block_size": 1}).zarr_store()
+    monkeypatch.setenv("TRACEKIT_S3_CLIENT", "boto")
+    with pytest.raises(UsageError, match="auto, obstore or fsspec"):
+        resolve("s3://b/r").zarr_store()
