@@ -2,11 +2,12 @@
 
 Starts moto's S3 server on 127.0.0.1 (a child process; it keeps objects in memory), then in one run:
   record  write a reference and a candidate store (RankWriter, the recorder's writer) to a local
-          folder and to a bucket: MiB/s each way and the ratio bucket / disk;
-  diff    tracekit.diff of the two local stores, then of the two bucket stores: MiB/s and ratio;
-  read    the diff's read pattern alone (ranged reads of every chunk, in pieces of the diff's size)
-          through zarr's FsspecStore (s3fs, what tracekit uses) and zarr's ObjectStore (obstore),
-          to choose between zarr's two object-store classes by measured throughput.
+          folder and to a bucket, the bucket once through each of zarr's object-store classes
+          (ObjectStore over obstore, FsspecStore over s3fs; TRACEKIT_S3_CLIENT): MiB/s and the
+          ratio bucket / disk;
+  diff    tracekit.diff of the two local stores, then of the two bucket stores with each client;
+  read    the diff's read pattern alone (ranged reads of every chunk, in pieces of the diff's size,
+          8 in flight) through each client.
 moto is a Python server on this same (shared) machine, so absolute object-store numbers say little
 about S3; the ratios to disk measured side by side are what this prints.
 
@@ -96,32 +97,38 @@ def main() -> None:
     with MotoServer() as s3:
         os.environ.update(s3.env("bench-secret"))
         s3.make_bucket("bench")
-        places = {"disk": (os.path.join(folder, "ref"), os.path.join(folder, "cand")),
-                  "bucket": ("s3://bench/ref", "s3://bench/cand")}
-        for where, (ref, cand) in places.items():
+        places = {"disk": (os.path.join(folder, "ref"), os.path.join(folder, "cand"), None),
+                  "bucket_obstore": ("s3://bench/ob/ref", "s3://bench/ob/cand", "obstore"),
+                  "bucket_fsspec": ("s3://bench/fs/ref", "s3://bench/fs/cand", "fsspec")}
+        for where, (ref, cand, client) in places.items():
+            os.environ["TRACEKIT_S3_CLIENT"] = client or "auto"
             n, sec, cpu = _timed(lambda: build(ref, size, a.ranks, a.steps, a.tensors, 0.0, 0)
                                  + build(cand, size, a.ranks, a.steps, a.tensors, 1e-7, 1))
             out[f"record_{where}_mib_s"] = round(n / sec / 2**20, 1)
             out[f"record_{where}_mib_per_cpu_s"] = round(n / cpu / 2**20, 1)
             print(f"record {where:6}: {n / 2**20:.0f} MiB in {sec:.1f} s = {n / sec / 2**20:.1f} MiB/s "
                   f"({n / cpu / 2**20:.1f} per CPU-s of this process)", flush=True)
-        for where, (ref, cand) in places.items():
+        for where, (ref, cand, client) in places.items():
+            os.environ["TRACEKIT_S3_CLIENT"] = client or "auto"
             r, sec, cpu = _timed(lambda: tracekit.diff(ref, cand, jobs=a.jobs))
             out[f"diff_{where}_mib_s"] = round(r.bytes_compared / sec / 2**20, 1)
             print(f"diff   {where:6}: {r.bytes_compared / 2**20:.0f} MiB in {sec:.1f} s = "
                   f"{r.bytes_compared / sec / 2**20:.1f} MiB/s   [{r.summary_line}]", flush=True)
-        out["record_ratio_bucket_to_disk"] = round(out["record_bucket_mib_s"] / out["record_disk_mib_s"], 3)
-        out["diff_ratio_bucket_to_disk"] = round(out["diff_bucket_mib_s"] / out["diff_disk_mib_s"], 3)
+        for what in ("record", "diff"):
+            for client in ("obstore", "fsspec"):
+                out[f"{what}_ratio_bucket_{client}_to_disk"] = round(
+                    out[f"{what}_bucket_{client}_mib_s"] / out[f"{what}_disk_mib_s"], 3)
 
         # zarr's two object-store classes on the diff's read pattern (pieces of PIECE_ELEMENTS float32)
-        loc = resolve("s3://bench/ref")
+        os.environ["TRACEKIT_S3_CLIENT"] = "fsspec"
+        loc = resolve("s3://bench/fs/ref")
         keys = _chunk_keys(loc)
         piece = PIECE_ELEMENTS * 4
         try:
             import obstore.store
             from zarr.storage import ObjectStore
 
-            ob = ObjectStore(obstore.store.S3Store("bench", prefix="ref", endpoint=s3.endpoint, region="us-east-1",
+            ob = ObjectStore(obstore.store.S3Store("bench", prefix="fs/ref", endpoint=s3.endpoint, region="us-east-1",
                                                    access_key_id="k", secret_access_key="bench-secret",
                                                    client_options={"allow_http": True}), read_only=True)
         except ImportError:
