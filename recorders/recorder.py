@@ -309,7 +309,9 @@ class Recorder:
         return self._gather_all([(n, t) for n, t in tensors if n in self._recorded_names])
 
     def _gather_all(self, tensors: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        return gather_full_cpu(tensors, keep=self._writes)
+        # No copy of CPU tensors: every caller spools what it gathers before returning to the loop,
+        # and the spool file is the copy.
+        return gather_full_cpu(tensors, keep=self._writes, copy=False)
 
     def observe(self, output: Any = None, loss: torch.Tensor | float | None = None,
                 local_loss: torch.Tensor | float | None = None) -> None:
