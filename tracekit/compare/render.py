@@ -89,7 +89,7 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
         return "\n".join(out)
 
     out += ["", "Summary per step and kind (max abs error over finite elements, m= margin: the worst tensor's "
-                "error / bound, at most 1 passes; FAIL n: n tensors outside tolerance):"]
+                "error / bound, at most 1 passes; FAIL n: n (rank, tensor) pairs outside tolerance):"]
     kinds = sorted({s.kind for s in report.summary}, key=lambda k: (kind_order(k), k))
     cells: dict[int, dict[str, str]] = {}
     for s in report.summary:
