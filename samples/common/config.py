@@ -73,7 +73,7 @@ def build_parser(description: str) -> argparse.ArgumentParser:
         default=[],
         metavar="SPEC",
         help="plant a fault (repeatable): lr_scale=F, loss_scale=RANK:STEP:F, nan_grad=RANK:STEP, "
-        "reported_loss_scale=STEP:F",
+        "reported_loss_scale=STEP:F, op=act|matmul_bf16|reduce_order:RANK:STEP",
     )
     return parser
 

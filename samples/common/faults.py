@@ -7,6 +7,8 @@ Specs (repeatable flag):
   nan_grad=RANK:STEP         after backward (gradients already synchronized), one element of that
                              rank's first parameter's local gradient becomes NaN
   reported_loss_scale=STEP:F only the reported/recorded global loss is scaled; training is unchanged
+  op=KIND:RANK:STEP          one op of the model is wrong on that rank from that step on; KIND is
+                             act, matmul_bf16 or reduce_order (see op_faults.py)
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class Faults:
     loss_scale: dict[tuple[int, int], float] = field(default_factory=dict)  # (rank, step) -> F
     nan_grad: frozenset[tuple[int, int]] = frozenset()  # {(rank, step)}
     reported_loss_scale: dict[int, float] = field(default_factory=dict)  # step -> F
+    op: tuple[str, int, int] | None = None  # (kind, rank, step): a planted op fault
 
     def local_loss_factor(self, rank: int, step: int) -> float:
         return self.loss_scale.get((rank, step), 1.0)
@@ -56,6 +59,7 @@ def parse_faults(specs: list[str]) -> Faults:
     loss_scale: dict[tuple[int, int], float] = {}
     nan_grad: set[tuple[int, int]] = set()
     reported: dict[int, float] = {}
+    op = None
     for spec in specs:
         name, sep, value = spec.partition("=")
         name = name.strip()
@@ -73,8 +77,18 @@ def parse_faults(specs: list[str]) -> Faults:
         elif name == "reported_loss_scale":
             step, factor = _numbers(spec, value, (int, float))
             reported[step] = reported.get(step, 1.0) * factor
+        elif name == "op":
+            from .op_faults import OP_FAULTS
+
+            kind, _, rest = value.partition(":")
+            if kind not in OP_FAULTS:
+                raise ValueError(f"bad fault {spec!r}: the op fault is one of {', '.join(OP_FAULTS)}")
+            if op is not None:
+                raise ValueError(f"bad fault {spec!r}: one op fault per run")
+            rank, step = _numbers(spec, rest, (int, int))
+            op = (kind, rank, step)
         else:
             raise ValueError(
-                f"unknown fault {name!r}: use lr_scale, loss_scale, nan_grad or reported_loss_scale"
+                f"unknown fault {name!r}: use lr_scale, loss_scale, nan_grad, reported_loss_scale or op"
             )
-    return Faults(lr_scale, loss_scale, frozenset(nan_grad), reported)
+    return Faults(lr_scale, loss_scale, frozenset(nan_grad), reported, op)

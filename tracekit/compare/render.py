@@ -6,6 +6,7 @@ import math
 
 from tracekit.compare.alignment import ranges
 from tracekit.compare.report import DiffReport, TensorResult
+from tracekit.compare.rootcause import render_root_cause
 from tracekit.store.format import kind_order
 
 
@@ -103,6 +104,7 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
                    + (f", {m.nonfinite} NaN/Inf" if m.nonfinite else "")
                    + f"; max rel err {_g(m.max_rel_err)}, rel L2 err {_g(m.rel_l2_err)}, cosine {m.cosine:.9f}")
 
+    out += render_root_cause(report.traces)
     bad = report.violations
     if bad:
         out += ["", f"Violations ({min(len(bad), max_rows)} of {report.num_violations} shown):"]

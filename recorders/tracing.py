@@ -1,0 +1,390 @@
+"""Op- and module-level traces of chosen steps (`tracekit record --trace ops|modules`).
+
+ops: a TorchDispatchMode sees every aten op this rank dispatches while the step runs: forward,
+backward (the autograd engine dispatches in the same thread-local state), the optimizer's update
+and the c10d collectives. Each op becomes one event with its non-tensor arguments (scalars such as
+`alpha`, dims, dtypes), and for each input and output tensor its shape, dtype, device, float64
+summaries (min, max, mean, L2, NaN and Inf counts), a hash of its bytes, and the event that
+produced it (the data flow the root-cause search follows).
+
+modules: forward hooks on the model's modules record each module's output, and a hook on that
+output its gradient in backward. Only the traced steps pay: hooks and the mode are installed at
+the start of the step and removed at its end.
+
+We write our own mode rather than use torch.utils._debug_mode.DebugMode (torch 2.13): DebugMode
+logs op strings with a norm or hash per tensor, but not float64 summaries, the producer of each
+input, or scalar arguments as values we can compare, which the root-cause search needs.
+
+Why the module path in backward comes from sequence numbers: an op runs below autograd, so its
+grad_fn does not exist yet when the mode sees it; the autograd node created for it has already
+taken the thread's sequence number, though, and in backward the engine's current node carries it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import math
+import os
+import sys
+from contextlib import contextmanager
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakTensorKeyDictionary
+
+from tracekit.recorders.materialize import canonical_name
+
+TRACE_LEVELS = ("modules", "ops")
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_OWN_DIRS = tuple(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + d for d in ("tracekit", "recorders"))
+_OWN_DIRS += (os.path.dirname(os.path.abspath(__file__)) + os.sep,)
+_COLLECTIVE_NAMESPACES = ("c10d.", "_c10d_functional.", "c10d_functional.", "_dtensor.")
+# ops whose outputs hold uninitialized memory: their values mean nothing and are never compared
+_UNINITIALIZED = ("aten.empty", "aten.new_empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty_strided")
+
+
+def _plain_dtype(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _hash(x: torch.Tensor) -> str:
+    c = x.detach().contiguous().reshape(-1)
+    if c.device.type != "cpu":
+        c = c.cpu()
+    raw = c.view(torch.uint8) if c.dtype is not torch.bool else c.to(torch.uint8)
+    return hashlib.blake2b(raw.numpy().data, digest_size=8).hexdigest()
+
+
+def summarize(t: torch.Tensor) -> dict:
+    """Shape, dtype, device, float64 summaries [min, max, mean, l2, nan, inf] and a hash of one tensor."""
+    x = t.detach()
+    out = {"shape": list(x.shape), "dtype": _plain_dtype(x.dtype), "device": str(x.device)}
+    if x.layout != torch.strided or x.is_complex() or x.is_quantized or x.device.type == "meta":
+        out["stats"], out["hash"] = None, None
+        return out
+    n = x.numel()
+    if n == 0:
+        out["stats"], out["hash"] = None, _hash(x)
+        return out
+    with torch.no_grad():
+        v = x if x.is_floating_point() else x.to(torch.float64)
+        lo, hi = torch.aminmax(v)
+        total = torch.sum(v, dtype=torch.float64)
+        l2 = torch.linalg.vector_norm(v, dtype=torch.float64)
+        mn, mx, s, norm = torch.stack([lo.double(), hi.double(), total, l2]).tolist()
+        nan = inf = 0
+        if not (math.isfinite(s) and math.isfinite(norm)):  # a finite float64 sum rules both out
+            nan, inf = int(torch.isnan(v).sum()), int(torch.isinf(v).sum())
+    out["stats"] = [mn, mx, s / n, norm, nan, inf]
+    out["hash"] = _hash(x)
+    return out
+
+
+def _user_line() -> str | None:
+    """file:line of the innermost frame outside torch and tracekit (the user's code), cheaply."""
+    f = sys._getframe(2)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not (name.startswith(_TORCH_DIR) or name.startswith(_OWN_DIRS) or name.startswith("<")):
+            try:
+                name = os.path.relpath(name)
+            except ValueError:
+                pass
+            return f"{name}:{f.f_lineno}"
+        f = f.f_back
+    return None
+
+
+def _group_ranks(value) -> list[int] | None:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    try:
+        if isinstance(value, str):  # functional collectives name their group
+            from torch.distributed.distributed_c10d import _resolve_process_group
+
+            value = _resolve_process_group(value)
+        return list(dist.get_process_group_ranks(value))
+    except Exception:
+        return None
+
+
+class _Encoder:
+    """Turns an op's arguments into JSON: tensors become {"t": k} (k-th input), the rest values."""
+
+    def __init__(self, summarize_input, collective: bool):
+        self.summarize_input = summarize_input
+        self.collective = collective
+        self.inputs: list[dict] = []
+        self.group: list[int] | None = None
+
+    def __call__(self, v):
+        if isinstance(v, torch.Tensor):
+            self.inputs.append(self.summarize_input(v))
+            return {"t": len(self.inputs) - 1}
+        if v is None or isinstance(v, (bool, int, str)):
+            if self.collective and isinstance(v, str) and self.group is None:
+                self.group = _group_ranks(v)
+            return v
+        if isinstance(v, float):
+            return v if math.isfinite(v) else {"float": repr(v)}
+        if isinstance(v, (list, tuple)):
+            return [self(x) for x in v]
+        if isinstance(v, torch.device):
+            return {"device": str(v)}  # compared as equal across devices
+        if isinstance(v, torch.dtype):
+            return {"dtype": _plain_dtype(v)}
+        if isinstance(v, (torch.layout, torch.memory_format)):
+            return str(v)
+        if isinstance(v, complex):
+            return {"complex": repr(v)}
+        if "ProcessGroup" in type(v).__name__ or "ScriptObject" in type(v).__name__:
+            ranks = _group_ranks(v)
+            if ranks is not None:
+                self.group = ranks
+                return {"group": ranks}
+        return {"object": type(v).__name__}
+
+
+class StepTrace:
+    """One traced step of one rank: the events, and the full tensors asked for with --trace-full."""
+
+    def __init__(self, level: str, step: int, full_globs: tuple[str, ...]):
+        self.level = level
+        self.step = step
+        self.full_globs = full_globs
+        self.events: list[dict] = []
+        self.full: list[tuple[str, torch.Tensor]] = []
+        self._calls: dict[tuple, int] = {}
+        self._producer = WeakTensorKeyDictionary()  # tensor -> [event, output position]
+        self._names = WeakTensorKeyDictionary()  # tensor -> "param:NAME" / "grad:NAME"
+        self._cache = WeakTensorKeyDictionary()  # tensor -> (version, summary): unchanged inputs summarized once
+
+    def name_tensor(self, t: torch.Tensor, name: str) -> None:
+        local = getattr(t, "_local_tensor", t)
+        self._names[local] = name
+        where = self._producer.get(local)
+        if where is not None:  # the event that computed it: the chain's end names the step-level tensor
+            self.events[where[0]]["outputs"][where[1]]["name"] = name
+
+    def _summary(self, t: torch.Tensor) -> dict:
+        version = t._version
+        hit = self._cache.get(t)
+        if hit is not None and hit[0] == version:
+            s = dict(hit[1])
+        else:
+            s = summarize(t)
+            self._cache[t] = (version, s)
+            s = dict(s)
+        producer = self._producer.get(t)
+        if producer is not None:
+            s["producer"] = list(producer)
+        name = self._names.get(t)
+        if name is not None:
+            s["name"] = name
+        return s
+
+    def wants_full(self, label: str) -> bool:
+        return any(fnmatch.fnmatchcase(label, g) for g in self.full_globs)
+
+    def add(self, phase: str, module: str, op: str, args, kwargs, run, src: str | None) -> object:
+        """Record one call: summarize the inputs, run it, summarize the outputs; returns its result."""
+        key = (phase, module, op)
+        call = self._calls.get(key, 0)
+        self._calls[key] = call + 1
+        index = len(self.events)
+        collective = op.startswith(_COLLECTIVE_NAMESPACES)
+        enc = _Encoder(self._summary, collective)
+        enc_args = enc(list(args))
+        enc_kwargs = {k: enc(v) for k, v in kwargs.items()}
+        label = f"{phase}:{module}:{op}#{call}"
+        full = self.wants_full(label)
+        in_tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)] if full else []
+        if full:  # inputs before the op: an in-place op overwrites them
+            self._keep(index, "in", in_tensors, enc.inputs)
+        result = run()
+        outs = [x for x in tree_flatten(result)[0] if isinstance(x, torch.Tensor)]
+        outputs = []
+        uninitialized = op.startswith(_UNINITIALIZED)
+        for k, o in enumerate(outs):
+            if collective or uninitialized:
+                # the collective may still be in flight (async work): no values yet; its consumers
+                # summarize what arrived once they run
+                s = {"shape": list(o.shape), "dtype": _plain_dtype(o.dtype), "device": str(o.device),
+                     "stats": None, "hash": None, "pending": True}
+                if uninitialized:
+                    s["uninitialized"] = s.pop("pending")
+            else:
+                s = self._summary(o)
+                s.pop("producer", None)
+            outputs.append(s)
+            self._producer[o] = (index, k)
+        if full and not collective:
+            self._keep(index, "out", outs, outputs)
+        event = {"index": index, "phase": phase, "module": module, "op": op, "call": call,
+                 "args": enc_args, "kwargs": enc_kwargs, "inputs": enc.inputs, "outputs": outputs, "src": src}
+        if enc.group is not None:
+            event["group"] = enc.group
+        self.events.append(event)
+        return result
+
+    def _keep(self, index: int, side: str, tensors, refs) -> None:
+        for k, (t, ref) in enumerate(zip(tensors, refs)):
+            if t.layout == torch.strided and t.device.type != "meta":
+                key = f"{index}.{side}{k}"
+                ref["full"] = key
+                self.full.append((key, t.detach().to("cpu", copy=True)))
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for _, t in self.full) + 256 * len(self.events)
+
+
+class _OpMode(TorchDispatchMode):
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Without this, dynamo refuses to compile while the mode is active and the traced step
+        # would run eagerly: not the code the user runs. With it, compiled code runs and the mode
+        # sees the ops that code dispatches at run time (all of them under aot_eager; under
+        # inductor only the ops its kernels fall back to).
+        return True
+
+    def __init__(self, tracer: "Tracer"):
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tr = self.tracer
+        trace = tr.current
+        if trace is None or tr.paused or func.namespace == "profiler":
+            return func(*args, **kwargs)
+        phase, module, src = tr.where()
+        return trace.add(phase, module, str(func), args, kwargs,
+                         lambda: func(*args, **kwargs), src)
+
+
+class Tracer:
+    """Traces the chosen steps of one rank at one level; the recorder starts and stops each step."""
+
+    def __init__(self, level: str, model: torch.nn.Module | None, full_globs: tuple[str, ...] = ()):
+        if level not in TRACE_LEVELS:
+            raise ValueError(f"unknown trace level {level!r}; use one of {', '.join(TRACE_LEVELS)}")
+        self.level = level
+        self.model = model
+        self.full_globs = full_globs
+        self.current: StepTrace | None = None
+        self.paused = False
+        self.phase = "fwd"
+        self._stack: list[str] = []
+        self._seq_module: dict[int, tuple[str, str | None]] = {}
+        self._handles: list = []
+        self._mode: _OpMode | None = None
+
+    # ---- where an op runs -------------------------------------------------------------------
+    def where(self) -> tuple[str, str, str | None]:
+        if self.phase == "opt":
+            return "opt", "", _user_line()
+        node = torch._C._current_autograd_node()
+        if node is not None:
+            module, src = self._seq_module.get(node._sequence_nr(), ("", None))
+            return "bwd", module, src
+        module = self._stack[-1] if self._stack else ""
+        src = _user_line()
+        # the node autograd made for this op (if any) took the latest sequence number: remember
+        # where it ran, for its backward (first writer wins: ops with no node see a stale number)
+        self._seq_module.setdefault(torch.autograd._get_sequence_nr() - 1, (module, src))
+        return "fwd", module, src
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def start(self, step: int, named_params=()) -> None:
+        self.current = StepTrace(self.level, step, self.full_globs)
+        self.phase = "fwd"
+        self._stack.clear()
+        self._seq_module.clear()
+        if not self._handles:
+            # kept until close(): re-registering hooks each step would make torch.compile recompile
+            self._install_module_hooks()
+        for name, p in named_params:  # leaves the trace meets by name: the chain can end at them
+            self.current.name_tensor(p, f"param:{name}")
+        if self.level == "ops":
+            self._mode = _OpMode(self)
+            self._mode.__enter__()
+
+    def stop(self) -> StepTrace | None:
+        trace, self.current = self.current, None
+        if self._mode is not None:
+            self._mode.__exit__(None, None, None)
+            self._mode = None
+        self._seq_module.clear()
+        return trace
+
+    def close(self) -> None:
+        """No more steps to trace: remove the module hooks (they cost every forward)."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def enter_optimizer(self, named_params) -> None:
+        """The update starts: name parameters and gradients so the chain ends at a recorded tensor."""
+        if self.current is None:
+            return
+        self.phase = "opt"
+        for name, p in named_params:
+            self.current.name_tensor(p, f"param:{name}")
+            if p.grad is not None:
+                self.current.name_tensor(p.grad, f"grad:{name}")
+
+    @contextmanager
+    def untraced(self):
+        """tracekit's own work (copies, gathers) inside a traced step is not the model's."""
+        old, self.paused = self.paused, True
+        try:
+            yield
+        finally:
+            self.paused = old
+
+    # ---- module hooks -------------------------------------------------------------------------
+    def _install_module_hooks(self) -> None:
+        if self.model is None:
+            return
+        for name, mod in self.model.named_modules():
+            path = canonical_name(name) if name else ""
+            self._handles.append(mod.register_forward_pre_hook(self._pre(path)))
+            self._handles.append(mod.register_forward_hook(self._post(path), always_call=True))
+
+    def _pre(self, path: str):
+        def hook(module, args):
+            if torch.compiler.is_compiling():
+                return
+            self._stack.append(path)
+        return hook
+
+    def _post(self, path: str):
+        def hook(module, args, output):
+            if torch.compiler.is_compiling():
+                return
+            if self._stack and self._stack[-1] == path:
+                self._stack.pop()
+            trace = self.current
+            if self.level != "modules" or trace is None or self.paused:
+                return
+            self.paused = True
+            try:
+                src = _user_line()
+                trace.add("fwd", path, "forward", args, {}, lambda: output, src)
+                for t in tree_flatten(output)[0]:
+                    if isinstance(t, torch.Tensor) and t.requires_grad:
+                        t.register_hook(self._grad_hook(path, src))
+            finally:
+                self.paused = False
+        return hook
+
+    def _grad_hook(self, path: str, src: str | None):
+        def hook(grad):
+            trace = self.current
+            if trace is not None and not self.paused:
+                trace.add("bwd", path, "backward", (), {}, lambda: grad, src)
+        return hook
