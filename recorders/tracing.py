@@ -22,10 +22,12 @@ taken the thread's sequence number, though, and in backward the engine's current
 
 from __future__ import annotations
 
+import ctypes
 import fnmatch
 import hashlib
 import math
 import os
+import re
 import sys
 from contextlib import contextmanager
 
@@ -50,11 +52,16 @@ def _plain_dtype(dtype: torch.dtype) -> str:
 
 
 def _hash(x: torch.Tensor) -> str:
-    c = x.detach().contiguous().reshape(-1)
+    c = x.detach().contiguous()
     if c.device.type != "cpu":
         c = c.cpu()
-    raw = c.view(torch.uint8) if c.dtype is not torch.bool else c.to(torch.uint8)
-    return hashlib.blake2b(raw.numpy().data, digest_size=8).hexdigest()
+    nbytes = c.numel() * c.element_size()
+    if nbytes == 0:
+        return hashlib.blake2b(b"", digest_size=8).hexdigest()
+    # the bytes in place, through ctypes: .numpy() would mark the storage non-resizable, and FSDP2
+    # frees its unsharded parameters by resizing their storage to 0
+    raw = (ctypes.c_ubyte * nbytes).from_address(c.data_ptr())
+    return hashlib.blake2b(raw, digest_size=8).hexdigest()
 
 
 def summarize(t: torch.Tensor) -> dict:
@@ -82,19 +89,67 @@ def summarize(t: torch.Tensor) -> dict:
     return out
 
 
+def _short(path: str) -> str:
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return path
+
+
 def _user_line() -> str | None:
     """file:line of the innermost frame outside torch and tracekit (the user's code), cheaply."""
-    f = sys._getframe(2)
+    site = _site()
+    return site[1] if site is not None else None
+
+
+_GRAPH_CODE = "<eval_with_key>"
+_FQN_ROOT = re.compile(r"^L\['[^']*'\]\.?")
+_FQN_PART = re.compile(r"\[['\"]?([^'\"\]]+)['\"]?\]")
+_NODE_SITES: dict = {}  # (graph code file, line) -> (module path relative to the compiled root, src)
+
+
+def _site():
+    """(module, src) of the running op: inside a compiled graph (aot_eager runs fx GraphModules as
+    Python code), module is the path from the graph node's nn_module_stack, relative to the compiled
+    root; else module is None and src the user's innermost frame outside torch and tracekit."""
+    f = sys._getframe(3)
     while f is not None:
         name = f.f_code.co_filename
+        if name.startswith(_GRAPH_CODE):
+            key = (name, f.f_lineno)
+            hit = _NODE_SITES.get(key)
+            if hit is None:
+                hit = _NODE_SITES[key] = _graph_node_site(f)
+            return hit
         if not (name.startswith(_TORCH_DIR) or name.startswith(_OWN_DIRS) or name.startswith("<")):
-            try:
-                name = os.path.relpath(name)
-            except ValueError:
-                pass
-            return f"{name}:{f.f_lineno}"
+            return None, f"{_short(name)}:{f.f_lineno}"
         f = f.f_back
     return None
+
+
+def _graph_node_site(frame) -> tuple[str, str | None]:
+    import linecache
+
+    gm = frame.f_locals.get("self")
+    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+    target = line.strip().split(" = ", 1)[0].split(",")[0].strip()
+    node = None
+    graph = getattr(gm, "graph", None)
+    if graph is not None and target:
+        node = next((n for n in graph.nodes if n.name == target), None)
+    if node is None:
+        return "", None
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
+    path = ""
+    if stack:
+        fqn = list(stack.values())[-1][0]
+        path = canonical_name(_FQN_PART.sub(r".\1", _FQN_ROOT.sub("", fqn)).strip(".")) if fqn else ""
+    src = None
+    trace = node.meta.get("stack_trace") or ""
+    m = re.findall(r'File "([^"]+)", line (\d+)', trace)
+    if m:
+        src = f"{_short(m[-1][0])}:{m[-1][1]}"
+    return path, src
 
 
 def _group_ranks(value) -> list[int] | None:
@@ -170,9 +225,11 @@ class StepTrace:
         if where is not None:  # the event that computed it: the chain's end names the step-level tensor
             self.events[where[0]]["outputs"][where[1]]["name"] = name
 
-    def _summary(self, t: torch.Tensor) -> dict:
+    def _summary(self, t: torch.Tensor, fresh: bool = False) -> dict:
+        # fresh: an op's output. An in-place op's version bump happens above this mode, after the
+        # op returns, so the cached entry of its output would still look current.
         version = t._version
-        hit = self._cache.get(t)
+        hit = None if fresh else self._cache.get(t)
         if hit is not None and hit[0] == version:
             s = dict(hit[1])
         else:
@@ -218,7 +275,7 @@ class StepTrace:
                 if uninitialized:
                     s["uninitialized"] = s.pop("pending")
             else:
-                s = self._summary(o)
+                s = self._summary(o, fresh=True)
                 s.pop("producer", None)
             outputs.append(s)
             self._producer[o] = (index, k)
@@ -285,14 +342,19 @@ class Tracer:
 
     # ---- where an op runs -------------------------------------------------------------------
     def where(self) -> tuple[str, str, str | None]:
+        site = _site()
         if self.phase == "opt":
-            return "opt", "", _user_line()
+            return "opt", "", site[1] if site else None
         node = torch._C._current_autograd_node()
+        base = self._stack[-1] if self._stack else ""
+        if site is not None and site[0] is not None:  # inside a compiled graph: its node knows the module
+            module = ".".join(p for p in (base, site[0]) if p)
+            return ("bwd" if node is not None else "fwd"), module, site[1]
         if node is not None:
             module, src = self._seq_module.get(node._sequence_nr(), ("", None))
             return "bwd", module, src
-        module = self._stack[-1] if self._stack else ""
-        src = _user_line()
+        module = base
+        src = site[1] if site else None
         # the node autograd made for this op (if any) took the latest sequence number: remember
         # where it ran, for its backward (first writer wins: ops with no node see a stale number)
         self._seq_module.setdefault(torch.autograd._get_sequence_nr() - 1, (module, src))
