@@ -32,7 +32,7 @@ import sys
 from contextlib import contextmanager
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakTensorKeyDictionary
 
@@ -68,6 +68,11 @@ def summarize(t: torch.Tensor) -> dict:
     """Shape, dtype, device, float64 summaries [min, max, mean, l2, nan, inf] and a hash of one tensor."""
     x = t.detach()
     out = {"shape": list(x.shape), "dtype": _plain_dtype(x.dtype), "device": str(x.device)}
+    if is_traceable_wrapper_subclass(x):
+        # a DTensor (or other wrapper): any op on it here would dispatch to the subclass, maybe a
+        # collective. Its local tensors show up in the ops the subclass runs next.
+        out["stats"], out["hash"], out["subclass"] = None, None, type(x).__name__
+        return out
     if x.layout != torch.strided or x.is_complex() or x.is_quantized or x.device.type == "meta":
         out["stats"], out["hash"] = None, None
         return out
@@ -162,6 +167,8 @@ def _group_ranks(value) -> list[int] | None:
             from torch.distributed.distributed_c10d import _resolve_process_group
 
             value = _resolve_process_group(value)
+        elif "ScriptObject" in type(value).__name__:  # c10d ops carry the group boxed
+            value = dist.ProcessGroup.unbox(value)
         return list(dist.get_process_group_ranks(value))
     except Exception:
         return None
@@ -196,7 +203,7 @@ class _Encoder:
             return str(v)
         if isinstance(v, complex):
             return {"complex": repr(v)}
-        if "ProcessGroup" in type(v).__name__ or "ScriptObject" in type(v).__name__:
+        if "ProcessGroup" in type(v).__name__ or (self.collective and "ScriptObject" in type(v).__name__):
             ranks = _group_ranks(v)
             if ranks is not None:
                 self.group = ranks
@@ -290,7 +297,7 @@ class StepTrace:
 
     def _keep(self, index: int, side: str, tensors, refs) -> None:
         for k, (t, ref) in enumerate(zip(tensors, refs)):
-            if t.layout == torch.strided and t.device.type != "meta":
+            if t.layout == torch.strided and t.device.type != "meta" and not is_traceable_wrapper_subclass(t):
                 key = f"{index}.{side}{k}"
                 ref["full"] = key
                 self.full.append((key, t.detach().to("cpu", copy=True)))

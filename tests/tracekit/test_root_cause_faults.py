@@ -172,3 +172,27 @@ def test_summaries_are_the_tensor_values(runs):
     mn, mx, mean, l2, nan, inf = first["outputs"][0]["stats"]
     assert (mn, mx, nan, inf) == (h.min().item(), h.max().item(), 0, 0)
     assert mean == pytest.approx(h.mean().item(), rel=1e-12) and l2 == pytest.approx(h.norm().item(), rel=1e-12)
+
+
+def test_module_level_trace_names_the_module(runs):
+    report = tracekit.diff(runs(None, level="modules"), runs("act", level="modules"))
+    rc = report.root_cause
+    assert rc is not None and (rc.level, rc.kind, rc.event["module"], rc.event["op"]) == ("modules", "op", "1", "forward")
+    events = read_events(open_store(runs(None, level="modules")).rank(0).group, "modules", FAULT_STEP)
+    assert [(e["phase"], e["module"]) for e in events if e["op"] == "forward"] == [("fwd", "0"), ("fwd", "1"), ("fwd", "2"), ("fwd", "")]
+    assert {e["module"] for e in events if e["op"] == "backward"} == {"", "0", "1", "2"}
+
+
+def test_unlisted_trace_step_is_ignored(runs, tmp_path):
+    """A step whose events were written but never listed (a crash in between) does not exist."""
+    import shutil
+
+    import zarr
+
+    path = tmp_path / "copy"
+    shutil.copytree(runs(None), path)
+    g = zarr.open_group(str(path / "rank_0" / "traces" / "ops"), mode="r+")
+    g.attrs["steps"] = []
+    rank = open_store(path).rank(0)
+    assert trace_steps(rank.group, "ops") == []
+    assert tracekit.diff(runs(None), str(path)).traces == []
