@@ -1,11 +1,17 @@
-"""What every command shares: one-line errors with exit codes, and JSON output."""
+"""What every command shares: one-line errors with exit codes, and JSON output.
+
+Conventions of every command:
+- `--json` is a flag: the command's result goes to stdout as JSON instead of the human text
+  (`tracekit diff` then prints its verdict line on stderr). Write a file with the shell's `>`.
+- Exit status 0 success, 1 a verdict of failure (diff violations), 2 unusable input; the error is one
+  `Error: ...` line on stderr (a click.ClickException), never a traceback.
+"""
 
 from __future__ import annotations
 
 import functools
 import json
 import os
-import sys
 
 import click
 
@@ -16,18 +22,29 @@ EXIT_FAIL = 1
 EXIT_USAGE = 2
 
 
+class CommandError(click.ClickException):
+    """A user's error (bad input, unusable store): click prints `Error: message` on stderr and exits 2."""
+
+    exit_code = EXIT_USAGE
+
+
 def one_line_errors(fn):
-    """Turn tracekit's own errors into `Error: ...` on stderr and exit 2, never a traceback."""
+    """Raise tracekit's own errors as CommandError: one `Error: ...` line and exit 2, never a traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except TracekitError as e:
-            click.echo(f"Error: {e}", err=True)
-            sys.exit(EXIT_USAGE)
+            raise CommandError(str(e)) from None
 
     return wrapper
+
+
+def json_option(what: str, note: str = ""):
+    """`--json`, the same flag in every command: print `what` as JSON on stdout instead of the text."""
+    return click.option("--json", "as_json", is_flag=True,
+                        help=f"Print {what} as JSON on stdout instead of text.{' ' + note if note else ''}")
 
 
 def comparison_options(fn):
@@ -36,7 +53,7 @@ def comparison_options(fn):
     The wrapped command receives align, rtol, atol, tol (a tuple), config, exact, equal_nan,
     kinds (a list or None) and allow_missing.
     """
-    from tracekit.compare import ALIGN_MODES  # the CLI's import of the engine, once, here
+    from tracekit.compare.options import ALIGN_MODES  # constants only: --help stays light
 
     options = [
         click.option("--align", type=click.Choice(ALIGN_MODES), default="rank", show_default=True,

@@ -4,7 +4,7 @@ import sys
 
 import click
 
-from tracekit.cli.common import one_line_errors
+from tracekit.cli.common import CommandError, one_line_errors
 from tracekit.errors import UsageError
 from tracekit.recorders.config import (RECORDABLE_KINDS, DEFAULT_QUEUE_MB, RecordConfig, parse_kinds, parse_ranks,
                                        parse_step_range)
@@ -12,7 +12,38 @@ from tracekit.recorders.bootstrap_env import bootstrap_env
 from tracekit.recorders.launch import launch
 
 
-@click.command(context_settings={"ignore_unknown_options": False})
+class _RecordCommand(click.Command):
+    """`record`, with a hint for the commonest slip: the recorded command's options before `--`."""
+
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as e:
+            if "--" not in args:
+                e.message = (f"{e.message} The command to record goes after --, e.g. "
+                             "tracekit record -o runs/ref -- torchrun --standalone --nproc-per-node=4 train.py")
+                e.possibilities = None
+            raise
+
+
+def _steps(steps: list[int]) -> str:
+    if not steps:
+        return "no steps"
+    span = f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else f"{steps[0]}"
+    return f"steps {span}" + ("" if len(steps) == steps[-1] - steps[0] + 1 else f" ({len(steps)} steps)")
+
+
+def summary_line(done: dict, status: int) -> str:
+    """One line: what the store holds and how the run ended."""
+    from tracekit.cli.show import human_bytes
+
+    ranks = ", ".join(f"{n} {s}" for s, n in sorted(done["statuses"].items())) or "none"
+    return (f"tracekit record: {done['ranks']} rank(s), {_steps(done['steps'])}, "
+            f"kinds {', '.join(done['kinds']) or 'none'}, {human_bytes(done['bytes'])} in {done['store']}; "
+            f"ranks: {ranks}; exit status {status}")
+
+
+@click.command(cls=_RecordCommand, context_settings={"ignore_unknown_options": False})
 @click.option("-o", "--output", "store", required=True, type=click.Path(), help="Store to create (a directory).")
 @click.option("--force", is_flag=True, help="Overwrite an existing tracekit store at OUTPUT.")
 @click.option("--kinds", default=None, metavar="LIST",
@@ -65,4 +96,16 @@ def record(store, force, kinds, param_globs, ranks, every, queue_mb, replay_from
     if replay_steps and not replay_from:
         raise UsageError("--replay-steps needs --replay-from REF")
     env = bootstrap_env(strict=strict, optimizer=optimizer_name) if zero_code else None
-    sys.exit(launch(list(command), config, force=force, env_updates=env, extra_meta={"zero_code": zero_code}))
+    status = launch(list(command), config, force=force, env_updates=env, extra_meta={"zero_code": zero_code})
+    from tracekit.inspect.summary import recording_summary
+
+    done = recording_summary(store)
+    click.echo(summary_line(done, status), err=True)
+    if not done["steps"]:
+        why = ("no rank started recording (did the command run a training script?)" if not done["ranks"] else
+               "no rank completed a step (steps are recorded when the training optimizer steps)")
+        message = f"nothing was recorded in {store}: {why}; see docs/ZEROCODE.md"
+        if status == 0:  # a run that "succeeded" with an empty store must not pass in CI
+            raise CommandError(message)
+        click.echo(f"Error: {message}", err=True)
+    sys.exit(status)

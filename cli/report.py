@@ -23,8 +23,8 @@ def report(ref, cand, output, align, rtol, atol, tol, config, exact, equal_nan, 
 
     \b
     The page is self-contained (plots embedded as PNG, no network) and shows the verdict, the
-    first divergence, the loss of both runs, heatmaps of the max relative error over rank x step
-    for each kind, and the worst tensors. Plots need matplotlib (pip install 'tracekit[plot]').
+    first divergence, the loss of both runs, heatmaps of the violation margin
+    (error / bound; > 1 fails) over rank x step for each kind, and the worst tensors. Plots need matplotlib (pip install 'tracekit[plot]').
     Exit status as `tracekit diff`: 0 pass, 1 tolerance violations, 2 unusable input; the report
     is written in every case but unusable input.
     """

@@ -20,7 +20,7 @@ def diffds(divergence_runs):
 
 
 def _cli_json(*args):
-    out = CliRunner().invoke(diff_command, [*map(str, args), "--json", "-", "--all-tensors", "-q"])
+    out = CliRunner().invoke(diff_command, [*map(str, args), "--json", "--all-tensors", "-q"])
     assert out.exit_code in (0, 1), out.output
     text = out.output[out.output.index("{"):out.output.rindex("}") + 1]
     return json.loads(text)

@@ -69,7 +69,7 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
         out += ["", f"Nothing was compared: {report.nothing_compared_reason}.", report.summary_line]
         return "\n".join(out)
 
-    out += ["", "Summary per step and kind (max abs error over finite elements; FAIL n: n tensors outside tolerance):"]
+    out += ["", "Summary per step and kind (max abs error over finite elements; FAIL n: n (rank, tensor) pairs outside tolerance):"]
     kinds = sorted({s.kind for s in report.summary}, key=lambda k: (kind_order(k), k))
     cells: dict[int, dict[str, str]] = {}
     for s in report.summary:

@@ -141,6 +141,17 @@ class DiffReport:
 
         return first_root_cause(self.traces)
 
+    # ---- display: short, never every result (a report can hold thousands) -------------------
+    def __repr__(self) -> str:
+        from tracekit.compare.display import short_repr
+
+        return short_repr(self)
+
+    def _repr_html_(self) -> str:
+        from tracekit.compare.display import html_repr
+
+        return html_repr(self)
+
     # ---- verdict ---------------------------------------------------------------------------
     @property
     def usable(self) -> bool:

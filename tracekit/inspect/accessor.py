@@ -176,10 +176,21 @@ class TracekitDiffAccessor:
         """Lazy boolean mask of the violating elements of one tensor, under the diff's tolerance."""
         return self.values(tensor)["violated"]
 
+    def _check_at(self, step, rank) -> None:
+        """UsageError (one line) for a step or rank this diff does not have, instead of pandas' KeyError."""
+        for dim, value in (("step", step), ("rank", rank)):
+            have = [int(x) for x in self._ds[dim].values]
+            if value not in have:
+                span = f"{have[0]}-{have[-1]}" if have == list(range(have[0], have[-1] + 1)) else ", ".join(map(str, have))
+                raise UsageError(f"no {dim} {value!r} in this diff ({dim}s: {span or 'none'})")
+
     def locate(self, tensor: str, step: int, rank: int) -> dict:
         """The worst violating element of one tensor at (step, rank), as the diff picks it: the
         largest |cand - ref| among violating elements (else among all). {'index', 'ref', 'cand', 'abs_err'}."""
-        v = self.values(tensor).sel(step=step, rank=rank).compute()
+        self._need("step", "rank")
+        key = self._key(tensor)
+        self._check_at(step, rank)
+        v = self.values(key).sel(step=step, rank=rank).compute()
         err = v["abs_err"].where(v["violated"]) if bool(v["violated"].any()) else v["abs_err"]
         if err.ndim == 0:
             where: dict = {}
