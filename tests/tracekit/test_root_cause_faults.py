@@ -25,15 +25,17 @@ from common.op_faults import FaultSwitch, install_op_fault  # noqa: E402
 FAULT_STEP = 2
 
 
-def record(path, fault=None, compiled=False, lr=0.01, steps=3, trace_steps=(FAULT_STEP, FAULT_STEP), level="ops"):
+def record(path, fault=None, compiled=False, lr=0.01, steps=3, trace_steps=(FAULT_STEP, FAULT_STEP), level="ops",
+           fault_step=FAULT_STEP, replay_from=None, replay_steps=(1, None)):
     model = build_model(0)
     switch = None
     if fault is not None:
-        switch = FaultSwitch(fault, 0, FAULT_STEP)
+        switch = FaultSwitch(fault, 0, fault_step)
         install_op_fault(model, switch)
     run = torch.compile(model, backend="aot_eager") if compiled else model
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    config = RecordConfig(store=str(path), trace=level, trace_steps=trace_steps)
+    config = RecordConfig(store=str(path), trace=level, trace_steps=trace_steps, replay_from=replay_from,
+                          replay_steps=replay_steps)
     with Recorder(model, opt, config=config) as rec:
         for step in range(1, steps + 1):
             if switch is not None:
@@ -196,3 +198,20 @@ def test_unlisted_trace_step_is_ignored(runs, tmp_path):
     rank = open_store(path).rank(0)
     assert trace_steps(rank.group, "ops") == []
     assert tracekit.diff(runs(None), str(path)).traces == []
+
+
+def test_replayed_step_starts_from_the_reference_state(runs, tmp_path):
+    """The fault acts from step 1, so step 2 of the candidate starts from other parameters. Replayed
+    from the reference (--replay-from REF --replay-steps 2:2), step 2 starts from REF's state: every
+    event before the faulty op is bitwise equal, and the op is still named."""
+    ref = runs(None)
+    plain = record(tmp_path / "plain", "act", fault_step=1)
+    replayed = record(tmp_path / "replayed", "act", fault_step=1, replay_from=ref, replay_steps=(2, 2))
+    for cand, clean_start in ((plain, False), (replayed, True)):
+        report = tracekit.diff(ref, cand, allow_missing=True)
+        rc = report.root_cause
+        assert (rc.step, rc.event["module"], rc.event["op"]) == (2, "1", "aten.leaky_relu.default")
+        ds = tracekit.open_diff(ref, cand, allow_missing=True)
+        ev = ds.tracekit.events()
+        addmm = ev.where((ev.op == "aten.addmm.default") & (ev.module == "0"), drop=True)
+        assert float(addmm.max_stat_abs_err[0]) == 0.0 if clean_start else float(addmm.max_stat_abs_err[0]) > 0.0
