@@ -173,7 +173,8 @@ def test_summaries_are_the_tensor_values(runs):
     first = next(e for e in events if e["op"] == "aten.addmm.default")
     mn, mx, mean, l2, nan, inf = first["outputs"][0]["stats"]
     assert (mn, mx, nan, inf) == (h.min().item(), h.max().item(), 0, 0)
-    assert mean == pytest.approx(h.mean().item(), rel=1e-12) and l2 == pytest.approx(h.norm().item(), rel=1e-12)
+    # sums accumulate in float32 (see recorders/tracing.py): float32 rounding of a float64 reference
+    assert mean == pytest.approx(h.mean().item(), rel=1e-5) and l2 == pytest.approx(h.norm().item(), rel=1e-6)
 
 
 def test_module_level_trace_names_the_module(runs):
