@@ -59,7 +59,7 @@ def _plain_dtype(dtype: torch.dtype) -> str:
 
 
 def _hash(x: torch.Tensor) -> str:
-    c = x.detach().contiguous()
+    c = x.contiguous()
     if c.device.type != "cpu":
         c = c.cpu()
     nbytes = c.numel() * c.element_size()
@@ -72,9 +72,10 @@ def _hash(x: torch.Tensor) -> str:
     return f"crc32:{zlib.crc32(raw):08x}"  # named: traces hashed otherwise are never called equal
 
 
+@torch.no_grad()
 def summarize(t: torch.Tensor) -> dict:
     """Shape, dtype, device, summaries [min, max, mean, l2, nan, inf] and a hash of one tensor."""
-    x = t.detach()
+    x = t  # no detach: the summaries run under no_grad, and each detach is one more dispatch
     out = {"shape": list(x.shape), "dtype": _plain_dtype(x.dtype), "device": str(x.device)}
     if is_traceable_wrapper_subclass(x):
         # a DTensor (or other wrapper): any op on it here would dispatch to the subclass, maybe a
@@ -238,34 +239,34 @@ class StepTrace:
         self.events: list[dict] = []
         self.full: list[tuple[str, torch.Tensor]] = []
         self._calls: dict[tuple, int] = {}
-        self._producer = WeakTensorKeyDictionary()  # tensor -> [event, output position]
-        self._names = WeakTensorKeyDictionary()  # tensor -> "param:NAME" / "grad:NAME"
-        self._cache = WeakTensorKeyDictionary()  # tensor -> (version, summary): unchanged inputs summarized once
+        # per live tensor, one entry (one weak-dict lookup per use): [version, summary of that
+        # version (unchanged inputs are summarized once), (producing event, output position), name]
+        self._info = WeakTensorKeyDictionary()
+
+    def _entry(self, t: torch.Tensor) -> list:
+        e = self._info.get(t)
+        if e is None:
+            e = self._info[t] = [None, None, None, None]
+        return e
 
     def name_tensor(self, t: torch.Tensor, name: str) -> None:
-        local = getattr(t, "_local_tensor", t)
-        self._names[local] = name
-        where = self._producer.get(local)
-        if where is not None:  # the event that computed it: the chain's end names the step-level tensor
-            self.events[where[0]]["outputs"][where[1]]["name"] = name
+        e = self._entry(getattr(t, "_local_tensor", t))
+        e[3] = name
+        if e[2] is not None:  # the event that computed it: the chain's end names the step-level tensor
+            self.events[e[2][0]]["outputs"][e[2][1]]["name"] = name
 
     def _summary(self, t: torch.Tensor, fresh: bool = False) -> dict:
         # fresh: an op's output. An in-place op's version bump happens above this mode, after the
         # op returns, so the cached entry of its output would still look current.
+        e = self._entry(t)
         version = t._version
-        hit = None if fresh else self._cache.get(t)
-        if hit is not None and hit[0] == version:
-            s = dict(hit[1])
-        else:
-            s = summarize(t)
-            self._cache[t] = (version, s)
-            s = dict(s)
-        producer = self._producer.get(t)
-        if producer is not None:
-            s["producer"] = list(producer)
-        name = self._names.get(t)
-        if name is not None:
-            s["name"] = name
+        if fresh or e[0] != version or e[1] is None:
+            e[0], e[1] = version, summarize(t)
+        s = dict(e[1])
+        if e[2] is not None:
+            s["producer"] = list(e[2])
+        if e[3] is not None:
+            s["name"] = e[3]
         return s
 
     def wants_full(self, label: str) -> bool:
@@ -298,7 +299,8 @@ class StepTrace:
                      "stats": shown.get("stats"), "hash": shown.get("hash")}
                 if shown.get("pending") or shown.get("uninitialized"):
                     s["pending" if shown.get("pending") else "uninitialized"] = True
-                self._cache[o] = (o._version, s)
+                entry = self._entry(o)
+                entry[0], entry[1] = o._version, s
             elif collective or uninitialized:
                 # the collective may still be in flight (async work): no values yet; its consumers
                 # summarize what arrived once they run
@@ -310,7 +312,7 @@ class StepTrace:
                 s = self._summary(o, fresh=True)
                 s.pop("producer", None)
             outputs.append(s)
-            self._producer[o] = (index, k)
+            self._entry(o)[2] = (index, k)
         if full and not collective:
             self._keep(index, "out", outs, outputs)
         event = {"index": index, "phase": phase, "module": module, "op": op, "call": call,
