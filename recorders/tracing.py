@@ -272,7 +272,7 @@ class StepTrace:
     def wants_full(self, label: str) -> bool:
         return any(fnmatch.fnmatchcase(label, g) for g in self.full_globs)
 
-    def add(self, phase: str, module: str, op: str, args, kwargs, run, src: str | None) -> object:
+    def add(self, phase: str, module: str, op: str, args, kwargs, run, src: str | None, view: bool = False) -> object:
         """Record one call: summarize the inputs, run it, summarize the outputs; returns its result."""
         key = (phase, module, op)
         call = self._calls.get(key, 0)
@@ -319,6 +319,8 @@ class StepTrace:
                  "args": enc_args, "kwargs": enc_kwargs, "inputs": enc.inputs, "outputs": outputs, "src": src}
         if enc.group is not None:
             event["group"] = enc.group
+        if view:
+            event["view"] = True
         self.events.append(event)
         return result
 
@@ -331,6 +333,22 @@ class StepTrace:
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for _, t in self.full) + 256 * len(self.events)
+
+
+_VIEWS: dict = {}
+
+
+def _is_view(func) -> bool:
+    """Whether the op returns a view of an input (as_strided, slice, view, ...): it computes
+    nothing, and may show memory its input's summary never covered (a window of a larger buffer)."""
+    v = _VIEWS.get(func)
+    if v is None:
+        try:
+            v = any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
+        except Exception:
+            v = False
+        _VIEWS[func] = v
+    return v
 
 
 class _OpMode(TorchDispatchMode):
@@ -353,8 +371,7 @@ class _OpMode(TorchDispatchMode):
         if trace is None or tr.paused or func.namespace == "profiler":
             return func(*args, **kwargs)
         phase, module, src = tr.where()
-        return trace.add(phase, module, str(func), args, kwargs,
-                         lambda: func(*args, **kwargs), src)
+        return trace.add(phase, module, str(func), args, kwargs, lambda: func(*args, **kwargs), src, _is_view(func))
 
 
 class Tracer:

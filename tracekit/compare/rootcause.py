@@ -314,6 +314,10 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
         if arg is not None:
             bad_out = next((ch for ch in out_checks if ch.status == BAD), None)
             found("argument", c, r, f"non-tensor {arg}", bad_out)
+        elif inputs_ok and BAD in out_states and c.get("view"):
+            # a view computes nothing: it shows memory its input's summary did not cover (a window
+            # of a larger buffer, allocated but not yet written): no verdict on what it shows
+            out_states = [UNKNOWN if st == BAD else st for st in out_states]
         elif inputs_ok and BAD in out_states:
             k = out_states.index(BAD)
             found("op", c, r, f"inputs match, output {k} does not: {out_checks[k].reason}", out_checks[k])
