@@ -61,7 +61,7 @@ def environment_block(diffs: list[dict]) -> str:
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Worker threads (default: the CPUs available).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no tables: only the verdict line.")
 @one_line_errors
-def diff(ref, cand, align, rtol, atol, tol, config, exact, equal_nan, kinds, allow_missing, fail_fast, oracle,
+def diff(ref, cand, align, rtol, atol, rel_l2, tol, config, exact, equal_nan, kinds, allow_missing, fail_fast, oracle,
          oracle_factor, as_json, json_file, all_tensors, max_rows, jobs, quiet):
     """Compare a candidate run CAND with a reference run REF, rank by rank and step by step.
 
@@ -83,7 +83,7 @@ def diff(ref, cand, align, rtol, atol, tol, config, exact, equal_nan, kinds, all
     progress = _Progress(enabled=not quiet and sys.stderr.isatty())
     try:
         report = run_diff(
-            ref, cand, align=align, rtol=rtol, atol=atol, tol=list(tol), exact=exact, equal_nan=equal_nan,
+            ref, cand, align=align, rtol=rtol, atol=atol, rel_l2=rel_l2, tol=list(tol), exact=exact, equal_nan=equal_nan,
             config=config, kinds=kinds,
             allow_missing=allow_missing, fail_fast=fail_fast, oracle=oracle, oracle_factor=oracle_factor,
             details="all" if all_tensors else "violations", jobs=jobs, progress=progress)

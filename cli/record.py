@@ -9,7 +9,7 @@ from tracekit.errors import UsageError
 from tracekit.recorders.config import (RECORDABLE_KINDS, DEFAULT_QUEUE_MB, RecordConfig, parse_kinds, parse_ranks,
                                        parse_step_range)
 from tracekit.recorders.bootstrap_env import bootstrap_env
-from tracekit.recorders.launch import launch
+from tracekit.recorders.launch import DEFAULT_FLUSH_TIMEOUT, launch
 
 
 class _RecordCommand(click.Command):
@@ -53,7 +53,11 @@ def summary_line(done: dict, status: int) -> str:
 @click.option("--ranks", default=None, metavar="LIST", help="Ranks that write, e.g. 0,2-3 (all ranks still gather). Default: all.")
 @click.option("--every", default=1, show_default=True, type=click.IntRange(min=1), help="Record every k-th step (k, 2k, ...).")
 @click.option("--queue-mb", default=DEFAULT_QUEUE_MB, show_default=True, type=click.IntRange(min=1),
-              help="Per rank, at most this many MB of copied tensors wait for the background writer.")
+              help="Per rank, at most this many MB of handed-off steps wait for the rank's writer process.")
+@click.option("--flush-timeout", default=DEFAULT_FLUSH_TIMEOUT, show_default=True, type=click.FloatRange(min=0),
+              metavar="SECONDS",
+              help="After a signal (or the command's end), wait at most this long for the ranks' writers to store "
+                   "their spooled steps; then stop them. See docs/RELIABILITY.md.")
 @click.option("--replay-from", "replay_from", default=None, metavar="REF", type=click.Path(),
               help="Replay: start each step from REF's recorded state (parameters, and optimizer state if REF has it), "
                    "so each step's error is its own. See docs/REPLAY.md.")
@@ -74,7 +78,7 @@ def summary_line(done: dict, status: int) -> str:
                    "matches GLOB (repeatable), e.g. 'fwd:0:*'.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @one_line_errors
-def record(store, force, kinds, param_globs, ranks, every, queue_mb, replay_from, replay_steps, zero_code, strict,
+def record(store, force, kinds, param_globs, ranks, every, queue_mb, flush_timeout, replay_from, replay_steps, zero_code, strict,
            optimizer_name, trace, trace_steps, trace_full, command):
     """Run COMMAND (usually torchrun ...) and record what every rank computes into STORE.
 
@@ -96,7 +100,8 @@ def record(store, force, kinds, param_globs, ranks, every, queue_mb, replay_from
     if replay_steps and not replay_from:
         raise UsageError("--replay-steps needs --replay-from REF")
     env = bootstrap_env(strict=strict, optimizer=optimizer_name) if zero_code else None
-    status = launch(list(command), config, force=force, env_updates=env, extra_meta={"zero_code": zero_code})
+    status = launch(list(command), config, force=force, env_updates=env, extra_meta={"zero_code": zero_code},
+                    flush_timeout=flush_timeout)
     from tracekit.inspect.summary import recording_summary
 
     done = recording_summary(store)

@@ -18,7 +18,7 @@ from tracekit.cli.common import comparison_options, one_line_errors
               help="A replay of CAND's job (tracekit record --replay-from REF): plot its local error against "
                    "CAND's accumulated error per step (docs/REPLAY.md).")
 @one_line_errors
-def report(ref, cand, output, align, rtol, atol, tol, config, exact, equal_nan, kinds, allow_missing, replay):
+def report(ref, cand, output, align, rtol, atol, rel_l2, tol, config, exact, equal_nan, kinds, allow_missing, replay):
     """Compare CAND with REF (as `tracekit diff` does) and write the result as one HTML file.
 
     \b
@@ -30,7 +30,7 @@ def report(ref, cand, output, align, rtol, atol, tol, config, exact, equal_nan, 
     """
     from tracekit.report import write_report
 
-    result = write_report(ref, cand, output, align=align, rtol=rtol, atol=atol, tol=list(tol), config=config,
+    result = write_report(ref, cand, output, align=align, rtol=rtol, atol=atol, rel_l2=rel_l2, tol=list(tol), config=config,
                           exact=exact, equal_nan=equal_nan,
                           kinds=kinds,
                           allow_missing=allow_missing, replay=replay)

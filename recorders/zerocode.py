@@ -30,12 +30,15 @@ from __future__ import annotations
 import atexit
 import functools
 import os
+import signal
 import sys
 import threading
 
 import torch
 import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from tracekit.recorders import outcome
 
 from tracekit.errors import TracekitError
 from tracekit.recorders import recorder as recorder_module
@@ -233,8 +236,15 @@ class ZeroCode:
     def _at_exit(self) -> None:
         """Hand over the last step and close, while the interpreter can still write (see _start)."""
         if not self.stood_down and self.recorder is not None:
-            self._guarded(self._finish_open_step)
-            self._guarded(self.recorder.close)
+            status, cause = outcome.exit_status()  # failed if the script raised
+            try:
+                self._guarded(self._finish_open_step)
+                self._guarded(self.recorder.close, status, cause)
+            except KeyboardInterrupt:
+                # a SIGINT during the exit flush: Python would ignore it here and exit 0; die of it
+                # instead (the writer process stores the rest)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGINT)
 
     # ---- the first training step ----------------------------------------------------------
     def _is_worker(self) -> bool:

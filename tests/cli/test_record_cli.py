@@ -90,7 +90,7 @@ def test_killed_rank_leaves_readable_store(tmp_path):
     assert s.ranks == [0, 1]
     dead = s.rank(1)
     assert dead.completed_steps == [1, 2]
-    assert dead.status == "running"  # SIGKILL: no chance to say anything
+    assert dead.status == "killed" and dead.cause == "killed by SIGKILL"  # its writer stored steps 1-2
     assert dead.read("loss", 2, "loss").shape == ()
     assert s.meta["ranks"]["1"]["completed_steps"] == [1, 2]
 

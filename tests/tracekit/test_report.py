@@ -62,7 +62,7 @@ def test_report_is_self_contained_with_all_sections(divergence_runs):
         assert im.format == "PNG" and im.size[0] > 300 and im.size[1] > 150
         assert len(np.unique(np.asarray(im.convert("L")))) > 10  # a picture, not a blank square
     body = page.body
-    assert "FAIL comparison ranks=4 steps=5 violations=15 first_step=3" in body
+    assert "FAIL comparison ranks=4 steps=5 violations=18 first_step=3" in body
     # first divergence: the planted fault, with its element and the two values
     fd = body[body.index("First divergence"):body.index("Loss")]
     for expected in ("step 3", "kind gradients", "tensor 0.weight", "rank (ref rank) 2 (2)", "element (5, 1)",

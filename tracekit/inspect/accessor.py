@@ -99,9 +99,9 @@ class TracekitDiffAccessor:
         return again["violations"]
 
     def failing(self) -> xr.DataArray:
-        """Boolean (rank, step, tensor): compared and outside tolerance."""
-        self._need("violations")
-        return self._ds["violations"] > 0
+        """Boolean (rank, step, tensor): compared and outside tolerance (elementwise or norm rule)."""
+        self._need("passed", "compared")
+        return self._ds["compared"] & ~self._ds["passed"]
 
     def worst(self, n: int = 10, by: str = "max_rel_err") -> list[dict]:
         """The n worst (rank, step, tensor) comparisons by a metric (violating ones first)."""

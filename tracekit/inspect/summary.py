@@ -74,6 +74,7 @@ def summarize(path) -> dict:
             "status": view.status,
             "versions": facts[r]["versions"],
             "env": facts[r]["env"],
+            "cause": view.cause,
             "steps_completed": len(done),
             "first_step": done[0] if done else None,
             "last_step": done[-1] if done else None,
