@@ -52,7 +52,9 @@ def launch(command: Sequence[str], config: RecordConfig, force: bool = False, ex
     meta = {"launcher": "tracekit record", **run_environment(list(command)),
             "record_config": {"kinds": list(config.kinds), "params": list(config.params),
                               "ranks": sorted(config.ranks) if config.ranks is not None else None,
-                              "every": config.every},
+                              "every": config.every,
+                              **({"trace": config.trace, "trace_steps": format_step_range(config.trace_steps),
+                                  "trace_full": list(config.trace_full)} if config.trace else {})},
             **(extra_meta or {})}
     if config.replay_from:
         from tracekit.recorders.replay import check_reference  # imports torch: only when replaying

@@ -14,15 +14,7 @@ from typing import Any, Iterator
 import torch
 
 from tracekit.recorders.coords import is_dtensor
-
-# Wrapper modules insert these path components; dropping them lets a DDP, FSDP, compiled or plain
-# run of the same model name its tensors the same way.
-_WRAPPER_PARTS = {"module", "_orig_mod", "_fsdp_wrapped_module", "_checkpoint_wrapped_module"}
-
-
-def canonical_name(name: str) -> str:
-    parts = [p for p in name.split(".") if p not in _WRAPPER_PARTS]
-    return ".".join(parts) or name
+from tracekit.recorders.names import canonical_name  # noqa: F401 - where the recorder has always found it
 
 
 def select(names: list[str], globs: tuple[str, ...]) -> list[str]:

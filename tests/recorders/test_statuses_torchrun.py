@@ -47,7 +47,8 @@ def test_a_crashed_rank_is_not_finished(tmp_path, how, script, status, cause):
     assert s.finished  # the launcher finalized it
     r1 = s.rank(1)
     assert (r1.status, r1.cause) == (status, cause)
-    assert r1.completed_steps == [1]
+    if how == "raise":  # closed on the way out: step 1 flushed (a killed rank may lose its queued steps)
+        assert r1.completed_steps == [1]
     final = s.meta["ranks"]["1"]
     assert final["status"] == status and final["cause"] == cause
     if how == "kill":

@@ -22,6 +22,7 @@ from tracekit.compare.catalog import StoreCatalog, load_catalog
 from tracekit.compare.metrics import MetricsAccumulator
 from tracekit.compare.reading import Buffers, RowReader
 from tracekit.compare.report import DiffReport, Divergence, KindSummary, LossRow, TensorResult
+from tracekit.compare.traces import compare_store_traces
 from tracekit.compare.tolerances import DEFAULT_ORACLE_FACTOR, Tolerance, Tolerances, load_config, parse_tol_option
 from tracekit.dtypes import to_numpy_values
 from tracekit.errors import UsageError
@@ -258,8 +259,16 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
                 break
     report.bytes_compared = done
     report.first_divergence = _first_divergence(report)
+    report.traces = compare_store_traces(refc, candc, _trace_rank_pairs(plan, candc, refc), tolerances)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _trace_rank_pairs(plan, cand: StoreCatalog, ref: StoreCatalog) -> dict[int, int]:
+    """Traces are of what a rank computed on its own data: pair ranks as the outputs were paired
+    (same data shard), else rank with rank."""
+    pairs = {kp.rank: kp.ref_rank for kp in plan.pairs if kp.kind == "outputs"}
+    return pairs or {r: r for r in cand.ranks if r in ref.ranks}
 
 
 def _check_tolerance_kinds(tolerances: Tolerances, *cats: StoreCatalog) -> None:
