@@ -71,7 +71,7 @@ def json_option(what: str, note: str = ""):
 def comparison_options(fn):
     """The options that choose what `diff` and `report` compare and how closely (one definition).
 
-    The wrapped command receives align, rtol, atol, tol (a tuple), config, exact, equal_nan,
+    The wrapped command receives align, rtol, atol, rel_l2, tol (a tuple), config, exact, equal_nan,
     kinds (a list or None) and allow_missing.
     """
     from tracekit.compare.options import ALIGN_MODES  # constants only: --help stays light
@@ -81,7 +81,10 @@ def comparison_options(fn):
                      help="rank: by rank and step; coords: by mesh coordinates; global: layout-free, full tensors per step."),
         click.option("--rtol", type=float, help="Relative tolerance for every kind (default: per dtype, see docs/DIFF.md)."),
         click.option("--atol", type=float, help="Absolute tolerance for every kind (default: per dtype)."),
-        click.option("--tol", "tol", multiple=True, metavar="KIND=RTOL,ATOL", help="Tolerance for one kind; repeatable."),
+        click.option("--rel-l2", "rel_l2", type=float,
+                     help="Bound of the norm rule ||cand-ref|| <= REL_L2 (||ref|| + atol sqrt(n)) for every kind "
+                          "(default: per dtype, see docs/DIFF.md; inf: elementwise rule only)."),
+        click.option("--tol", "tol", multiple=True, metavar="KIND=RTOL,ATOL[,REL_L2]", help="Tolerance for one kind; repeatable."),
         click.option("--config", type=click.Path(), help="TOML file of tolerances (see docs/DIFF.md)."),
         click.option("--exact", is_flag=True, help="Require equal values (rtol = atol = 0)."),
         click.option("--equal-nan", is_flag=True, default=None, help="Count NaNs on both sides as equal."),

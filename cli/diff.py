@@ -66,7 +66,7 @@ def environment_block(diffs: list[dict]) -> str:
               help="Compare on an existing Dask cluster, e.g. tcp://10.0.0.5:8786; its workers must reach both stores.")
 @one_line_errors
 @storage_options
-def diff(ref, cand, align, rtol, atol, tol, config, exact, equal_nan, kinds, allow_missing, fail_fast, oracle,
+def diff(ref, cand, align, rtol, atol, rel_l2, tol, config, exact, equal_nan, kinds, allow_missing, fail_fast, oracle,
          oracle_factor, as_json, json_file, all_tensors, max_rows, jobs, quiet, workers, scheduler):
     """Compare a candidate run CAND with a reference run REF, rank by rank and step by step.
 
@@ -88,7 +88,7 @@ def diff(ref, cand, align, rtol, atol, tol, config, exact, equal_nan, kinds, all
     progress = _Progress(enabled=not quiet and sys.stderr.isatty())
     try:
         report = run_diff(
-            ref, cand, align=align, rtol=rtol, atol=atol, tol=list(tol), exact=exact, equal_nan=equal_nan,
+            ref, cand, align=align, rtol=rtol, atol=atol, rel_l2=rel_l2, tol=list(tol), exact=exact, equal_nan=equal_nan,
             config=config, kinds=kinds,
             allow_missing=allow_missing, fail_fast=fail_fast, oracle=oracle, oracle_factor=oracle_factor,
             details="all" if all_tensors else "violations", jobs=jobs, progress=progress, workers=workers,

@@ -69,7 +69,8 @@ def _rank_lines(ranks: list[dict]) -> tuple[str, list[str]]:
         rows.append([str(r["rank"]), *[str(r["coords"].get(k, "-")) for k in coord_keys], mesh, r["status"],
                      _steps(r["first_step"], r["last_step"], r["steps_completed"]), human_bytes(r["bytes"])])
     common = " ".join(f"{k}={ranks[0]['coords'][k]}" for k in constant) if ranks else ""
-    return common, _table(header, rows)
+    causes = [f"  rank {r['rank']} {r['status']}: {r['cause']}" for r in ranks if r.get("cause")]
+    return common, _table(header, rows) + causes
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:

@@ -92,7 +92,7 @@ def test_structural_problem_exit_2_and_allow_missing(stores, tmp_path):
     assert doc["status"] == "error"
     r = invoke(stores["ref"], stores["short"], "--allow-missing")
     assert r.exit_code == 0
-    assert "Skipped" in r.stdout and r.stdout.rstrip().splitlines()[-1] == "PASS comparison ranks=2 steps=2"
+    assert "Skipped" in r.stdout and r.stdout.rstrip().splitlines()[-1] == "PASS comparison ranks=2 steps=2 missing_steps=1"
 
 
 def test_tolerance_options(stores, tmp_path):
@@ -116,7 +116,7 @@ def test_fail_fast_and_quiet(stores, tmp_path):
 
 
 @pytest.mark.parametrize("bad, message", [
-    ("usage", "--tol 'gradients': expected KIND=RTOL,ATOL"),
+    ("usage", "--tol 'gradients': expected KIND=RTOL,ATOL[,REL_L2]"),
 ])
 def test_bad_options(stores, bad, message):
     r = invoke(stores["ref"], stores["same"], "--tol", "gradients")

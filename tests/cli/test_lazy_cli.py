@@ -1,6 +1,5 @@
 """Commands that don't train never import torch; the group loads a command's module only when it is used."""
 
-import os
 import subprocess
 import sys
 
@@ -32,10 +31,15 @@ def probe(*args, cwd=None):
     ["show", "--json", "{ref}"],
     ["loss", "{ref}", "{cand}"],
     ["report", "{ref}", "{cand}", "-o", "{tmp}/r.html"],
+    ["export", "{ref}", "--rank", "2", "--step", "3", "-o", "{tmp}/r2s3.safetensors"],
+    ["export", "{cand}", "-o", "{tmp}/tree"],
+    ["import", "{tmp}/tree", "-o", "{tmp}/imported"],
     ["record", "--help"],
 ], ids=lambda a: " ".join(a[:2]))
 def test_commands_that_do_not_train_never_import_torch(divergence_runs, tmp_path, args):
     ref, cand = divergence_runs
+    if args[0] == "import":  # something to import: an export of the candidate, made without torch too
+        assert probe("export", cand, "-o", tmp_path / "tree")[0].returncode == 0
     out, imported = probe(*(a.format(ref=ref, cand=cand, tmp=tmp_path) for a in args), cwd=str(tmp_path))
     assert out.returncode in (0, 1), out.stderr[-3000:]  # 1: the planted fault's FAIL verdict
     assert "torch" not in imported

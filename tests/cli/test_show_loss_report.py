@@ -153,7 +153,7 @@ def test_report_writes_html_and_exits_like_diff(divergence_runs, tmp_path):
     out = tmp_path / "report.html"
     res = CliRunner().invoke(main, ["report", *divergence_runs, "-o", str(out)])
     assert res.exit_code == 1, res.output  # FAIL, as `tracekit diff` would exit
-    assert res.output.splitlines() == ["FAIL comparison ranks=4 steps=5 violations=15 first_step=3", f"report: {out}"]
+    assert res.output.splitlines() == ["FAIL comparison ranks=4 steps=5 violations=18 first_step=3", f"report: {out}"]
     text = out.read_text()
     assert text.startswith("<!DOCTYPE html>") and text.count("data:image/png;base64,") == 7
     # looser tolerances pass, and the page says so

@@ -43,6 +43,9 @@ def _report_attrs(report, ref, cand, diff_kwargs) -> dict:
         "diff_kwargs": diff_kwargs,
         "tolerances": report.tolerances,
         "first_divergence": fd.to_dict() if fd is not None else None,
+        "root_cause": rc.to_dict() if (rc := report.root_cause) is not None else None,
+        # per (rank, step, level) both stores traced: alignment counts and each event's status
+        "traces": [{**t.to_dict(), "events": t.events} for t in report.traces],
     }
 
 
@@ -57,12 +60,15 @@ def _metrics_dataset(report, keys, ranks, steps):
     worst = {w: np.full(shape, np.nan) for w in WORST}
     worst_flat = np.full(shape, -1, dtype=np.int64)
     ref_rank = np.full(shape, -1, dtype=np.int64)
+    passed = np.zeros(shape, dtype=bool)
     for r in report.results:
         at = (ri[r.rank], si[r.step], ki[tensor_key(r.kind, r.tensor)])
         m = r.metrics
         for name in METRICS + COUNTS:
-            floats[name][at] = getattr(m, name)
+            v = getattr(m, name)
+            floats[name][at] = np.nan if v is None else v  # None: no comparable element
         ref_rank[at] = r.ref_rank
+        passed[at] = m.passed  # the elementwise and the norm rule
         if m.worst is not None:
             worst["ref"][at], worst["cand"][at], worst["abs_err"][at] = m.worst.ref, m.worst.cand, m.worst.abs_err
             worst_flat[at] = int(np.ravel_multi_index(m.worst.index, r.shape)) if r.shape else 0
@@ -73,7 +79,7 @@ def _metrics_dataset(report, keys, ranks, steps):
     data["worst_flat_index"] = (dims, worst_flat)
     data["ref_rank"] = (dims, ref_rank)
     data["compared"] = (dims, compared)
-    data["passed"] = (dims, compared & (np.nan_to_num(floats["violations"]) == 0))
+    data["passed"] = (dims, compared & passed)
     return xr.Dataset(data)
 
 

@@ -62,6 +62,7 @@ def summarize(path) -> dict:
             "status": view.status,
             "versions": facts[r]["versions"],
             "env": facts[r]["env"],
+            "cause": view.cause,
             "steps_completed": len(done),
             "first_step": done[0] if done else None,
             "last_step": done[-1] if done else None,
@@ -82,3 +83,20 @@ def summarize(path) -> dict:
         "kinds": _kinds(store),
         "bytes_on_disk": store.location.size_under(),
     }
+
+
+def recording_summary(path) -> dict:
+    """What a finished recording holds, for `tracekit record`'s closing line: ranks, completed
+    steps (union over ranks), kinds, bytes on disk and each rank's status."""
+    store = open_store(path)
+    steps: set[int] = set()
+    kinds: list[str] = []
+    statuses: dict[str, int] = {}
+    for r in store.ranks:
+        view = store.rank(r)
+        steps.update(view.completed_steps)
+        kinds += [k for k in view.kinds if k not in kinds]
+        statuses[view.status] = statuses.get(view.status, 0) + 1
+    return {"store": canonical(store.path), "ranks": len(store.ranks), "steps": sorted(steps), "kinds": kinds,
+            "bytes": store.location.size_under(), "statuses": statuses,
+            "exit_status": store.meta.get("exit_status")}

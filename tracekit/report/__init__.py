@@ -1,7 +1,7 @@
 """The HTML report of a diff: `write_report(ref, cand, "report.html")` (CLI: `tracekit report`).
 
 One self-contained file, viewable offline: the verdict, the first divergence, the loss table and
-curves, heatmaps of the max relative error over rank x step per kind, and the worst tensors.
+curves, heatmaps of the violation margin (error / bound) over rank x step per kind, and the worst tensors.
 Plots need matplotlib (the `plot` extra); without it the report has the tables only, and says so.
 """
 
@@ -41,6 +41,10 @@ def build_report(ref, cand, replay=None, **diff_kwargs):
         meta[side] = {"path": store.path, "command": run.get("command"), "versions": run.get("versions"),
                       "ranks": len(store.ranks)}
     extra = []
+    if report.traces:  # both stores traced a step (tracekit record --trace): the root-cause op
+        from tracekit.report.traces import section as traces_section
+
+        extra.append(traces_section(report, plots))
     if replay is not None:
         from tracekit.report.replay import section
 

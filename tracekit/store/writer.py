@@ -192,5 +192,5 @@ class RankWriter:
     def update_attrs(self, **fields) -> None:
         self.group.attrs.update(fields)
 
-    def close(self, status: str = "finished") -> None:
-        self.group.attrs.update({"status": status, "end_time": now_iso()})
+    def close(self, status: str = "finished", cause: str | None = None) -> None:
+        self.group.attrs.update({"status": status, "end_time": now_iso(), **({"cause": cause} if cause else {})})
