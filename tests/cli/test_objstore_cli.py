@@ -111,3 +111,20 @@ def test_record_refuses_a_foreign_prefix_in_one_line(s3):
 def test_a_bad_storage_option_is_one_line(s3):
     code, out = cli("show", "--storage-option", "novalue", s3.url("x"))
     assert code == 2 and "expected KEY=VALUE" in out
+
+
+def test_report_of_two_bucket_stores(s3, tmp_path):
+    from tracekit.testing import write_store
+
+    def run(scale):
+        return {r: {s: {"loss": {"loss": np.float32(1 / s)},
+                        "gradients": {"w": np.full(6, s * scale, np.float32)}} for s in (1, 2)} for r in (0, 1)}
+
+    ref, cand = write_store(s3.url("ref"), run(1.0)), write_store(s3.url("cand"), run(1.5))
+    html = tmp_path / "r.html"
+    code, out = cli("report", ref, cand, "-o", html)
+    assert code == 1, out  # the gradients differ by half
+    assert out.splitlines()[0].startswith("FAIL comparison ranks=2 steps=2")
+    page = html.read_text()
+    assert ref in page and cand in page
+    assert s3.secret not in page + out
