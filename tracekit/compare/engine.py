@@ -21,6 +21,7 @@ from tracekit.compare.alignment import KindPair, TensorPair
 from tracekit.compare.catalog import StoreCatalog, load_catalog
 from tracekit.compare.metrics import MetricsAccumulator, identical_metrics
 from tracekit.compare.report import DiffReport, Divergence, KindSummary, LossRow, TensorResult
+from tracekit.compare.traces import compare_store_traces
 from tracekit.compare.tolerances import DEFAULT_ORACLE_FACTOR, Tolerance, Tolerances, load_config, parse_tol_option
 from tracekit.store.dtypes import to_numpy_values
 from tracekit.errors import UsageError
@@ -215,7 +216,8 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
          rel_l2: float | None = None, tol=None, exact: bool = False, equal_nan: bool | None = None, config: str | None = None,
          tolerances: Tolerances | None = None, kinds: list[str] | None = None, allow_missing: bool = False,
          fail_fast: bool = False, oracle=None, oracle_factor: float | None = None, details: str = "violations",
-         jobs: int | None = None, progress: Callable[[int, int], None] | None = None) -> DiffReport:
+         jobs: int | None = None, progress: Callable[[int, int], None] | None = None,
+         workers: int | None = None, scheduler: str | None = None) -> DiffReport:
     """Compare two stores of the same job (a reference and a candidate); return a DiffReport.
 
     ref, cand, oracle: store paths or opened RunStores. align: "rank" (default), "coords" or
@@ -229,7 +231,10 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
     `oracle`: a float64 recording of the same job for the three-way verdict, with `oracle_factor`.
     `details`: "violations" keeps only violating results per tensor, "all" keeps every one
     (summaries per step and kind are always complete). `progress(bytes_done, bytes_total)` is
-    called as data is compared. Raises StoreError/UsageError (one-line messages) on unusable input.
+    called as data is compared. `workers` > 1 runs the comparison on a local Dask cluster of that
+    many processes, `scheduler` ("tcp://host:8786") on an existing one (tracekit.compare.distributed);
+    the report is the same as in one process. Raises StoreError/UsageError (one-line messages) on
+    unusable input.
     """
     t0 = time.perf_counter()
     if details not in DETAILS:
@@ -259,18 +264,66 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
     def pair_bytes(t) -> int:
         return t.ref.nbytes + t.cand.nbytes + (t.oracle.nbytes if t.oracle else 0)
 
+    distributed = scheduler is not None or (workers is not None and workers > 1)
+    # Dask workers compare every tensor (their results for hash-equal ones are replaced below, so
+    # the report is the same either way); here hash-equal tensors are not read at all.
     total = sum(pair_bytes(t) for kp in plan.pairs if kp.tensors for s in kp.steps
-                for t in kp.tensors if t.name not in same[(id(kp), s)])
-    report.bytes_identical_by_hash = sum(pair_bytes(t) for kp in plan.pairs if kp.tensors for s in kp.steps
-                                         for t in kp.tensors if t.name in same[(id(kp), s)])
+                for t in kp.tensors if distributed or t.name not in same[(id(kp), s)])
+    report.bytes_identical_by_hash = 0 if distributed else sum(
+        pair_bytes(t) for kp in plan.pairs if kp.tensors for s in kp.steps for t in kp.tensors if t.name in same[(id(kp), s)])
     done = 0
+
+    def tick(nbytes: int) -> None:
+        nonlocal done
+        done += nbytes
+        if progress is not None:
+            progress(done, total)
+
+    if distributed:
+        from tracekit.compare.distributed import DiffSpec, compare_steps
+
+        spec = DiffSpec.of(refc, candc, orac, align, kinds, tolerances, equal_nan, oracle_factor)
+        stepwise = compare_steps(spec, plan, steps, workers, scheduler, tick)
+    else:
+        stepwise = _compare_steps_here(engine, plan, steps, jobs, tick, same)
+    try:
+        for step, partial in stepwise:
+            pairs = [kp for kp in plan.pairs if step in kp.steps and kp.tensors]
+            skip = {id(kp): same[(id(kp), step)] for kp in pairs}
+            results = _step_results(step, pairs, partial, engine, skip)
+            report.identical_by_hash += sum(len(v) for v in skip.values())
+            _add_step(report, step, results, details)
+            if fail_fast and any(not r.passed for r in results):
+                report.stopped_early = step != steps[-1]
+                break
+    finally:
+        stepwise.close()  # stops work on the steps a fail-fast break left
+    report.bytes_compared = done
+    report.first_divergence = _first_divergence(report)
+    report.traces = compare_store_traces(refc, candc, _trace_rank_pairs(plan, candc, refc), tolerances)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def step_parts(engine: "_Engine", kp: KindPair, step: int) -> tuple[list[tuple[str, int, MetricsAccumulator]], int]:
+    """Every unit of one (rank pair, kind, step), compared one after the other: [(tensor, start, metrics)], bytes read."""
+    parts, nbytes = [], 0
+    for u in _units(kp, step, engine.ref.ranks[kp.ref_rank]):
+        p, n = engine.run_unit(u)
+        parts.extend(p)
+        nbytes += n
+    return parts, nbytes
+
+
+def _compare_steps_here(engine: "_Engine", plan, steps: list[int], jobs: int | None, tick, same: dict):
+    """In this process, on a thread pool: yields (step, {(id(pair), tensor): [(start, metrics)]}) in step order;
+    the tensors in same[(id(pair), step)] (equal content hashes) are not read."""
     if jobs is None:
         jobs = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=max(1, int(jobs)), thread_name_prefix="tracekit-diff") as pool:
         for step in steps:
             pairs = [kp for kp in plan.pairs if step in kp.steps and kp.tensors]
-            skip = {id(kp): same[(id(kp), step)] for kp in pairs}
-            units = [u for kp in pairs for u in _units(kp, step, refc.ranks[kp.ref_rank], skip[id(kp)])]
+            units = [u for kp in pairs for u in _units(kp, step, engine.ref.ranks[kp.ref_rank], same[(id(kp), step)])]
             futures = [pool.submit(engine.run_unit, u) for u in units]
             partial: dict[tuple[int, str], list[tuple[int, MetricsAccumulator]]] = {}  # (pair, tensor) -> parts
             try:
@@ -278,23 +331,19 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
                     parts, nbytes = f.result()
                     for name, start, acc in parts:
                         partial.setdefault((id(u.pair), name), []).append((start, acc))
-                    done += nbytes
-                    if progress is not None:
-                        progress(done, total)
+                    tick(nbytes)
             except BaseException:
                 for f in futures:
                     f.cancel()
                 raise
-            results = _step_results(step, pairs, partial, engine, skip)
-            report.identical_by_hash += sum(len(v) for v in skip.values())
-            _add_step(report, step, results, details)
-            if fail_fast and any(not r.passed for r in results):
-                report.stopped_early = step != steps[-1]
-                break
-    report.bytes_compared = done
-    report.first_divergence = _first_divergence(report)
-    report.seconds = time.perf_counter() - t0
-    return report
+            yield step, partial
+
+
+def _trace_rank_pairs(plan, cand: StoreCatalog, ref: StoreCatalog) -> dict[int, int]:
+    """Traces are of what a rank computed on its own data: pair ranks as the outputs were paired
+    (same data shard), else rank with rank."""
+    pairs = {kp.rank: kp.ref_rank for kp in plan.pairs if kp.kind == "outputs"}
+    return pairs or {r: r for r in cand.ranks if r in ref.ranks}
 
 
 def _check_tolerance_kinds(tolerances: Tolerances, *cats: StoreCatalog) -> None:

@@ -6,6 +6,7 @@ import math
 
 from tracekit.compare.alignment import ranges
 from tracekit.compare.report import DiffReport, TensorResult
+from tracekit.compare.rootcause import render_root_cause
 from tracekit.store.kinds import kind_order
 
 
@@ -136,6 +137,7 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
                    + (f" (bound {m.rel_l2:.2g}{', outside the norm rule' if m.norm_failed else ''})" if not math.isinf(m.rel_l2) else "")
                    + f", cosine {_cos(m.cosine, 9)}, margin {_m(m.margin)}")
 
+    out += render_root_cause(report.traces)
     bad = report.violations
     if bad:
         out += ["", f"Violations ({min(len(bad), max_rows)} of {report.num_violations} shown):"]

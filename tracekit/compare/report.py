@@ -140,10 +140,18 @@ class DiffReport:
     structural: list[StructuralProblem] = field(default_factory=list)
     not_comparable: list[NotComparable] = field(default_factory=list)
     stopped_early: bool = False  # --fail-fast stopped after the first violating step
+    traces: list = field(default_factory=list)  # rootcause.TraceComparison per (rank, step, level) both traced
     bytes_compared: int = 0
     identical_by_hash: int = 0  # tensor comparisons decided by equal content hashes, without reading
     bytes_identical_by_hash: int = 0  # the bytes those comparisons did not need to read (both sides)
     seconds: float = 0.0
+
+    @property
+    def root_cause(self):
+        """The root-cause op named from the traces (tracekit.compare.rootcause.RootCause), or None."""
+        from tracekit.compare.rootcause import first_root_cause
+
+        return first_root_cause(self.traces)
 
     # ---- display: short, never every result (a report can hold thousands) -------------------
     def __repr__(self) -> str:
@@ -279,6 +287,8 @@ class DiffReport:
             "missing_counts": self.missing_counts,
             "not_comparable": [n.to_dict() for n in self.not_comparable],
             "stopped_early": self.stopped_early,
+            "traces": [t.to_dict() for t in self.traces],
+            "root_cause": rc.to_dict() if (rc := self.root_cause) is not None else None,
             "stats": {"bytes_compared": self.bytes_compared, "identical_by_hash": self.identical_by_hash,
                       "bytes_identical_by_hash": self.bytes_identical_by_hash,
                       "seconds": round(self.seconds, 3)},

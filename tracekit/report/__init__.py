@@ -41,6 +41,10 @@ def build_report(ref, cand, replay=None, **diff_kwargs):
         meta[side] = {"path": store.path, "command": run.get("command"), "versions": run.get("versions"),
                       "ranks": len(store.ranks)}
     extra = []
+    if report.traces:  # both stores traced a step (tracekit record --trace): the root-cause op
+        from tracekit.report.traces import section as traces_section
+
+        extra.append(traces_section(report, plots))
     if replay is not None:
         from tracekit.report.replay import section
 

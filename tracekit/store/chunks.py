@@ -30,16 +30,29 @@ def chunk_cols(start: int, stop: int, width: int) -> range:
 
 
 def first_missing_chunk(array, rows: Iterable[int], cols: Iterable[int]) -> tuple[int, int] | None:
-    """The first (row, col) among rows x cols whose chunk file does not exist; None if all do.
+    """The first (row, col) among rows x cols whose chunk file (or object) does not exist; None if all do.
 
-    Stores that are not local folders, and format v2's virtual packed arrays (which check their
-    objects' hashes instead), are not checked here (None)."""
-    where = io.array_key(array) if isinstance(array, zarr.Array) else None
-    if where is None:
+    Format 2's views over content-addressed objects are not zarr arrays: their objects' hashes
+    are checked instead (None here)."""
+    if not isinstance(array, zarr.Array):
         return None
     cols = list(cols)
+    local = getattr(array.store, "root", None) is not None
     for i in rows:
         for j in cols:
-            if not io.exists(where[0], chunk_key(array, i, j)):
+            if not (io.exists(*_root_and_key(array, i, j)) if local else _object_exists(array, i, j)):
                 return i, j
     return None
+
+
+def _root_and_key(array: zarr.Array, row: int, col: int) -> tuple[str, str]:
+    root, _ = io.array_key(array)
+    return root, chunk_key(array, row, col)
+
+
+def _object_exists(array: zarr.Array, row: int, col: int) -> bool:
+    """Whether a chunk object exists in a non-local store (an object store: one HEAD request)."""
+    from zarr.core.sync import sync
+
+    key = f"{array.path}/{array.metadata.encode_chunk_key((row, col))}" if array.path else array.metadata.encode_chunk_key((row, col))
+    return bool(sync(array.store.exists(key)))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import shutil
 import sys
 from dataclasses import dataclass
 from typing import Sequence
@@ -22,11 +21,12 @@ import zarr
 
 from tracekit.errors import StoreError
 from tracekit.store import io
-from tracekit.store.chunks import chunk_key
+from tracekit.store.chunks import chunk_key, chunk_path
 from tracekit.store.dtypes import all_finite, storage_dtype
 from tracekit.store.format import (FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX_CHUNK_BYTES, OBJECTS_DIR, READABLE_VERSIONS,
                                    ROOT_KEY, object_key, rank_group_name)
 from tracekit.store.hashing import ALGORITHM, HASH_BYTES, tensor_hash
+from tracekit.store.location import resolve
 from tracekit.store.meta import STEPS, KindMeta, TensorInfo, index_of
 
 
@@ -44,37 +44,41 @@ class TensorData:
     data: np.ndarray  # storage dtype (see tracekit.store.dtypes), any shape with prod(shape) elements
 
 
-def is_store(path: str) -> bool:
-    meta = os.path.join(path, "zarr.json")
-    if not os.path.isfile(meta):
+def is_store(path, storage_options=None) -> bool:
+    location = resolve(path, storage_options)
+    raw = location.read_bytes("zarr.json")
+    if raw is None:
         return False
     try:
         import json
 
-        with open(meta) as f:
-            return ROOT_KEY in json.load(f).get("attributes", {})
-    except (OSError, ValueError):
+        return ROOT_KEY in json.loads(raw).get("attributes", {})
+    except (ValueError, AttributeError):
         return False
 
 
-def create_store(path: str, meta: dict, force: bool = False, format_version: int = FORMAT_VERSION) -> None:
+def create_store(path, meta: dict, force: bool = False, storage_options=None, format_version: int | None = None) -> None:
     """Create the root group with its metadata. Refuses to clobber anything not asked for.
 
-    format_version: 2 (the default) or 1, the packed layout older tracekits wrote (kept so that
-    tests and benchmarks can make v1 stores)."""
-    if format_version not in READABLE_VERSIONS:
-        raise StoreError(f"cannot write store format {format_version} (known: {READABLE_VERSIONS})")
-    if os.path.exists(path):
-        if not os.path.isdir(path):
-            raise StoreError(f"{path} exists and is not a directory")
-        if os.listdir(path):
-            if not is_store(path):
-                raise StoreError(f"{path} is a non-empty directory that is not a tracekit store; refusing to touch it")
-            if not force:
-                raise StoreError(f"{path} already holds a tracekit store; pass --force to overwrite it")
-            shutil.rmtree(path)
+    format_version: by default 2 for a local folder, 1 for a URL (format 2's objects are written
+    through tracekit/store/io.py, which is not URL-aware yet); 1 also makes the packed layout of
+    older tracekits on purpose (tests, benchmarks)."""
+    location = resolve(path, storage_options)
+    if format_version is None:
+        format_version = FORMAT_VERSION if location.is_local else 1
+    if format_version not in READABLE_VERSIONS or (format_version >= 2 and not location.is_local):
+        raise StoreError(f"cannot write store format {format_version} at {path}")
+    if location.is_local and os.path.exists(location.path) and not os.path.isdir(location.path):
+        raise StoreError(f"{path} exists and is not a directory")
+    if not location.is_empty():
+        where = "directory" if location.is_local else "location"
+        if not is_store(location):
+            raise StoreError(f"{path} is a non-empty {where} that is not a tracekit store; refusing to touch it")
+        if not force:
+            raise StoreError(f"{path} already holds a tracekit store; pass --force to overwrite it")
+        location.clear()
     root_meta = {"format_version": format_version, "start_time": now_iso(), **meta}
-    root = zarr.open_group(io.zarr_store(path), mode="w", attributes={ROOT_KEY: root_meta})
+    root = zarr.open_group(location.zarr_store(), mode="w", attributes={ROOT_KEY: root_meta})
     if format_version >= 2:
         # The object folder is declared an empty zarr array: zarr and xarray then treat it as a
         # leaf and never list (or warn about) the files inside, which are not zarr chunks.
@@ -82,9 +86,9 @@ def create_store(path: str, meta: dict, force: bool = False, format_version: int
                           attributes={ROOT_KEY: "content-addressed tensor bytes (docs/FORMAT.md)"})
 
 
-def update_root_meta(path: str, **fields) -> None:
+def update_root_meta(path, storage_options=None, **fields) -> None:
     """Merge fields into the root metadata (only while no rank writes: before start or after end)."""
-    root = io.open_root_group(path, mode="r+")
+    root = zarr.open_group(resolve(path, storage_options).zarr_store(), mode="r+", use_consolidated=False)
     meta = dict(root.attrs[ROOT_KEY])
     meta.update(fields)
     root.attrs[ROOT_KEY] = meta
@@ -231,14 +235,15 @@ class _KindWriter:
 class RankWriter:
     """Writes rank R's group. Not thread-safe: one writer (thread) per rank."""
 
-    def __init__(self, store_path: str, rank: int, attrs: dict):
-        if not is_store(store_path):
+    def __init__(self, store_path, rank: int, attrs: dict, storage_options=None):
+        location = resolve(store_path, storage_options)
+        if not is_store(location):
             raise StoreError(f"{store_path} is not a tracekit store (create it first)")
-        root = io.open_root_group(store_path, mode="r+")
-        self.store_path = store_path
+        root = zarr.open_group(location.zarr_store(), mode="r+", use_consolidated=False)
+        self.store_path = location.path if location.is_local else str(location)
         self.format_version = root.attrs[ROOT_KEY].get("format_version")
-        if self.format_version not in READABLE_VERSIONS:
-            raise StoreError(f"{store_path}: cannot append to store format {self.format_version}")
+        if self.format_version not in READABLE_VERSIONS or (self.format_version >= 2 and not location.is_local):
+            raise StoreError(f"{store_path}: cannot append to store format {self.format_version} here")
         name = rank_group_name(rank)
         if name in root:
             raise StoreError(f"{store_path} already holds data of rank {rank}")
