@@ -35,6 +35,7 @@ def probe(*args, cwd=None):
     ["export", "{cand}", "-o", "{tmp}/tree"],
     ["import", "{tmp}/tree", "-o", "{tmp}/imported"],
     ["record", "--help"],
+    ["verify", "{ref}"],
 ], ids=lambda a: " ".join(a[:2]))
 def test_commands_that_do_not_train_never_import_torch(divergence_runs, tmp_path, args):
     ref, cand = divergence_runs
@@ -54,4 +55,4 @@ def test_help_loads_no_engine():
 def test_group_help_lists_every_command():
     out, _ = probe("--help")
     listed = {line.split()[0] for line in out.stdout.split("Commands:")[1].splitlines() if line.strip()}
-    assert listed == {"diff", "export", "import", "loss", "record", "report", "show"}
+    assert listed == {"diff", "export", "import", "loss", "record", "report", "show", "verify"}
