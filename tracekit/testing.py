@@ -48,16 +48,14 @@ def write_store(path, data: Mapping[int, Mapping[int, Mapping[str, Mapping[str, 
     Steps are written in increasing order and each is marked complete (parameters may have a
     step 0, the initial parameters). `coords[rank]` are the rank's coordinates (default: a 1-D
     data-parallel layout over the given ranks), `run` the run facts every rank reports, `meta`
-    extra root metadata, `format_version` the store format (default: the current one; 1 writes
-    the packed layout of older tracekits). Returns the path.
+    extra root metadata, `format_version` the store format (default: the current one for a
+    folder, see create_store; 1 writes the packed layout of older tracekits). Returns the path.
     """
     from tracekit.store import RankWriter, create_store
 
     path = str(path)
     world = len(data)
-    from tracekit.store.format import FORMAT_VERSION
-
-    create_store(path, dict(meta or {}), force=force, format_version=format_version or FORMAT_VERSION)
+    create_store(path, dict(meta or {}), force=force, format_version=format_version)
     for rank in sorted(data):
         c = dict(coords[rank]) if coords and rank in coords else {
             "rank": rank, "local_rank": rank, "world_size": world, "dp_degree": world, "dp_rank": rank,

@@ -41,8 +41,10 @@ def test_a_store_written_to_a_bucket_reads_back_like_the_same_store_on_disk(s3, 
 
 
 def test_diff_of_bucket_and_local_stores_is_the_same_report(s3, tmp_path):
-    local_ref = write_store(tmp_path / "ref", _data(0))
-    local_cand = write_store(tmp_path / "cand", _data(1))
+    # bucket stores are written in format 1 for now (docs/FORMAT.md): the local ones too, so that
+    # every byte is read on both (format 2 would decide hash-equal tensors without reading)
+    local_ref = write_store(tmp_path / "ref", _data(0), format_version=1)
+    local_cand = write_store(tmp_path / "cand", _data(1), format_version=1)
     s3_ref, s3_cand = write_store(s3.url("ref"), _data(0)), write_store(s3.url("cand"), _data(1))
 
     def comparable(report):

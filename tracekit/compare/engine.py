@@ -265,11 +265,11 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
         return t.ref.nbytes + t.cand.nbytes + (t.oracle.nbytes if t.oracle else 0)
 
     distributed = scheduler is not None or (workers is not None and workers > 1)
-    # Dask workers compare every tensor (their results for hash-equal ones are replaced below, so
-    # the report is the same either way); here hash-equal tensors are not read at all.
+    # Hash-equal tensors are read by no one: here they are skipped below, Dask workers skip the
+    # same ones (step_parts), so the report and its byte counts are the same either way.
     total = sum(pair_bytes(t) for kp in plan.pairs if kp.tensors for s in kp.steps
-                for t in kp.tensors if distributed or t.name not in same[(id(kp), s)])
-    report.bytes_identical_by_hash = 0 if distributed else sum(
+                for t in kp.tensors if t.name not in same[(id(kp), s)])
+    report.bytes_identical_by_hash = sum(
         pair_bytes(t) for kp in plan.pairs if kp.tensors for s in kp.steps for t in kp.tensors if t.name in same[(id(kp), s)])
     done = 0
 
@@ -308,7 +308,8 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
 def step_parts(engine: "_Engine", kp: KindPair, step: int) -> tuple[list[tuple[str, int, MetricsAccumulator]], int]:
     """Every unit of one (rank pair, kind, step), compared one after the other: [(tensor, start, metrics)], bytes read."""
     parts, nbytes = [], 0
-    for u in _units(kp, step, engine.ref.ranks[kp.ref_rank]):
+    skip = _identical_by_hash(kp, step, engine.ref.ranks[kp.ref_rank], engine.cand.ranks[kp.rank], engine.oracle is not None)
+    for u in _units(kp, step, engine.ref.ranks[kp.ref_rank], skip):
         p, n = engine.run_unit(u)
         parts.extend(p)
         nbytes += n
