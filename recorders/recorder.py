@@ -32,7 +32,7 @@ from tracekit.recorders.materialize import canonical_name, flatten_output, full_
 from tracekit.store.tensors import from_torch
 from tracekit.recorders.optim_state import state_tensors
 from tracekit.recorders.replay import Replay
-from tracekit.store.traces import TraceWriter
+from tracekit.store.traces import trace_entry
 
 
 def _named_parameters(model=None, params=None) -> list[tuple[str, torch.nn.Parameter]]:
@@ -155,7 +155,6 @@ class Recorder:
         self.coords: dict = {}
         self._replay: Replay | None = None  # set in start() when config.replay_from names a reference
         self._tracer = None  # a recorders.tracing.Tracer while steps remain to be traced (--trace)
-        self._trace_writer: TraceWriter | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> "Recorder":
@@ -285,11 +284,9 @@ class Recorder:
             return
         from tracekit.store.tensors import from_torch
 
-        events, full = trace.events, [from_torch(k, t) for k, t in trace.full]
-        if self._trace_writer is None:
-            self._trace_writer = TraceWriter(self._writer.group)
-        writer, level = self._trace_writer, trace.level
-        self._bg.submit(lambda: writer.write_step(level, step, events, full), trace.nbytes())
+        # through the hand-off like the kinds: spooled now, stored by the writer process
+        kind, tensors = trace_entry(trace.level, trace.events, [from_torch(k, t) for k, t in trace.full])
+        self._handoff.put(step, [(kind, t) for t in tensors], complete=False)
 
     def forget_in_child(self) -> None:
         # A forked child (a DataLoader worker) must never close the parent's rank group, nor keep
