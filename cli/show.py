@@ -92,11 +92,20 @@ def _kind_lines(kinds: list[dict]) -> list[str]:
     return lines
 
 
+def _unfinished(summary: dict) -> str:
+    state = summary.get("job_state")
+    if state == "launcher died":
+        return "no: launcher died (the job ended without finalizing; ranks keep their completed steps)"
+    if state == "recording":
+        return "no (still recording)"
+    return "no (recorded without a launcher; see each rank's status)"
+
+
 def render(summary: dict) -> str:
     common, rank_table = _rank_lines(summary["ranks"])
     lines = [f"store: {summary['store']}",
              f"size on disk: {human_bytes(summary['bytes_on_disk'])} ({summary['bytes_on_disk']} bytes)",
-             f"finished: {'yes' if summary['finished'] else 'no (still running, or the launcher died)'}",
+             f"finished: {'yes' if summary['finished'] else _unfinished(summary)}",
              "", "run:", *_run_lines(summary["run"]),
              "", f"ranks ({summary['world_size']}{'; ' + common if common else ''}):", *rank_table,
              "", "kinds:", *_kind_lines(summary["kinds"])]

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from tracekit.errors import UsageError
 from tracekit.store.format import DEFAULT_KINDS, KINDS
+from tracekit.store.ownership import ENV_RUN_ID
 
 ENV_STORE = "TRACEKIT_STORE"
 ENV_KINDS = "TRACEKIT_KINDS"
@@ -95,6 +96,7 @@ class RecordConfig:
     queue_mb: int = DEFAULT_QUEUE_MB  # cap on tensor bytes waiting for the background writer
     replay_from: str | None = None  # a reference store: each replayed step starts from its state
     replay_steps: tuple[int, int | None] = (1, None)  # replayed steps, inclusive (None: to the end)
+    run_id: str | None = None  # the job's run id, set by `tracekit record`; ranks write only under it
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -120,6 +122,7 @@ class RecordConfig:
             queue_mb=queue_mb,
             replay_from=env.get(ENV_REPLAY_FROM) or None,
             replay_steps=parse_step_range(env.get(ENV_REPLAY_STEPS)),
+            run_id=env.get(ENV_RUN_ID) or None,
         )
 
     def to_env(self) -> dict[str, str]:
@@ -130,6 +133,8 @@ class RecordConfig:
             env[ENV_PARAMS] = ",".join(self.params)
         if self.ranks is not None:
             env[ENV_RANKS] = ",".join(str(r) for r in sorted(self.ranks))
+        if self.run_id:
+            env[ENV_RUN_ID] = self.run_id
         if self.replay_from:
             env[ENV_REPLAY_FROM] = os.path.abspath(self.replay_from)
             env[ENV_REPLAY_STEPS] = format_step_range(self.replay_steps)

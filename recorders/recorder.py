@@ -22,6 +22,8 @@ import torch.distributed as dist
 from tracekit.errors import TracekitError
 from tracekit.store import RankWriter, create_store, is_store
 from tracekit.store.format import INITIAL_STEP
+from tracekit.store.ownership import new_run_id
+from tracekit.recorders.parent_death import die_with_parent
 from tracekit.environment import numeric_env, package_versions, run_environment
 from tracekit.recorders.background import BackgroundWriter
 from tracekit.recorders.config import RecordConfig
@@ -165,13 +167,15 @@ class Recorder:
         if not self.zero_code:
             global explicit_recorder_started
             explicit_recorder_started = True
+        if self.config.run_id is not None:  # started by `tracekit record`: die with the launcher
+            die_with_parent()
         self._ensure_root()
         self.coords = detect_coords((p for _, p in self._params), self._coord_overrides)
         self._writes = self.config.ranks is None or self.coords["rank"] in self.config.ranks
         if self.config.replay_from:
             self._replay = Replay.open(self.config, self.coords["rank"], self._params, lambda: self.optimizer)
         if self._writes:
-            self._writer = RankWriter(self.config.store, self.coords["rank"], self._rank_attrs())
+            self._writer = RankWriter(self.config.store, self.coords["rank"], self._rank_attrs(), run_id=self.config.run_id)
             self._bg = BackgroundWriter(self.config.queue_mb * 1024 * 1024, name=f"tracekit-writer-{self.coords['rank']}")
         if self._replay is not None and not self.zero_code:
             # step 1 starts from the reference's initial parameters. (Zero-code starts us at the first
@@ -190,7 +194,7 @@ class Recorder:
         rank = dist.get_rank() if distributed else int(os.environ.get("RANK", 0))
         if rank == 0 and not is_store(path):
             replay = {"replay_of": os.path.abspath(self.config.replay_from)} if self.config.replay_from else {}
-            create_store(path, {"launcher": None, **run_environment(), **replay})
+            create_store(path, {"launcher": None, "run_id": new_run_id(), **run_environment(), **replay})
         if distributed:
             dist.barrier()
         if not is_store(path):
@@ -235,6 +239,8 @@ class Recorder:
     def forget_in_child(self) -> None:
         # A forked child (a DataLoader worker) must never close the parent's rank group.
         self._closed = True
+        if self._writer is not None:
+            self._writer.forget_in_child()
         if self._prev_sigterm is not None and signal.getsignal(signal.SIGTERM) == self._on_sigterm:
             signal.signal(signal.SIGTERM, self._prev_sigterm)
 

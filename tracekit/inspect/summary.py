@@ -79,6 +79,7 @@ def summarize(path) -> dict:
     return {
         "store": os.path.abspath(store.path),
         "finished": store.finished,
+        "job_state": store.job_state,
         "run": run_metadata(store),
         "world_size": len(store.ranks),
         "ranks": ranks,

@@ -263,6 +263,20 @@ class RunStore:
         """True once the launcher finalized the store (end time and exit status known)."""
         return "exit_status" in self.meta
 
+    @property
+    def job_state(self) -> str:
+        """'finished' (finalized), 'recording' (its launcher still holds the store), 'launcher died'
+        (a `tracekit record` job ended without finalizing), or 'no launcher' (written by Recorders alone)."""
+        from tracekit.store.ownership import job_alive
+
+        if self.finished:
+            return "finished"
+        if self.meta.get("launcher") != "tracekit record":
+            return "no launcher"
+        if self.meta.get("writers_outlived_launcher") or not job_alive(self.path):
+            return "launcher died"
+        return "recording"
+
     def __repr__(self) -> str:
         return f"RunStore({self.path!r}, ranks={self.ranks})"
 
