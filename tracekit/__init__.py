@@ -4,21 +4,12 @@ The store format lives in :mod:`tracekit.store`; recording hooks in :mod:`tracek
 the command line in :mod:`tracekit.cli`.
 """
 
-import os as _os
-
 __version__ = "0.1.0"
 
-# In a source checkout, recorders/, cli/ and schemas/ sit beside this package (the layout our user
-# asked for) and are mapped into the tracekit namespace by pyproject.toml when installed. Running
-# from the checkout itself (cwd on sys.path) finds this folder first, so we extend the package path
-# the same way the installer maps it; an installed copy has no such siblings and is left alone.
-_root = _os.path.dirname(_os.path.dirname(_os.path.abspath(__file__)))
-if _os.path.isfile(_os.path.join(_root, "pyproject.toml")) and _os.path.isfile(
-    _os.path.join(_root, "recorders", "__init__.py")
-):
-    __path__.append(_root)  # type: ignore[name-defined]
-
-from tracekit.errors import StoreError, TracekitError  # noqa: E402
+# recorders/ and cli/ sit beside this package in the repository and ship as tracekit.recorders and
+# tracekit.cli through pyproject.toml's package-dir mapping, for regular and editable installs alike:
+# nothing here patches the import path.
+from tracekit.errors import StoreError, TracekitError
 
 # Public names, imported on first use: every recorded worker imports tracekit at start-up (the
 # zero-code bootstrap does), and it needs none of the diff or xarray machinery.

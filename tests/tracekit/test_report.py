@@ -72,8 +72,11 @@ def test_report_is_self_contained_with_all_sections(divergence_runs):
         assert f"{row.step} {row.ref:.9g} {row.cand:.9g}" in loss
     worst = body[body.index("Worst tensors"):body.index("Per step and kind")].split("rtol ", 1)[1].split()
     # the two tensors the planted half-sized element makes off by 50%, at rank 2, step 3
-    rows = {tuple(worst[0:4]), tuple(worst[7:11])}
-    assert rows == {("deltas/0.weight", "0.5001", "2", "3"), ("gradients/0.weight", "0.5", "2", "3")}
+    rows = {worst[0]: worst[1:4], worst[7]: worst[8:11]}
+    assert set(rows) == {"deltas/0.weight", "gradients/0.weight"}
+    for name, (rel_err, rank, step) in rows.items():
+        # the relative error of the halved element is 0.5, up to rounding in the update p - lr * g
+        assert (rank, step) == ("2", "3") and abs(float(rel_err) - 0.5) < 1e-3, (name, rel_err)
 
 
 def test_pass_report_and_missing_matplotlib(divergence_runs, monkeypatch, tmp_path):
