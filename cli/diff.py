@@ -46,7 +46,7 @@ class _Progress:
               help=f"Candidate error allowed, as a multiple of the reference's error against the oracle (default {DEFAULT_ORACLE_FACTOR:g}).")
 @click.option("--json", "json_dest", metavar="FILE|-", help="Also write the JSON report (schemas/diff-report.schema.json); '-' for stdout.")
 @click.option("--all-tensors", is_flag=True, help="List every compared tensor in the JSON report, not only violations.")
-@click.option("--max-rows", type=int, default=20, show_default=True, help="Violations listed in the human report.")
+@click.option("--max-rows", type=click.IntRange(min=0), default=20, show_default=True, help="Violations listed in the human report.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Worker threads (default: the CPUs available).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no tables: only the verdict line.")
 @one_line_errors

@@ -7,6 +7,7 @@ import shlex
 import click
 
 from tracekit.cli.common import emit_json, one_line_errors
+from tracekit.display import shown, terminal_safe
 
 # Run facts in the order a reader looks for them; anything else recorded follows.
 _FIRST = ("command", "mode", "device", "backend", "compile_backend", "seed", "world_size", "versions", "env",
@@ -85,7 +86,7 @@ def _kind_lines(kinds: list[dict]) -> list[str]:
         span = f"steps {steps[0]}-{steps[-1]}" if steps else "no completed steps"
         per_step = sum(t["bytes_per_step"] for t in k["tensors"])
         lines.append(f"  {k['kind']}: {len(k['tensors'])} tensors, {span}, {human_bytes(per_step)} per rank and step")
-        rows = [[t["name"], t["dtype"], "x".join(map(str, t["shape"])) or "scalar",
+        rows = [[shown(t["name"]), t["dtype"], "x".join(map(str, t["shape"])) or "scalar",
                  human_bytes(t["bytes_per_step"]), "shape differs over ranks" if t["shapes_differ"] else ""]
                 for t in k["tensors"]]
         lines += ["  " + line for line in _table(["tensor", "dtype", "shape", "bytes/step", ""], rows)]
@@ -109,7 +110,7 @@ def render(summary: dict) -> str:
              "", "run:", *_run_lines(summary["run"]),
              "", f"ranks ({summary['world_size']}{'; ' + common if common else ''}):", *rank_table,
              "", "kinds:", *_kind_lines(summary["kinds"])]
-    return "\n".join(lines)
+    return terminal_safe("\n".join(lines))
 
 
 @click.command()

@@ -27,6 +27,8 @@ def parse_kinds(spec: str | None) -> tuple[str, ...]:
     if not spec:
         return DEFAULT_KINDS
     items = [s.strip() for s in spec.split(",") if s.strip()]
+    if not items:
+        raise UsageError(f"kinds {spec!r}: names no kind; known kinds: {', '.join(RECORDABLE_KINDS)}")
     if all(s[0] in "+-" for s in items):
         kinds = list(DEFAULT_KINDS)
         for s in items:
@@ -50,20 +52,19 @@ def _check_kind(name: str) -> None:
 
 
 def parse_ranks(spec: str | None) -> frozenset[int] | None:
-    """'0,2-3' -> {0, 2, 3}; empty -> None (all ranks)."""
-    if not spec:
+    """'0,2-3' -> {0, 2, 3}; empty -> None (all ranks). Ranges go up (3-1 is refused, not empty)."""
+    if spec is None or spec == "":
         return None
     ranks: set[int] = set()
-    try:
-        for part in spec.split(","):
-            part = part.strip()
-            if "-" in part:
-                lo, hi = part.split("-", 1)
-                ranks.update(range(int(lo), int(hi) + 1))
-            elif part:
-                ranks.add(int(part))
-    except ValueError:
-        raise UsageError(f"ranks {spec!r}: expected a list like 0,2-3") from None
+    for part in spec.split(","):
+        part = part.strip()
+        lo, sep, hi = part.partition("-")
+        if not (lo.strip().isdigit() and (not sep or hi.strip().isdigit())):
+            raise UsageError(f"ranks {spec!r}: expected a list of ranks and ranges like 0,2-3 (ranks count from 0)")
+        first, last = int(lo), int(hi) if sep else int(lo)
+        if last < first:
+            raise UsageError(f"ranks {spec!r}: range {part} goes down; write {last}-{first}")
+        ranks.update(range(first, last + 1))
     return frozenset(ranks)
 
 

@@ -84,12 +84,13 @@ def launch(command: Sequence[str], config: RecordConfig, force: bool = False, ex
         env = worker_env(config.with_store(store))
         env.update(env_updates or {})
         env[ENV_RUN_ID] = claim.run_id
-        return _run(command, store, env, claim, wait_s)
+        return _run(command, store, env, claim, wait_s, config.ranks)
     finally:
         claim.release()
 
 
-def _run(command: Sequence[str], store: str, env: dict, claim: JobClaim, wait_s: float) -> int:
+def _run(command: Sequence[str], store: str, env: dict, claim: JobClaim, wait_s: float,
+         config_ranks: frozenset[int] | None) -> int:
     try:
         proc = subprocess.Popen(list(command), env=env)
     except OSError as e:  # on PATH and executable, yet not runnable (bad format, permissions)
@@ -116,5 +117,9 @@ def _run(command: Sequence[str], store: str, env: dict, claim: JobClaim, wait_s:
         print(f"tracekit: ranks still write to {store} {wait_s:g} s after the command ended; "
               "left it unfinalized (readers report it as 'launcher died')", file=sys.stderr, flush=True)
         return status
-    finalize_store(store, status)
+    summary = finalize_store(store, status)
+    if config_ranks is not None and not summary["ranks"]:
+        print(f"Error: --ranks {','.join(map(str, sorted(config_ranks)))} matched no rank of the job "
+              f"(world size {summary.get('world_size') or 'unknown'}); nothing was recorded", file=sys.stderr, flush=True)
+        return status or 2
     return status

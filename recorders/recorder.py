@@ -172,6 +172,11 @@ class Recorder:
         self._ensure_root()
         self.coords = detect_coords((p for _, p in self._params), self._coord_overrides)
         self._writes = self.config.ranks is None or self.coords["rank"] in self.config.ranks
+        if self.config.ranks is not None and self.coords["rank"] == 0:
+            outside = sorted(r for r in self.config.ranks if r >= self.coords["world_size"])
+            if outside:
+                print(f"tracekit: warning: --ranks names rank(s) {', '.join(map(str, outside))}, outside this "
+                      f"{self.coords['world_size']}-rank job", file=sys.stderr, flush=True)
         if self.config.replay_from:
             self._replay = Replay.open(self.config, self.coords["rank"], self._params, lambda: self.optimizer)
         if self._writes:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 
+from tracekit.display import path_text
 from tracekit.errors import StoreError, UsageError
 from tracekit.store.tensors import to_torch
 from tracekit.store import RankView, open_store
@@ -21,12 +22,12 @@ def _metadata(view: RankView, step: int, kind: str, names: list[str]) -> dict[st
     # lists tensors sorted by name, so the recorded order (model order) travels in `names`.
     return {"names": json.dumps(names), "format": FORMAT, "run": json.dumps(view.attrs.get("run", {}), default=str, sort_keys=True),
             "coords": json.dumps(view.coords, default=str, sort_keys=True),
-            "rank": str(view.rank), "step": str(step), "kind": kind, "store": os.path.abspath(view.store.path)}
+            "rank": str(view.rank), "step": str(step), "kind": kind, "store": path_text(os.path.abspath(view.store.path))}
 
 
 def _write(view: RankView, step: int, kind: str, out: str) -> int:
     from safetensors import SafetensorError
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     infos = view.tensors(kind)
     if step not in view.steps(kind):
@@ -40,9 +41,13 @@ def _write(view: RankView, step: int, kind: str, out: str) -> int:
             raise StoreError(f"{view.store.path}: rank {view.rank} {kind} tensor {i.name!r}: {e}") from None
     try:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        save_file(tensors, out, metadata=_metadata(view, step, kind, [i.name for i in infos]))
+        data = save(tensors, metadata=_metadata(view, step, kind, [i.name for i in infos]))
+        # Python writes the file (not safetensors' save_file): the usual umask permissions rather
+        # than 0600, and any path the OS takes, non-UTF-8 bytes included.
+        with open(out, "wb") as f:
+            f.write(data)
     except (OSError, SafetensorError) as e:  # an unwritable destination is the user's to fix, in one line
-        raise UsageError(f"{out}: cannot write it ({getattr(e, 'strerror', None) or e})") from None
+        raise UsageError(f"{path_text(out)}: cannot write it ({getattr(e, 'strerror', None) or e})") from None
     return len(tensors)
 
 

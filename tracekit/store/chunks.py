@@ -34,3 +34,41 @@ def first_missing_chunk(array: zarr.Array, rows: Iterable[int], cols: Iterable[i
             if not os.path.isfile(chunk_path(array, i, j)):
                 return i, j
     return None
+
+
+def check_size_claims(array: zarr.Array, listed_rows: int, extents: Iterable[tuple[str, int, int]]) -> str | None:
+    """What is wrong (one phrase) when an array's metadata claims more than its files hold; None if sound.
+
+    Run before anything is allocated or a task graph is built over the array: a lying shape of
+    2**40 elements must be a one-line error, not minutes of graph building and gigabytes of memory.
+    `extents` are (tensor name, offset, numel) of the tensors the index places in this array.
+    """
+    if array.ndim != 2:
+        return f"has {array.ndim} dimensions, not 2"
+    rows, width = array.shape
+    if listed_rows > rows:
+        return f"lists {listed_rows} rows but holds {rows}"
+    for name, offset, numel in extents:
+        if offset + numel > width:
+            return f"is {width} elements wide, but the index puts tensor {name!r} at {offset}..{offset + numel}"
+    root = getattr(array.store, "root", None)
+    if root is None or array.compressors or array.shards is not None or rows == 0 or width == 0:
+        return None  # only plain local chunk files have a size that can be checked here
+    per_row = -(-width // array.chunks[1])
+    base = os.path.join(os.fspath(root), array.path, "c")
+    try:
+        row_dirs = len(os.listdir(base))
+        row0 = os.listdir(os.path.join(base, "0")) if os.path.isdir(os.path.join(base, "0")) else []
+    except OSError:
+        return None  # missing chunks are reported, with their names, when read
+    # a crash between resizing and writing a row leaves one row without files
+    if rows > row_dirs + 1:
+        return f"claims {rows} rows but has chunk files for {row_dirs}"
+    if row0 and per_row > len(row0):
+        return f"claims {per_row} chunks per row but row 0 has {len(row0)} chunk files"
+    first = os.path.join(base, "0", "0")
+    if os.path.isfile(first):
+        expected = array.chunks[1] * array.dtype.itemsize
+        if os.path.getsize(first) != expected:
+            return f"claims chunks of {expected} bytes but chunk c/0/0 holds {os.path.getsize(first)}"
+    return None

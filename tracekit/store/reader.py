@@ -7,6 +7,7 @@ so a store left behind by a crash reads as exactly the steps that were fully wri
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from functools import cached_property
@@ -16,8 +17,8 @@ import zarr
 
 from tracekit.dtypes import to_numpy_values
 from tracekit.errors import StoreError
-from tracekit.store.chunks import chunk_cols, first_missing_chunk
-from tracekit.store.format import FORMAT_VERSION, RANK_PREFIX, ROOT_KEY, kind_order
+from tracekit.store.chunks import check_size_claims, chunk_cols, first_missing_chunk
+from tracekit.store.format import FORMAT_VERSION, MAX_STEP, RANK_PREFIX, ROOT_KEY, kind_order
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,9 @@ def _members(group: zarr.Group, where: str) -> list:
 def _step_list(value, where: str) -> list[int]:
     if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         raise StoreError(f"{where}: malformed step list in its metadata (damaged store?)")
+    bad = next((v for v in value if not 0 <= v <= MAX_STEP), None)
+    if bad is not None:
+        raise StoreError(f"{where}: impossible step {bad} in its metadata (damaged store?)")
     return value
 
 
@@ -86,7 +90,7 @@ def _tensor_info(entry: dict) -> TensorInfo:
     info = TensorInfo(str(entry["name"]), str(entry["dtype"]), tuple(int(d) for d in entry["shape"]),
                       str(entry["array"]), int(entry["offset"]), int(entry["numel"]))
     storage_dtype(info.dtype)  # raises ValueError for an unknown dtype
-    if info.offset < 0 or info.numel != int(np.prod(info.shape, dtype=np.int64)):
+    if any(d < 0 for d in info.shape) or info.offset < 0 or info.numel != math.prod(info.shape):
         raise ValueError(f"tensor {info.name!r}: offset/numel do not match its shape")
     return info
 
@@ -171,7 +175,24 @@ class RankView:
         return rows.index(step)
 
     def array(self, kind: str, key: str) -> zarr.Array:
-        return self._kind(kind)[key]
+        """A packed array, opened once, its size claims checked against the files (StoreError if they lie)."""
+        cache = self.__dict__.setdefault("_arrays", {})
+        if (kind, key) not in cache:
+            where = f"{self.store.path}: rank {self.rank} {kind}/{key}"
+            try:
+                arr = self._kind(kind)[key]
+            except StoreError:
+                raise
+            except Exception as e:  # damaged array metadata (bad JSON, bad codec): one line
+                raise StoreError(f"{where}: unreadable array metadata ({e.__class__.__name__}: {e})") from None
+            if not isinstance(arr, zarr.Array):
+                raise StoreError(f"{where}: is not an array (damaged store?)")
+            extents = [(i.name, i.offset, i.numel) for i in self.tensors(kind) if i.array == key]
+            problem = check_size_claims(arr, len(self._rows(kind)), extents)
+            if problem:
+                raise StoreError(f"{where}: damaged metadata: it {problem}")
+            cache[(kind, key)] = arr
+        return cache[(kind, key)]
 
     def _require_chunks(self, kind: str, key: str, row: int, start: int, stop: int) -> None:
         """zarr 3.1 silently returns fill values for a missing chunk; a store must never do that."""

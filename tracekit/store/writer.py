@@ -63,7 +63,11 @@ def check_target(path: str, force: bool = False) -> None:
     if os.path.exists(path):
         if not os.path.isdir(path):
             raise StoreError(f"{path} exists and is not a directory")
-        if [n for n in os.listdir(path) if n not in _lock_files()]:
+        try:
+            names = os.listdir(path)
+        except OSError as e:
+            raise StoreError(f"{path}: cannot list it ({e.strerror or e})") from None
+        if [n for n in names if n not in _lock_files()]:
             if not is_store(path):
                 raise StoreError(f"{path} is a non-empty directory that is not a tracekit store; refusing to touch it")
             if not force:
