@@ -25,7 +25,7 @@ def one_line_errors(fn):
         try:
             return fn(*args, **kwargs)
         except TracekitError as e:
-            click.echo(f"Error: {terminal_safe(str(e))}", err=True)
+            click.echo(f"Error: {terminal_safe(str(e)).replace(chr(10), '|')}", err=True)  # one line, always
             sys.exit(EXIT_USAGE)
 
     return wrapper

@@ -40,7 +40,12 @@ def _rank_coords(store) -> tuple[dict, dict]:
     """(coords along rank, run-wide attrs): the rank index plus dp_rank, tp_rank, mesh positions, ..."""
     columns, attrs = rank_columns({r: store.rank(r).coords for r in store.ranks})
     coords = {"rank": np.asarray(store.ranks, dtype=np.int64)}
-    coords.update({k: ("rank", np.asarray(v, dtype=np.int64)) for k, v in columns.items()})
+    try:
+        coords.update({k: ("rank", np.asarray(v, dtype=np.int64)) for k, v in columns.items()})
+    except (OverflowError, TypeError, ValueError) as e:
+        from tracekit.errors import StoreError
+
+        raise StoreError(f"{store.path}: rank coordinates that are not integers ({e}); damaged metadata") from None
     return coords, attrs
 
 

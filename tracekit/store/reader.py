@@ -17,7 +17,7 @@ import zarr
 
 from tracekit.dtypes import to_numpy_values
 from tracekit.errors import StoreError
-from tracekit.store.chunks import check_size_claims, chunk_cols, first_missing_chunk
+from tracekit.store.chunks import check_size_claims, chunk_cols, first_missing_chunk, irregular_metadata
 from tracekit.store.format import FORMAT_VERSION, MAX_STEP, RANK_PREFIX, ROOT_KEY, kind_order
 
 
@@ -51,11 +51,12 @@ def _read_root_attrs(path: str) -> dict:
     except (OSError, ValueError) as e:
         raise StoreError(f"{path}: unreadable root metadata ({e.__class__.__name__})") from None
     attrs = doc.get("attributes", {}) if isinstance(doc, dict) else {}
-    if ROOT_KEY not in attrs:
+    if not isinstance(attrs, dict) or ROOT_KEY not in attrs:
         raise StoreError(f"{path} is a zarr store but not a tracekit store (no '{ROOT_KEY}' metadata)")
     meta = attrs[ROOT_KEY]
     if not isinstance(meta, dict):
         raise StoreError(f"{path}: the '{ROOT_KEY}' metadata is not an object (damaged store?)")
+    _check_types(meta, _ROOT_TYPES, f"{path}: root")
     version = meta.get("format_version")
     if not isinstance(version, int):
         raise StoreError(f"{path}: tracekit metadata has no format version (half-written store?)")
@@ -66,8 +67,24 @@ def _read_root_attrs(path: str) -> dict:
     return meta
 
 
+# Metadata fields readers use as containers: a damaged or hostile value of another type is one
+# StoreError here, not an AttributeError wherever it is first used.
+_ROOT_TYPES = {"run": dict, "ranks": dict, "record_config": dict, "command": list, "world_size": (int, type(None))}
+_RANK_TYPES = {"run": dict, "coords": dict, "completed_steps": list, "status": str, "fallback_ops": list,
+               "env": dict, "versions": dict, "config": dict}
+
+
+def _check_types(attrs: dict, types: dict, where: str) -> None:
+    for key, kind in types.items():
+        if key in attrs and not isinstance(attrs[key], kind):
+            raise StoreError(f"{where} metadata: {key!r} is a {type(attrs[key]).__name__} (damaged store?)")
+
+
 def _members(group: zarr.Group, where: str) -> list:
     """A group's children; damaged child metadata is a StoreError naming the place, not a zarr traceback."""
+    odd = irregular_metadata(group)
+    if odd is not None:
+        raise StoreError(f"{where}: {odd} is not a regular file (damaged store?)")
     try:
         return list(group.members())
     except Exception as e:
@@ -87,8 +104,15 @@ def _tensor_info(entry: dict) -> TensorInfo:
     """One entry of a kind's tensor index, checked (a dtype tracekit cannot store is damage too)."""
     from tracekit.dtypes import storage_dtype
 
-    info = TensorInfo(str(entry["name"]), str(entry["dtype"]), tuple(int(d) for d in entry["shape"]),
-                      str(entry["array"]), int(entry["offset"]), int(entry["numel"]))
+    def integer(v):
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ValueError(f"{v!r} is not an integer")
+        return v
+
+    if not isinstance(entry["name"], str) or not isinstance(entry["array"], str) or not isinstance(entry["shape"], list):
+        raise ValueError("name, array and shape must be two strings and a list")
+    info = TensorInfo(entry["name"], str(entry["dtype"]), tuple(integer(d) for d in entry["shape"]),
+                      entry["array"], integer(entry["offset"]), integer(entry["numel"]))
     storage_dtype(info.dtype)  # raises ValueError for an unknown dtype
     if any(d < 0 for d in info.shape) or info.offset < 0 or info.numel != math.prod(info.shape):
         raise ValueError(f"tensor {info.name!r}: offset/numel do not match its shape")
@@ -103,6 +127,7 @@ class RankView:
         self.rank = rank
         self.group = group
         self.attrs = dict(group.attrs)
+        _check_types(self.attrs, _RANK_TYPES, f"{store.path}: rank {rank}")
 
     @property
     def coords(self) -> dict:
@@ -143,7 +168,7 @@ class RankView:
         for kind, g in self._kind_groups.items():
             try:
                 infos = [_tensor_info(e) for e in g.attrs["tensors"]]
-            except (TypeError, KeyError, ValueError) as e:
+            except (TypeError, KeyError, ValueError, OverflowError) as e:
                 raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: malformed tensor index "
                                  f"({e.__class__.__name__}: {e})") from None
             out[kind] = {info.name: info for info in infos}
@@ -179,6 +204,9 @@ class RankView:
         cache = self.__dict__.setdefault("_arrays", {})
         if (kind, key) not in cache:
             where = f"{self.store.path}: rank {self.rank} {kind}/{key}"
+            odd = irregular_metadata(self._kind(kind), [key])
+            if odd is not None:
+                raise StoreError(f"{where}: {odd} is not a regular file (damaged store?)")
             try:
                 arr = self._kind(kind)[key]
             except StoreError:
