@@ -1,11 +1,17 @@
-"""What every command shares: one-line errors with exit codes, and JSON output."""
+"""What every command shares: one-line errors with exit codes, and JSON output.
+
+Conventions of every command:
+- `--json` is a flag: the command's result goes to stdout as JSON instead of the human text
+  (`tracekit diff` then prints its verdict line on stderr). Write a file with the shell's `>`.
+- Exit status 0 success, 1 a verdict of failure (diff violations), 2 unusable input; the error is one
+  `Error: ...` line on stderr (a click.ClickException), never a traceback.
+"""
 
 from __future__ import annotations
 
 import functools
 import json
 import os
-import sys
 
 import click
 
@@ -17,16 +23,22 @@ EXIT_FAIL = 1
 EXIT_USAGE = 2
 
 
+class CommandError(click.ClickException):
+    """A user's error (bad input, unusable store): click prints `Error: message` on stderr and exits 2."""
+
+    exit_code = EXIT_USAGE
+
+
 def one_line_errors(fn):
-    """Turn tracekit's own errors into `Error: ...` on stderr and exit 2, never a traceback."""
+    """Raise tracekit's own errors as CommandError: one `Error: ...` line and exit 2, never a traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
         except TracekitError as e:
-            click.echo(f"Error: {terminal_safe(str(e)).replace(chr(10), '|')}", err=True)  # one line, always
-            sys.exit(EXIT_USAGE)
+            # one line, always: names and paths in messages are data, never control sequences
+            raise CommandError(terminal_safe(str(e)).replace("\n", "|")) from None
 
     return wrapper
 
@@ -40,20 +52,29 @@ def _kind_list(ctx, param, value):
     return kinds
 
 
+def json_option(what: str, note: str = ""):
+    """`--json`, the same flag in every command: print `what` as JSON on stdout instead of the text."""
+    return click.option("--json", "as_json", is_flag=True,
+                        help=f"Print {what} as JSON on stdout instead of text.{' ' + note if note else ''}")
+
+
 def comparison_options(fn):
     """The options that choose what `diff` and `report` compare and how closely (one definition).
 
-    The wrapped command receives align, rtol, atol, tol (a tuple), config, exact, equal_nan,
+    The wrapped command receives align, rtol, atol, rel_l2, tol (a tuple), config, exact, equal_nan,
     kinds (a list or None) and allow_missing.
     """
-    from tracekit.compare import ALIGN_MODES  # the CLI's import of the engine, once, here
+    from tracekit.compare.options import ALIGN_MODES  # constants only: --help stays light
 
     options = [
         click.option("--align", type=click.Choice(ALIGN_MODES), default="rank", show_default=True,
                      help="rank: by rank and step; coords: by mesh coordinates; global: layout-free, full tensors per step."),
         click.option("--rtol", type=float, help="Relative tolerance for every kind (default: per dtype, see docs/DIFF.md)."),
         click.option("--atol", type=float, help="Absolute tolerance for every kind (default: per dtype)."),
-        click.option("--tol", "tol", multiple=True, metavar="KIND=RTOL,ATOL", help="Tolerance for one kind; repeatable."),
+        click.option("--rel-l2", "rel_l2", type=float,
+                     help="Bound of the norm rule ||cand-ref|| <= REL_L2 (||ref|| + atol sqrt(n)) for every kind "
+                          "(default: per dtype, see docs/DIFF.md; inf: elementwise rule only)."),
+        click.option("--tol", "tol", multiple=True, metavar="KIND=RTOL,ATOL[,REL_L2]", help="Tolerance for one kind; repeatable."),
         click.option("--config", type=click.Path(), help="TOML file of tolerances (see docs/DIFF.md)."),
         click.option("--exact", is_flag=True, help="Require equal values (rtol = atol = 0)."),
         click.option("--equal-nan", is_flag=True, default=None, help="Count NaNs on both sides as equal."),

@@ -6,10 +6,9 @@ import sys
 
 import click
 
-from tracekit.cli.common import EXIT_USAGE, check_writable, comparison_options, emit_json, one_line_errors
-from tracekit.compare import DEFAULT_ORACLE_FACTOR
-from tracekit.compare import diff as run_diff
-from tracekit.compare.render import render
+from tracekit.cli.common import (EXIT_USAGE, CommandError, check_writable, comparison_options, emit_json, json_option,
+                                 one_line_errors)
+from tracekit.compare.options import DEFAULT_ORACLE_FACTOR
 
 
 class _Progress:
@@ -36,6 +35,16 @@ class _Progress:
             self.bar = None
 
 
+def environment_block(diffs: list[dict]) -> str:
+    """A few lines naming the versions and numeric env vars that differ between REF and CAND."""
+    if not diffs:
+        return ""
+    show = lambda v: "(unset)" if v is None else v  # noqa: E731
+    lines = ["Environment differs between REF and CAND (versions and numeric env vars; may explain differences):"]
+    lines += [f"  {d['fact']}: REF {show(d['values']['REF'])}, CAND {show(d['values']['CAND'])}" for d in diffs]
+    return "\n".join(lines)
+
+
 @click.command("diff")
 @click.argument("ref", type=click.Path())
 @click.argument("cand", type=click.Path())
@@ -44,14 +53,16 @@ class _Progress:
 @click.option("--oracle", type=click.Path(), help="A float64 CPU recording of the same job: three-way verdict.")
 @click.option("--oracle-factor", type=float, default=None,
               help=f"Candidate error allowed, as a multiple of the reference's error against the oracle (default {DEFAULT_ORACLE_FACTOR:g}).")
-@click.option("--json", "json_dest", metavar="FILE|-", help="Also write the JSON report (schemas/diff-report.schema.json); '-' for stdout.")
+@json_option("the report", "The verdict line goes to stderr. Schema: schemas/diff-report.schema.json.")
+@click.option("--json-file", "json_file", metavar="FILE", type=click.Path(),
+              help="Also write the JSON report to FILE, next to the text on stdout.")
 @click.option("--all-tensors", is_flag=True, help="List every compared tensor in the JSON report, not only violations.")
 @click.option("--max-rows", type=click.IntRange(min=0), default=20, show_default=True, help="Violations listed in the human report.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Worker threads (default: the CPUs available).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no tables: only the verdict line.")
 @one_line_errors
-def diff(ref, cand, align, rtol, atol, tol, config, exact, equal_nan, kinds, allow_missing, fail_fast, oracle,
-         oracle_factor, json_dest, all_tensors, max_rows, jobs, quiet):
+def diff(ref, cand, align, rtol, atol, rel_l2, tol, config, exact, equal_nan, kinds, allow_missing, fail_fast, oracle,
+         oracle_factor, as_json, json_file, all_tensors, max_rows, jobs, quiet):
     """Compare a candidate run CAND with a reference run REF, rank by rank and step by step.
 
     \b
@@ -61,29 +72,43 @@ def diff(ref, cand, align, rtol, atol, tol, config, exact, equal_nan, kinds, all
       PASS comparison ranks=N steps=S
       FAIL comparison ranks=N steps=S violations=V first_step=K
     """
-    if json_dest:
-        check_writable(json_dest, "--json")  # before the comparison, not after it
+    from tracekit.compare import diff as run_diff  # the engine, only when comparing (not for --help)
+    from tracekit.compare.render import render
+    from tracekit.inspect.facts import differences, run_facts
+    from tracekit.store import open_store
+
+    if json_file:
+        check_writable(json_file, "--json-file")  # before the comparison, not after it
+    ref, cand = open_store(ref), open_store(cand)  # once, for the diff and the environment check
     progress = _Progress(enabled=not quiet and sys.stderr.isatty())
     try:
         report = run_diff(
-            ref, cand, align=align, rtol=rtol, atol=atol, tol=list(tol), exact=exact, equal_nan=equal_nan,
+            ref, cand, align=align, rtol=rtol, atol=atol, rel_l2=rel_l2, tol=list(tol), exact=exact, equal_nan=equal_nan,
             config=config, kinds=kinds,
             allow_missing=allow_missing, fail_fast=fail_fast, oracle=oracle, oracle_factor=oracle_factor,
             details="all" if all_tensors else "violations", jobs=jobs, progress=progress)
     finally:
         progress.close()
-    if json_dest:
-        emit_json(report.to_dict(), json_dest)
-    to_stdout = json_dest != "-"  # with the JSON on stdout, the verdict line goes to stderr
+    if json_file:
+        emit_json(report.to_dict(), json_file, "--json-file")
+    if as_json:
+        emit_json(report.to_dict(), "-")
+    to_stdout = not as_json  # with the JSON on stdout, the verdict line goes to stderr
+    env_block = "" if quiet else environment_block(differences({"REF": run_facts(ref), "CAND": run_facts(cand)}))
     if quiet:
         click.echo(report.summary_line, err=not to_stdout)
     elif to_stdout:
-        click.echo(render(report, max_rows=max_rows))
+        text = render(report, max_rows=max_rows)
+        if env_block:  # just before the verdict, the last line
+            body, _, verdict = text.rpartition("\n")
+            text = f"{body}\n{env_block}\n{verdict}" if body else f"{env_block}\n{verdict}"
+        click.echo(text)
     else:
+        if env_block:
+            click.echo(env_block, err=True)
         click.echo(report.summary_line, err=True)
     if report.status == "error" and not (to_stdout and not quiet):  # the human report already says so
         if report.nothing_compared:
-            click.echo(f"Error: nothing was compared: {report.nothing_compared_reason}", err=True)
-        else:
-            click.echo("Error: the stores differ in structure; pass --allow-missing to compare the common part", err=True)
+            raise CommandError(f"nothing was compared: {report.nothing_compared_reason}")
+        raise CommandError("the stores differ in structure; pass --allow-missing to compare the common part")
     sys.exit(report.exit_code if report.exit_code != 2 else EXIT_USAGE)

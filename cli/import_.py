@@ -30,7 +30,7 @@ def import_(src, out, force, default_kind, step_offset, keep_names):
     with torch.load(weights_only=True) only: one that holds other objects is refused.
     See docs/INTERCHANGE.md.
     """
-    from tracekit.recorders.materialize import canonical_name  # imports torch: only when importing
+    from tracekit.recorders.names import canonical_name  # no torch: .pt files alone need it
 
     done = import_dumps(src, out, force=force, default_kind=default_kind, step_offset=step_offset,
                         rename=None if keep_names else canonical_name)

@@ -8,7 +8,7 @@ import math
 
 import click
 
-from tracekit.cli.common import emit_json, one_line_errors, write_text
+from tracekit.cli.common import emit_json, json_option, one_line_errors, write_text
 
 
 def _json_safe(v):
@@ -48,12 +48,10 @@ def to_csv(table: dict) -> str:
 
 @click.command()
 @click.argument("stores", nargs=-1, required=True, type=click.Path())
-@click.option("--json", "json_dest", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
-              help="Print the table as JSON (to FILE if given, else stdout).")
-@click.option("--csv", "csv_dest", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
-              help="Print the table as CSV (to FILE if given, else stdout).")
+@json_option("the table")
+@click.option("--csv", "as_csv", is_flag=True, help="Print the table as CSV on stdout instead of text.")
 @one_line_errors
-def loss(stores, json_dest, csv_dest):
+def loss(stores, as_json, as_csv):
     """The loss per step of each STORE side by side, with |difference| and relative difference to the first.
 
     \b
@@ -63,13 +61,13 @@ def loss(stores, json_dest, csv_dest):
     from tracekit.errors import UsageError
     from tracekit.inspect.loss import loss_table
 
-    if json_dest is not None and csv_dest is not None:
+    if as_json and as_csv:
         raise UsageError("choose one of --json and --csv")
     table = loss_table(list(stores))
-    if json_dest is not None:
+    if as_json:
         safe = {**table, "rows": [{k: _json_safe(v) for k, v in r.items()} for r in table["rows"]]}
-        emit_json(safe, json_dest)
-    elif csv_dest is not None:
-        write_text(csv_dest, to_csv(table), "--csv")
+        emit_json(safe, "-")
+    elif as_csv:
+        write_text("-", to_csv(table), "--csv")
     else:
         click.echo(render(table))

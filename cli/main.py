@@ -3,9 +3,22 @@
 import click
 
 from tracekit import __version__
+from tracekit.cli.lazy import LazyGroup
+
+# Each command lives in its own module, imported only when that command runs (or --help lists it):
+# commands that don't train never import torch, and `tracekit diff --help` imports no engine at all.
+COMMANDS = {
+    "record": "tracekit.cli.record.record",
+    "show": "tracekit.cli.show.show",
+    "loss": "tracekit.cli.loss.loss",
+    "report": "tracekit.cli.report.report",
+    "export": "tracekit.cli.export.export",
+    "import": "tracekit.cli.import_.import_",
+    "diff": "tracekit.cli.diff.diff",
+}
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=LazyGroup, lazy_subcommands=COMMANDS, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="tracekit")
 def main():
     """Record, diff, inspect and replay distributed PyTorch training runs.
@@ -16,24 +29,6 @@ def main():
       tracekit record -o runs/cand -- torchrun --standalone --nproc-per-node=4 train.py --device cuda
       tracekit diff runs/ref runs/cand
     """
-
-
-# Each command module registers itself here, one line each.
-from tracekit.cli.record import record  # noqa: E402
-from tracekit.cli.show import show  # noqa: E402
-from tracekit.cli.loss import loss  # noqa: E402
-from tracekit.cli.report import report  # noqa: E402
-from tracekit.cli.export import export  # noqa: E402
-from tracekit.cli.import_ import import_  # noqa: E402
-from tracekit.cli.diff import diff  # noqa: E402
-
-main.add_command(record)
-main.add_command(show)
-main.add_command(loss)
-main.add_command(report)
-main.add_command(export)
-main.add_command(import_)
-main.add_command(diff)
 
 
 if __name__ == "__main__":

@@ -4,15 +4,46 @@ import sys
 
 import click
 
-from tracekit.cli.common import one_line_errors
+from tracekit.cli.common import CommandError, one_line_errors
 from tracekit.errors import UsageError
 from tracekit.recorders.config import (RECORDABLE_KINDS, DEFAULT_QUEUE_MB, RecordConfig, parse_kinds, parse_ranks,
                                        parse_step_range)
 from tracekit.recorders.bootstrap_env import bootstrap_env
-from tracekit.recorders.launch import launch
+from tracekit.recorders.launch import DEFAULT_FLUSH_TIMEOUT, launch
 
 
-@click.command(context_settings={"ignore_unknown_options": False})
+class _RecordCommand(click.Command):
+    """`record`, with a hint for the commonest slip: the recorded command's options before `--`."""
+
+    def parse_args(self, ctx, args):
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as e:
+            if "--" not in args:
+                e.message = (f"{e.message} The command to record goes after --, e.g. "
+                             "tracekit record -o runs/ref -- torchrun --standalone --nproc-per-node=4 train.py")
+                e.possibilities = None
+            raise
+
+
+def _steps(steps: list[int]) -> str:
+    if not steps:
+        return "no steps"
+    span = f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else f"{steps[0]}"
+    return f"steps {span}" + ("" if len(steps) == steps[-1] - steps[0] + 1 else f" ({len(steps)} steps)")
+
+
+def summary_line(done: dict, status: int) -> str:
+    """One line: what the store holds and how the run ended."""
+    from tracekit.cli.show import human_bytes
+
+    ranks = ", ".join(f"{n} {s}" for s, n in sorted(done["statuses"].items())) or "none"
+    return (f"tracekit record: {done['ranks']} rank(s), {_steps(done['steps'])}, "
+            f"kinds {', '.join(done['kinds']) or 'none'}, {human_bytes(done['bytes'])} in {done['store']}; "
+            f"ranks: {ranks}; exit status {status}")
+
+
+@click.command(cls=_RecordCommand, context_settings={"ignore_unknown_options": False})
 @click.option("-o", "--output", "store", required=True, type=click.Path(), help="Store to create (a directory).")
 @click.option("--force", is_flag=True, help="Overwrite an existing tracekit store at OUTPUT.")
 @click.option("--kinds", default=None, metavar="LIST",
@@ -22,7 +53,11 @@ from tracekit.recorders.launch import launch
 @click.option("--ranks", default=None, metavar="LIST", help="Ranks that write, e.g. 0,2-3 (all ranks still gather). Default: all.")
 @click.option("--every", default=1, show_default=True, type=click.IntRange(min=1), help="Record every k-th step (k, 2k, ...).")
 @click.option("--queue-mb", default=DEFAULT_QUEUE_MB, show_default=True, type=click.IntRange(min=1),
-              help="Per rank, at most this many MB of copied tensors wait for the background writer.")
+              help="Per rank, at most this many MB of handed-off steps wait for the rank's writer process.")
+@click.option("--flush-timeout", default=DEFAULT_FLUSH_TIMEOUT, show_default=True, type=click.FloatRange(min=0),
+              metavar="SECONDS",
+              help="After a signal (or the command's end), wait at most this long for the ranks' writers to store "
+                   "their spooled steps; then stop them. See docs/RELIABILITY.md.")
 @click.option("--replay-from", "replay_from", default=None, metavar="REF", type=click.Path(),
               help="Replay: start each step from REF's recorded state (parameters, and optimizer state if REF has it), "
                    "so each step's error is its own. See docs/REPLAY.md.")
@@ -33,10 +68,18 @@ from tracekit.recorders.launch import launch
 @click.option("--strict", is_flag=True, help="Fail the job if zero-code recording cannot instrument it (default: warn once, go on).")
 @click.option("--optimizer", "optimizer_name", default=None, metavar="CLASS",
               help="Zero-code: the training optimizer's class name, when the first one stepped after backward() is not it.")
+@click.option("--trace", "trace", type=click.Choice(["modules", "ops"]), default=None,
+              help="Trace the chosen steps: every module's output and gradient (modules) or every dispatched aten op "
+                   "with its inputs, outputs and scalar arguments (ops). See docs/LOCATE.md.")
+@click.option("--trace-steps", default=None, metavar="K[:L]",
+              help="With --trace: the traced steps (default 1; zero-code recording traces from step 2).")
+@click.option("--trace-full", "trace_full", multiple=True, metavar="GLOB",
+              help="With --trace: keep whole tensors (not only summaries) of events whose label PHASE:MODULE:OP#CALL "
+                   "matches GLOB (repeatable), e.g. 'fwd:0:*'.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @one_line_errors
-def record(store, force, kinds, param_globs, ranks, every, queue_mb, replay_from, replay_steps, zero_code, strict,
-           optimizer_name, command):
+def record(store, force, kinds, param_globs, ranks, every, queue_mb, flush_timeout, replay_from, replay_steps, zero_code, strict,
+           optimizer_name, trace, trace_steps, trace_full, command):
     """Run COMMAND (usually torchrun ...) and record what every rank computes into STORE.
 
     \b
@@ -50,8 +93,25 @@ def record(store, force, kinds, param_globs, ranks, every, queue_mb, replay_from
     """
     config = RecordConfig(store=store, kinds=parse_kinds(kinds), params=tuple(param_globs),
                           ranks=parse_ranks(ranks), every=every, queue_mb=queue_mb,
-                          replay_from=replay_from, replay_steps=parse_step_range(replay_steps))
+                          replay_from=replay_from, replay_steps=parse_step_range(replay_steps),
+                          trace=trace, trace_steps=parse_step_range(trace_steps or "1"), trace_full=tuple(trace_full))
+    if (trace_steps or trace_full) and not trace:
+        raise UsageError("--trace-steps and --trace-full need --trace modules|ops")
     if replay_steps and not replay_from:
         raise UsageError("--replay-steps needs --replay-from REF")
     env = bootstrap_env(strict=strict, optimizer=optimizer_name) if zero_code else None
-    sys.exit(launch(list(command), config, force=force, env_updates=env, extra_meta={"zero_code": zero_code}))
+    status = launch(list(command), config, force=force, env_updates=env, extra_meta={"zero_code": zero_code},
+                    flush_timeout=flush_timeout)
+    from tracekit.inspect.summary import recording_summary
+
+    done = recording_summary(store)
+    click.echo(summary_line(done, status), err=True)
+    if not done["steps"]:
+        why = (f"--ranks {ranks} matched no rank of the job" if config.ranks is not None and not done["ranks"] else
+               "no rank started recording (did the command run a training script?)" if not done["ranks"] else
+               "no rank completed a step (steps are recorded when the training optimizer steps)")
+        message = f"nothing was recorded in {store}: {why}; see docs/ZEROCODE.md"
+        if status == 0:  # a run that "succeeded" with an empty store must not pass in CI
+            raise CommandError(message)
+        click.echo(f"Error: {message}", err=True)
+    sys.exit(status)

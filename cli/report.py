@@ -18,19 +18,19 @@ from tracekit.cli.common import comparison_options, one_line_errors
               help="A replay of CAND's job (tracekit record --replay-from REF): plot its local error against "
                    "CAND's accumulated error per step (docs/REPLAY.md).")
 @one_line_errors
-def report(ref, cand, output, align, rtol, atol, tol, config, exact, equal_nan, kinds, allow_missing, replay):
+def report(ref, cand, output, align, rtol, atol, rel_l2, tol, config, exact, equal_nan, kinds, allow_missing, replay):
     """Compare CAND with REF (as `tracekit diff` does) and write the result as one HTML file.
 
     \b
     The page is self-contained (plots embedded as PNG, no network) and shows the verdict, the
-    first divergence, the loss of both runs, heatmaps of the max relative error over rank x step
-    for each kind, and the worst tensors. Plots need matplotlib (pip install 'tracekit[plot]').
+    first divergence, the loss of both runs, heatmaps of the violation margin
+    (error / bound; > 1 fails) over rank x step for each kind, and the worst tensors. Plots need matplotlib (pip install 'tracekit[plot]').
     Exit status as `tracekit diff`: 0 pass, 1 tolerance violations, 2 unusable input; the report
     is written in every case but unusable input.
     """
     from tracekit.report import write_report
 
-    result = write_report(ref, cand, output, align=align, rtol=rtol, atol=atol, tol=list(tol), config=config,
+    result = write_report(ref, cand, output, align=align, rtol=rtol, atol=atol, rel_l2=rel_l2, tol=list(tol), config=config,
                           exact=exact, equal_nan=equal_nan,
                           kinds=kinds,
                           allow_missing=allow_missing, replay=replay)

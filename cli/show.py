@@ -6,7 +6,7 @@ import shlex
 
 import click
 
-from tracekit.cli.common import emit_json, one_line_errors
+from tracekit.cli.common import emit_json, json_option, one_line_errors
 from tracekit.display import shown, terminal_safe
 
 # Run facts in the order a reader looks for them; anything else recorded follows.
@@ -31,8 +31,8 @@ def _value(key: str, v) -> str:
     return str(v)
 
 
-def _run_lines(run: dict) -> list[str]:
-    keys = [k for k in _FIRST if k in run] + [k for k in run if k not in _FIRST]
+def _run_lines(run: dict, skip=()) -> list[str]:
+    keys = [k for k in _FIRST if k in run and k not in skip] + [k for k in run if k not in _FIRST and k not in skip]
     lines = []
     for k in keys:
         v = run[k]
@@ -70,7 +70,8 @@ def _rank_lines(ranks: list[dict]) -> tuple[str, list[str]]:
         rows.append([str(r["rank"]), *[str(r["coords"].get(k, "-")) for k in coord_keys], mesh, r["status"],
                      _steps(r["first_step"], r["last_step"], r["steps_completed"]), human_bytes(r["bytes"])])
     common = " ".join(f"{k}={ranks[0]['coords'][k]}" for k in constant) if ranks else ""
-    return common, _table(header, rows)
+    causes = [f"  rank {r['rank']} {r['status']}: {r['cause']}" for r in ranks if r.get("cause")]
+    return common, _table(header, rows) + causes
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -93,21 +94,68 @@ def _kind_lines(kinds: list[dict]) -> list[str]:
     return lines
 
 
-def _unfinished(summary: dict) -> str:
-    state = summary.get("job_state")
+def _finished(summary: dict) -> str:
+    running = summary.get("running_ranks") or []
+    launcherless = summary.get("launcherless")  # recorded through TRACEKIT_STORE: nobody finalizes the store
+    if summary["finished"]:
+        return f"yes (exit status {summary['run'].get('exit_status')})"
+    state = summary.get("job_state")  # from the store's job lock (tracekit.store.ownership)
     if state == "launcher died":
         return "no: launcher died (the job ended without finalizing; ranks keep their completed steps)"
     if state == "recording":
-        return "no (still recording)"
-    return "no (recorded without a launcher; see each rank's status)"
+        return "no: still recording (its launcher holds the store)"
+    if running:
+        return (f"no: rank(s) {_ranges(running)} still running, or died without closing"
+                + (" (no launcher)" if launcherless else "; or the launcher died"))
+    if launcherless:
+        return "every rank closed (no launcher, so no exit status)"
+    return "every rank closed, but no launcher finalized the store (no exit status: it is finishing, or died)"
+
+
+def _ranges(ranks: list[int]) -> str:
+    """[0, 1, 2, 5] -> '0-2, 5'."""
+    out, start = [], None
+    for i, r in enumerate(ranks):
+        if start is None:
+            start = r
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            out.append(str(start) if start == r else f"{start}-{r}")
+            start = None
+    return ", ".join(out)
+
+
+def _environment_lines(summary: dict) -> list[str]:
+    """The versions and numeric env vars: those every rank shares, then a table of the watched ones
+    that differ, each rank that departs from the most common combination flagged with '!'."""
+    env = summary.get("environment")
+    if not env:
+        return []
+    same = env["common"]
+    lines = ["  same on every rank: " + (", ".join(f"{k}={v}" for k, v in same.items()) or "(nothing recorded)")]
+    if env["differs"]:
+        names = [d["fact"] for d in env["differs"]]
+        by_rank = {str(r["rank"]): tuple(str(d["values"].get(r["rank"], d["values"].get(str(r["rank"])))) for d in env["differs"])
+                   for r in summary["ranks"]}
+        from collections import Counter
+
+        usual = Counter(by_rank.values()).most_common(1)[0][0]
+        rows = [[rank + (" !" if values != usual else ""), *["-" if v == "None" else v for v in values]]
+                for rank, values in by_rank.items()]
+        flagged = [rank for rank, values in by_rank.items() if values != usual]
+        lines += [f"  DIFFERS over ranks ({', '.join(names)}); flagged: rank(s) {', '.join(flagged)}",
+                  *["  " + line for line in _table(["rank", *names], rows)]]
+    return lines
 
 
 def render(summary: dict) -> str:
     common, rank_table = _rank_lines(summary["ranks"])
+    per_rank = bool(summary.get("environment"))
     lines = [f"store: {summary['store']}",
              f"size on disk: {human_bytes(summary['bytes_on_disk'])} ({summary['bytes_on_disk']} bytes)",
-             f"finished: {'yes' if summary['finished'] else _unfinished(summary)}",
-             "", "run:", *_run_lines(summary["run"]),
+             f"finished: {_finished(summary)}",
+             "", "run:", *_run_lines(summary["run"], skip=("versions", "env") if per_rank else ()),
+             *(["", "environment (versions and numeric env vars each rank recorded):", *_environment_lines(summary)]
+               if per_rank else []),
              "", f"ranks ({summary['world_size']}{'; ' + common if common else ''}):", *rank_table,
              "", "kinds:", *_kind_lines(summary["kinds"])]
     return terminal_safe("\n".join(lines))
@@ -115,15 +163,14 @@ def render(summary: dict) -> str:
 
 @click.command()
 @click.argument("store", type=click.Path())
-@click.option("--json", "json_dest", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
-              help="Print the summary as JSON (to FILE if given, else stdout).")
+@json_option("the summary")
 @one_line_errors
-def show(store, json_dest):
+def show(store, as_json):
     """Summarize STORE: run metadata, ranks and their coordinates, steps, tensors, bytes on disk."""
     from tracekit.inspect.summary import summarize
 
     summary = summarize(store)
-    if json_dest is not None:
-        emit_json(summary, json_dest)
+    if as_json:
+        emit_json(summary, "-")
     else:
         click.echo(render(summary))

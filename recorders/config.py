@@ -17,6 +17,10 @@ ENV_EVERY = "TRACEKIT_EVERY"
 ENV_QUEUE_MB = "TRACEKIT_QUEUE_MB"
 ENV_REPLAY_FROM = "TRACEKIT_REPLAY_FROM"
 ENV_REPLAY_STEPS = "TRACEKIT_REPLAY_STEPS"
+ENV_TRACE = "TRACEKIT_TRACE"
+ENV_TRACE_STEPS = "TRACEKIT_TRACE_STEPS"
+ENV_TRACE_FULL = "TRACEKIT_TRACE_FULL"
+TRACE_LEVELS = ("modules", "ops")
 
 RECORDABLE_KINDS = KINDS + ("optimizer_state",)
 DEFAULT_QUEUE_MB = 1024
@@ -83,6 +87,14 @@ def parse_step_range(spec: str | None) -> tuple[int, int | None]:
     return (lo, hi)
 
 
+def parse_trace_level(spec: str | None) -> str | None:
+    if not spec:
+        return None
+    if spec not in TRACE_LEVELS:
+        raise UsageError(f"trace level {spec!r}: use one of {', '.join(TRACE_LEVELS)}")
+    return spec
+
+
 def format_step_range(steps: tuple[int, int | None]) -> str:
     return f"{steps[0]}:{'' if steps[1] is None else steps[1]}"
 
@@ -98,6 +110,9 @@ class RecordConfig:
     replay_from: str | None = None  # a reference store: each replayed step starts from its state
     replay_steps: tuple[int, int | None] = (1, None)  # replayed steps, inclusive (None: to the end)
     run_id: str | None = None  # the job's run id, set by `tracekit record`; ranks write only under it
+    trace: str | None = None  # "modules" or "ops": trace the chosen steps at that level
+    trace_steps: tuple[int, int | None] = (1, 1)  # traced steps, inclusive
+    trace_full: tuple[str, ...] = ()  # fnmatch globs over event labels whose tensors are kept whole
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -124,6 +139,9 @@ class RecordConfig:
             replay_from=env.get(ENV_REPLAY_FROM) or None,
             replay_steps=parse_step_range(env.get(ENV_REPLAY_STEPS)),
             run_id=env.get(ENV_RUN_ID) or None,
+            trace=parse_trace_level(env.get(ENV_TRACE)),
+            trace_steps=parse_step_range(env.get(ENV_TRACE_STEPS) or "1"),
+            trace_full=tuple(g for g in env.get(ENV_TRACE_FULL, "").split("\n") if g),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -139,6 +157,11 @@ class RecordConfig:
         if self.replay_from:
             env[ENV_REPLAY_FROM] = os.path.abspath(self.replay_from)
             env[ENV_REPLAY_STEPS] = format_step_range(self.replay_steps)
+        if self.trace:
+            env[ENV_TRACE] = self.trace
+            env[ENV_TRACE_STEPS] = format_step_range(self.trace_steps)
+            if self.trace_full:
+                env[ENV_TRACE_FULL] = "\n".join(self.trace_full)
         return env
 
     def with_store(self, store: str | None) -> "RecordConfig":
@@ -146,3 +169,11 @@ class RecordConfig:
 
     def records_step(self, step: int) -> bool:
         return step % self.every == 0
+
+    def traces_step(self, step: int) -> bool:
+        lo, hi = self.trace_steps
+        return self.trace is not None and step >= lo and (hi is None or step <= hi)
+
+    def traces_after(self, step: int) -> bool:
+        """Whether any step after `step` is still to be traced."""
+        return self.trace is not None and (self.trace_steps[1] is None or self.trace_steps[1] > step)

@@ -34,24 +34,38 @@ def dp_groups(params: Iterable[torch.Tensor]) -> list:
     return []
 
 
+# Loss dtypes the ranks agree on before averaging (an index into this tuple travels in the count
+# all-reduce); any other dtype is averaged in float32.
+_DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16)
+
+
 def mean_over(local: torch.Tensor | None, groups: list, device: torch.device) -> torch.Tensor | None:
     """Mean of `local` over the ranks of `groups` (nested, e.g. HSDP's replicate and shard dims).
 
-    Summed in float64 with a count, so ranks agree on dtype even when one has no loss; the
-    result has the local loss's dtype. None when no rank had a loss.
+    Bit for bit what a DDP script computes: `all_reduce(loss, SUM)` in the loss's own dtype, then
+    `/ world_size` in that dtype (docs/ZEROCODE.md). A first, small all-reduce agrees on how many
+    ranks have a loss and on its dtype, so a rank without one still takes part (it adds a zero and
+    is not counted). None when no rank had a loss.
     """
     if local is not None:
         local = local.detach()
         if is_dtensor(local):
             local = local.full_tensor()
-        dtype, device = local.dtype, local.device
-        buf = torch.stack([local.reshape(()).to(torch.float64), torch.ones((), dtype=torch.float64, device=device)])
+        device = local.device
+        code = _DTYPES.index(local.dtype) if local.dtype in _DTYPES else 0
+        info = torch.tensor([1.0, float(code)], dtype=torch.float64, device=device)
     else:
-        dtype = torch.float32
-        buf = torch.zeros(2, dtype=torch.float64, device=device)
+        info = torch.zeros(2, dtype=torch.float64, device=device)
     for group in groups:
-        dist.all_reduce(buf, op=dist.ReduceOp.SUM, group=group)  # gloo has no AVG
-    total, count = buf.tolist()
+        dist.all_reduce(info, op=dist.ReduceOp.SUM, group=group)  # gloo has no AVG
+    count, codes = info.tolist()
     if count == 0:
         return None
-    return torch.tensor(total / count, dtype=torch.float64).to(dtype)
+    dtype = _DTYPES[int(round(codes / count))]
+    if local is not None:
+        total = local.reshape(()).to(dtype).clone()
+    else:
+        total = torch.zeros((), dtype=dtype, device=device)
+    for group in groups:
+        dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+    return total / int(count)

@@ -1,17 +1,25 @@
 """`tracekit record`'s engine: create the store, point the workers at it, run, finalize.
 
 Like ddtrace-run: settings travel in environment variables and the command is run as a child whose
-exit status becomes ours. Signals sent to the launcher are forwarded to the child, so torchrun can
-shut its workers down cleanly (they flush their recorders on SIGTERM) before the store is closed.
+exit status becomes ours. Signals sent to the launcher are forwarded to the child. Each recording
+rank hands its steps to a writer process that outlives it (recorders/handoff.py); their spools live
+in one folder we create, and the store is finalized only once every writer has finished.
+
+--flush-timeout bounds how long that takes after a forwarded signal (or after the command ends):
+when it runs out, the command is SIGKILLed, and writers still writing are stopped after the step
+in hand; the steps they did not write are listed in their rank's `unwritten_steps`.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from typing import Sequence
 
 from tracekit.environment import run_environment
@@ -21,21 +29,13 @@ from tracekit.store.finalize import mark_writers_outlived
 from tracekit.store.ownership import ENV_RUN_ID, JobClaim, new_run_id
 from tracekit.store.writer import check_target
 from tracekit.recorders.config import RecordConfig, format_step_range
+from tracekit.recorders.spool import ENV_SPOOL, spool_root
+from tracekit.recorders.spool_writer import LOCK
+from tracekit.recorders.exits import StderrTail, worker_exits
 
-FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-# After the command exits, how long to wait for ranks that still write (orphans of a killed agent
-# flushing on their parent-death SIGTERM) before giving up on finalizing. Env: TRACEKIT_WRITERS_WAIT_S.
-WRITERS_WAIT_S = 120.0
-
-
-def _writers_wait_s() -> float:
-    try:
-        value = float(os.environ.get("TRACEKIT_WRITERS_WAIT_S", WRITERS_WAIT_S))
-    except ValueError:
-        raise UsageError("TRACEKIT_WRITERS_WAIT_S must be a number of seconds") from None
-    if not value >= 0:
-        raise UsageError("TRACEKIT_WRITERS_WAIT_S must be a number of seconds, at least 0")
-    return value
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)  # start the flush clock
+DEFAULT_FLUSH_TIMEOUT = 60.0
 
 
 def _claim(store: str, force: bool) -> JobClaim:
@@ -61,7 +61,7 @@ def worker_env(config: RecordConfig, base: dict | None = None) -> dict[str, str]
 
 
 def launch(command: Sequence[str], config: RecordConfig, force: bool = False, extra_meta: dict | None = None,
-           env_updates: dict | None = None) -> int:
+           env_updates: dict | None = None, flush_timeout: float = DEFAULT_FLUSH_TIMEOUT) -> int:
     """Run `command` recorded into config.store; returns the command's exit status."""
     if not command:
         raise UsageError("no command to record; put it after --, e.g. tracekit record -o runs/ref -- torchrun ... train.py")
@@ -71,55 +71,124 @@ def launch(command: Sequence[str], config: RecordConfig, force: bool = False, ex
     meta = {"launcher": "tracekit record", **run_environment(list(command)),
             "record_config": {"kinds": list(config.kinds), "params": list(config.params),
                               "ranks": sorted(config.ranks) if config.ranks is not None else None,
-                              "every": config.every},
+                              "every": config.every,
+                              **({"trace": config.trace, "trace_steps": format_step_range(config.trace_steps),
+                                  "trace_full": list(config.trace_full)} if config.trace else {})},
             **(extra_meta or {})}
     if config.replay_from:
         from tracekit.recorders.replay import check_reference  # imports torch: only when replaying
 
         meta.update(check_reference(config.replay_from, store), replay_steps=format_step_range(config.replay_steps))
-    wait_s = _writers_wait_s()
     claim = _claim(store, force)
     try:
         create_store(store, {**meta, "run_id": claim.run_id}, force=force)
-        env = worker_env(config.with_store(store))
-        env.update(env_updates or {})
-        env[ENV_RUN_ID] = claim.run_id
-        return _run(command, store, env, claim, wait_s, config.ranks)
+        return _launch(command, config, store, claim, env_updates, flush_timeout)
     finally:
         claim.release()
 
 
-def _run(command: Sequence[str], store: str, env: dict, claim: JobClaim, wait_s: float,
-         config_ranks: frozenset[int] | None) -> int:
+def _launch(command, config: RecordConfig, store: str, claim: JobClaim, env_updates, flush_timeout: float) -> int:
+    spools = tempfile.mkdtemp(prefix="tracekit-spool-", dir=spool_root(config.queue_mb * 1024 * 1024))
+    env = worker_env(config.with_store(store))
+    env[ENV_SPOOL] = spools
+    env[ENV_RUN_ID] = claim.run_id
+    env.update(env_updates or {})
+    read_fd, write_fd = os.pipe()  # the workers' exit codes are in torchrun's report on stderr
     try:
-        proc = subprocess.Popen(list(command), env=env)
-    except OSError as e:  # on PATH and executable, yet not runnable (bad format, permissions)
-        finalize_store(store, 127)
-        raise UsageError(f"cannot run {command[0]}: {e.strerror or e}") from None
-    previous = {}
+        try:
+            proc = subprocess.Popen(list(command), env=env, stderr=write_fd)
+        except OSError as e:  # on PATH and executable, yet not runnable (bad format, permissions)
+            os.close(read_fd)
+            os.close(write_fd)
+            finalize_store(store, 127)
+            raise UsageError(f"cannot run {command[0]}: {e.strerror or e}") from None
+        os.close(write_fd)
+        tail = StderrTail(read_fd)
+        deadline: list[float] = []  # set by the first ending signal
 
-    def forward(signum, frame):
-        if proc.poll() is None:
-            proc.send_signal(signum)
+        def forward(signum, frame):
+            if signum in ENDING_SIGNALS and not deadline:
+                deadline.append(time.monotonic() + flush_timeout)
+            if proc.poll() is None:
+                proc.send_signal(signum)
 
-    for sig in FORWARDED_SIGNALS:
-        previous[sig] = signal.signal(sig, forward)
-    try:
-        rc = proc.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    status = rc if rc >= 0 else 128 - rc  # killed by signal N: report 128+N, as shells do
-    # Workers of a killed agent outlive it (they get SIGTERM as their parent dies and flush):
-    # finalizing now would consolidate metadata they are about to change.
-    if not claim.wait_for_writers(wait_s):
-        mark_writers_outlived(store, status)
-        print(f"tracekit: ranks still write to {store} {wait_s:g} s after the command ended; "
-              "left it unfinalized (readers report it as 'launcher died')", file=sys.stderr, flush=True)
+        previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+        try:
+            rc = _wait(proc, deadline)
+            if not deadline:
+                deadline.append(time.monotonic() + flush_timeout)
+            wait_for_writers(spools, deadline[0])
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        status = rc if rc >= 0 else 128 - rc  # killed by signal N: report 128+N, as shells do
+        # Any process still holding the store's writers lock (an orphan of a killed agent, a writer
+        # outside our spools) would change metadata that finalizing consolidates: wait for it too.
+        if not claim.wait_for_writers(max(0.0, deadline[0] - time.monotonic())):
+            mark_writers_outlived(store, status)
+            print(f"tracekit: ranks still write to {store} at --flush-timeout; left it unfinalized "
+                  "(readers report it as 'launcher died')", file=sys.stderr, flush=True)
+            return status
+        finalize_store(store, status, worker_exits(tail.text()) if rc != 0 else {})
         return status
-    summary = finalize_store(store, status)
-    if config_ranks is not None and not summary["ranks"]:
-        print(f"Error: --ranks {','.join(map(str, sorted(config_ranks)))} matched no rank of the job "
-              f"(world size {summary.get('world_size') or 'unknown'}); nothing was recorded", file=sys.stderr, flush=True)
-        return status or 2
-    return status
+    finally:
+        shutil.rmtree(spools, ignore_errors=True)
+
+
+def _wait(proc: subprocess.Popen, deadline: list[float]) -> int:
+    """The command's exit status; past the flush deadline, SIGKILL it first."""
+    while True:
+        try:
+            # a short timeout, so a deadline set by a signal handler meanwhile is seen
+            return proc.wait(timeout=0.2 if not deadline else max(0.0, min(0.2, deadline[0] - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            if deadline and time.monotonic() >= deadline[0]:
+                print("tracekit: the command did not end within --flush-timeout after the signal; killing it",
+                      file=sys.stderr, flush=True)
+                proc.kill()
+                return proc.wait()
+
+
+def wait_for_writers(spools: str, deadline: float) -> None:
+    """Wait until every rank's writer process has finished (each holds a lock for its life); at the
+    deadline, stop the ones still writing (SIGTERM: they finish the step in hand, list the rest)."""
+    try:
+        folders = [os.path.join(spools, d) for d in os.listdir(spools)]
+    except OSError:
+        return
+    for folder in folders:
+        if not _wait_lock(os.path.join(folder, LOCK), deadline):
+            pid = _writer_pid(os.path.join(folder, LOCK))
+            print(f"tracekit: a writer process is still writing at --flush-timeout; stopping it "
+                  "(its unwritten steps are listed in the store)", file=sys.stderr, flush=True)
+            if pid is not None:
+                try:
+                    os.kill(pid, signal.SIGTERM)
+                except OSError:
+                    pass
+            _wait_lock(os.path.join(folder, LOCK), None)
+
+
+def _writer_pid(path: str) -> int | None:
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def _wait_lock(path: str, deadline: float | None) -> bool:
+    """True once nobody holds the lock at `path` (or it is gone); False at the deadline."""
+    try:
+        f = open(path)
+    except OSError:
+        return True  # the writer finished and removed its spool
+    with f:
+        while True:
+            try:
+                fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+                return True
+            except BlockingIOError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    return False
+                time.sleep(0.05)  # flock has no timeout; a short poll bounds the wait

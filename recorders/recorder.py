@@ -9,6 +9,7 @@ hooks, so both paths share this implementation.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import sys
@@ -20,18 +21,20 @@ import torch
 import torch.distributed as dist
 
 from tracekit.errors import TracekitError
-from tracekit.store import RankWriter, create_store, is_store
+from tracekit.store import create_store, is_store
 from tracekit.store.format import INITIAL_STEP
 from tracekit.store.ownership import new_run_id
 from tracekit.recorders.parent_death import die_with_parent
 from tracekit.environment import numeric_env, package_versions, run_environment
-from tracekit.recorders.background import BackgroundWriter
+from tracekit.recorders import outcome
+from tracekit.recorders.handoff import Handoff
 from tracekit.recorders.config import RecordConfig
 from tracekit.recorders.coords import detect_coords
 from tracekit.recorders.materialize import canonical_name, flatten_output, full_cpu, gather_full_cpu, select
 from tracekit.store.tensors import from_torch
 from tracekit.recorders.optim_state import state_tensors
 from tracekit.recorders.replay import Replay
+from tracekit.store.traces import TraceWriter
 
 
 def _named_parameters(model=None, params=None) -> list[tuple[str, torch.nn.Parameter]]:
@@ -58,8 +61,9 @@ _HOOKS_INSTALLED = False
 
 
 def _close_all() -> None:
+    status, cause = outcome.exit_status()  # finished only if the program ended cleanly
     for rec in list(_LIVE):
-        rec.close("finished")
+        rec.close(status, cause)
 
 
 def _forget_all_in_child() -> None:
@@ -88,8 +92,10 @@ def _install_process_hooks() -> None:
     os.register_at_fork(after_in_child=_forget_all_in_child)
 
 
-def _nbytes(tensors: dict[str, torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors.values())
+# Signals whose default action ends the process without Python's cleanup. SIGINT raises
+# KeyboardInterrupt, which closes the recorder like any exception; SIGQUIT and SIGKILL are left
+# alone (a core dump is asked for; SIGKILL cannot be caught): the writer process sees the death.
+_HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 
 # Set once a script's own Recorder starts recording in this process: the zero-code bootstrap
@@ -140,16 +146,18 @@ class Recorder:
         self._in_step = False
         self._initial_done = False
         self._grad_snapshot: list | None = None
-        self._captured: dict | None = None  # capture_after()'s tensors, handed over by finish_step()
         self._hooks: list = []
-        self._writer: RankWriter | None = None
-        self._bg: BackgroundWriter | None = None
+        self._handoff: Handoff | None = None  # this rank's spool and the writer process behind it
+        self._spooled = False  # the open step's capture is in the spool, not yet sealed
         self._started = False
         self._writes = False  # whether this rank keeps what it gathers (decided in start())
         self._closed = False
-        self._prev_sigterm = None
+        self._forked = False  # this is a forked child of the recording process
+        self._prev_handlers: dict = {}  # signal -> the handler ours replaced
         self.coords: dict = {}
         self._replay: Replay | None = None  # set in start() when config.replay_from names a reference
+        self._tracer = None  # a recorders.tracing.Tracer while steps remain to be traced (--trace)
+        self._trace_writer: TraceWriter | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> "Recorder":
@@ -157,7 +165,10 @@ class Recorder:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.close(status="finished" if exc_type is None else "failed")
+        if exc_type is None:
+            self.close(status="finished")
+        else:
+            self.close(status="failed", cause=outcome.one_line(exc) if exc is not None else exc_type.__name__)
 
     def start(self) -> "Recorder":
         if self._started or not self.enabled:
@@ -180,12 +191,18 @@ class Recorder:
         if self.config.replay_from:
             self._replay = Replay.open(self.config, self.coords["rank"], self._params, lambda: self.optimizer)
         if self._writes:
-            self._writer = RankWriter(self.config.store, self.coords["rank"], self._rank_attrs(), run_id=self.config.run_id)
-            self._bg = BackgroundWriter(self.config.queue_mb * 1024 * 1024, name=f"tracekit-writer-{self.coords['rank']}")
+            self._handoff = Handoff(self.config.store, self.coords["rank"], self._rank_attrs(),
+                                    self.config.queue_mb * 1024 * 1024)
         if self._replay is not None and not self.zero_code:
             # step 1 starts from the reference's initial parameters. (Zero-code starts us at the first
             # optimizer step, after step 1's backward: too late to load; its step 1 is its own.)
             self._replay.before_step(1)
+        if self.config.trace and self._writes:
+            from tracekit.recorders.tracing import Tracer  # torch dispatch machinery: only when tracing
+
+            self._tracer = Tracer(self.config.trace, self.model, self.config.trace_full)
+            if not self.zero_code:  # zero-code starts inside step 1: its first whole step is step 2
+                self._trace_begin(1)
         if self.optimizer is not None:
             self._hooks.append(self.optimizer.register_step_pre_hook(lambda *a: self.begin_step()))
             self._hooks.append(self.optimizer.register_step_post_hook(lambda *a: self.end_step()))
@@ -222,66 +239,117 @@ class Recorder:
 
     def _install_exit_handlers(self) -> None:
         _install_process_hooks()
+        outcome.install()
         _LIVE.add(self)  # weakly: a recorder the program dropped is not kept alive by its exit hooks
         if threading.current_thread() is threading.main_thread():
-            prev = signal.getsignal(signal.SIGTERM)
-            if prev is not signal.SIG_IGN:  # a job that ignores SIGTERM keeps doing so
-                self._prev_sigterm = prev
-                signal.signal(signal.SIGTERM, self._on_sigterm)
+            for sig in _HANDLED_SIGNALS:
+                prev = signal.getsignal(sig)
+                if prev is not signal.SIG_IGN:  # a job that ignores a signal keeps doing so
+                    self._prev_handlers[sig] = prev
+                    signal.signal(sig, self._on_signal)
 
-    def _on_sigterm(self, signum, frame) -> None:
-        # Flush what was fully captured, then die the way SIGTERM would have killed us.
+    def _on_signal(self, signum, frame) -> None:
+        # Every completed step is already in the spool: tell the writer process how we end (it
+        # writes the rest on its own, so a slow disk cannot hold us up until a SIGKILL), then die
+        # the way the signal would have killed us. A signal during close()'s wait lands here too.
         try:
-            self.close(status="terminated")
+            if self._handoff is not None and not self._forked:
+                self._handoff.send_close("terminated", self._end_attrs(f"terminated by {signal.Signals(signum).name}"))
+            self.close(status="terminated", wait=False)
         finally:
-            prev = self._prev_sigterm
-            if callable(prev):
+            self._restore_handlers()
+            prev = self._prev_handlers.get(signum)
+            if callable(prev) and prev != self._on_signal:
                 prev(signum, frame)
             else:
-                signal.signal(signal.SIGTERM, signal.SIG_DFL)
-                os.kill(os.getpid(), signal.SIGTERM)
+                signal.signal(signum, signal.SIG_DFL)
+                os.kill(os.getpid(), signum)
+
+    def _restore_handlers(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for sig, prev in self._prev_handlers.items():
+            if signal.getsignal(sig) == self._on_signal:
+                signal.signal(sig, prev)
+
+    # ---- traces ------------------------------------------------------------------------------
+    def untraced(self):
+        """A context in which tracekit's own tensor work stays out of the step's trace."""
+        return self._tracer.untraced() if self._tracer is not None else contextlib.nullcontext()
+
+    def _trace_begin(self, step: int) -> None:
+        if self._tracer is not None and self.config.traces_step(step) and not self._closed:
+            self._tracer.start(step, self._params)
+
+    def _trace_end(self, step: int) -> None:
+        """Stop tracing `step` and queue its events for the writer (a step cut short is dropped)."""
+        tracer = self._tracer
+        if tracer is None or tracer.current is None:
+            return
+        trace = tracer.stop()
+        if not self.config.traces_after(step):
+            tracer.close()
+            self._tracer = None
+        if trace.step != step or not self._writes or self._closed:
+            return
+        from tracekit.store.tensors import from_torch
+
+        events, full = trace.events, [from_torch(k, t) for k, t in trace.full]
+        if self._trace_writer is None:
+            self._trace_writer = TraceWriter(self._writer.group)
+        writer, level = self._trace_writer, trace.level
+        self._bg.submit(lambda: writer.write_step(level, step, events, full), trace.nbytes())
 
     def forget_in_child(self) -> None:
-        # A forked child (a DataLoader worker) must never close the parent's rank group.
-        self._closed = True
-        if self._writer is not None:
-            self._writer.forget_in_child()
-        if self._prev_sigterm is not None and signal.getsignal(signal.SIGTERM) == self._on_sigterm:
-            signal.signal(signal.SIGTERM, self._prev_sigterm)
+        # A forked child (a DataLoader worker) must never close the parent's rank group, nor keep
+        # the writer process from seeing the parent's death.
+        self._closed = self._forked = True
+        if self._handoff is not None:
+            self._handoff.forget_in_child()
+        self._restore_handlers()
 
     def stop_writing(self) -> None:
         """After a failure: keep taking part in the gathers (collectives other ranks wait on), keep nothing."""
         self._writes = False
 
     def flush(self) -> None:
-        """Block until every step handed to the background writer is on disk."""
-        if self._bg is not None:
-            self._bg.flush()
+        """Block until every step handed over so far is in the store."""
+        if self._handoff is not None:
+            self._handoff.flush()
 
-    def close(self, status: str = "finished") -> None:
-        """Write out everything queued and mark the rank's status. Safe to call more than once."""
+    def close(self, status: str = "finished", cause: str | None = None, wait: bool = True) -> None:
+        """Mark the rank's status (with a one-line cause when it did not finish); with wait, block
+        until every step is in the store. Safe to call more than once. The signal handlers stay in
+        place until the store has everything: a SIGTERM during the wait still ends the rank with
+        every spooled step kept."""
         if self._closed or not self._started:
             return
+        if self._tracer is not None:  # a step still being traced never finished: not written
+            self._tracer.stop()
+            self._tracer.close()
+            self._tracer = None
         self._closed = True
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
-        if threading.current_thread() is threading.main_thread() and self._prev_sigterm is not None:
-            if signal.getsignal(signal.SIGTERM) == self._on_sigterm:
-                signal.signal(signal.SIGTERM, self._prev_sigterm)
-        if self._bg is None:
-            return
         try:
-            self._bg.close()
+            if self._handoff is not None:
+                self._handoff.send_close(status, self._end_attrs(cause))
+                self._handoff.close(status, wait=wait)
         except TracekitError as e:
-            status = "failed"
             print(f"tracekit: {e}", file=sys.stderr)
+        finally:
+            if wait:
+                self._restore_handlers()
+
+    def _end_attrs(self, cause: str | None = None) -> dict:
+        attrs = {"cause": cause} if cause else {}
         fallback = _neuron_fallback_ops()
         if fallback is not None:
-            self._writer.update_attrs(fallback_ops=fallback)
+            attrs["fallback_ops"] = fallback
         if self._replay is not None:
-            self._writer.update_attrs(**self._replay.attrs())  # now with the steps actually replayed
-        self._writer.close(status=status)
+            attrs.update(self._replay.attrs())  # now with the steps actually replayed
+        return attrs
 
     # ---- the step ----------------------------------------------------------------------------
     def _active(self, step: int) -> bool:
@@ -292,7 +360,9 @@ class Recorder:
         return self._gather_all([(n, t) for n, t in tensors if n in self._recorded_names])
 
     def _gather_all(self, tensors: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        return gather_full_cpu(tensors, keep=self._writes)
+        # No copy of CPU tensors: every caller spools what it gathers before returning to the loop,
+        # and the spool file is the copy.
+        return gather_full_cpu(tensors, keep=self._writes, copy=False)
 
     def observe(self, output: Any = None, loss: torch.Tensor | float | None = None,
                 local_loss: torch.Tensor | float | None = None) -> None:
@@ -300,6 +370,10 @@ class Recorder:
         step = self.step + 1
         if not self._active(step):
             return
+        with self.untraced():
+            self._observe(output, loss, local_loss)
+
+    def _observe(self, output, loss, local_loss) -> None:
         kinds = self.config.kinds
         if output is not None and "outputs" in kinds:
             items = list(flatten_output(output))
@@ -317,6 +391,12 @@ class Recorder:
         self._in_step = True
         if not (self.enabled and self._started and not self._closed):
             return
+        with self.untraced():
+            self._begin_step(step)
+        if self._tracer is not None:
+            self._tracer.enter_optimizer(self._params)  # the update is traced: it is part of the step
+
+    def _begin_step(self, step: int) -> None:
         kinds = self.config.kinds
         recording = self.config.records_step(step)
         initial = "parameters" in kinds and not self._initial_done
@@ -342,12 +422,21 @@ class Recorder:
     def capture_after(self) -> None:
         """Gather the step's tensors as they are after the update (collectives on sharded tensors).
         Zero-code recording calls it again after each further optimizer of the same training step."""
+        if self._in_step:
+            self._trace_end(self.step + 1)  # the update is done: the traced step ends here
         if self._in_step and self._active(self.step + 1):
-            self._captured = self._capture_after()
+            captured = self._capture_after()
+            if self._writes and self._handoff is not None:
+                # spooled now, not at finish_step(): if the rank dies before the step is sealed
+                # (zero-code seals at the next backward), the writer still stores this capture
+                self._handoff.provisional(self.step + 1, _entries({**self._staged, **captured}))
+                self._spooled = True
         if self._in_step and self._replay is not None and not self._closed:
             # right after the update and its capture, before any next forward: the step taken is
             # the candidate's own; the next one restarts from the reference's state after it
             self._replay.before_step(self.step + 2)
+        if self._in_step:
+            self._trace_begin(self.step + 2)  # after any replay load: the next step starts now
 
     def finish_step(self) -> None:
         """Count the step and hand its capture to the writer; takes no collective."""
@@ -356,11 +445,11 @@ class Recorder:
         self._in_step = False
         self.step += 1
         step = self.step
-        captured, self._captured = self._captured, None
-        staged, self._staged = self._staged, {}
+        spooled, self._spooled = self._spooled, False
+        self._staged = {}
         self._before = self._grad_snapshot = None
-        if captured is not None and self._writes and not self._closed:
-            self._submit(step, {**staged, **captured}, complete=True)
+        if spooled and self._writes and not self._closed:
+            self._handoff.seal()
 
     def _capture_after(self) -> dict[str, dict[str, torch.Tensor]]:
         kinds = self.config.kinds
@@ -383,16 +472,11 @@ class Recorder:
         return staged
 
     def _submit(self, step: int, kinds: dict[str, dict[str, torch.Tensor]], complete: bool) -> None:
-        writer = self._writer
-        nbytes = sum(_nbytes(t) for t in kinds.values())
+        self._handoff.put(step, _entries(kinds), complete)
 
-        def job():
-            for kind, tensors in kinds.items():
-                writer.write(step, kind, [from_torch(n, t) for n, t in tensors.items()])
-            if complete:
-                writer.complete_step(step)
 
-        self._bg.submit(job, nbytes)
+def _entries(kinds: dict[str, dict[str, torch.Tensor]]) -> list:
+    return [(kind, from_torch(n, t)) for kind, tensors in kinds.items() for n, t in tensors.items()]
 
 
 def _neuron_fallback_ops():

@@ -30,12 +30,15 @@ from __future__ import annotations
 import atexit
 import functools
 import os
+import signal
 import sys
 import threading
 
 import torch
 import torch.distributed as dist
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+from tracekit.recorders import outcome
 
 from tracekit.errors import TracekitError
 from tracekit.recorders import recorder as recorder_module
@@ -219,7 +222,8 @@ class ZeroCode:
         kinds = rec.config.kinds
         global_loss = None
         if "loss" in kinds and rec.config.records_step(step):
-            global_loss = mean_over(local, self._loss_groups, self._loss_device)  # a collective
+            with rec.untraced():  # our collective, not the model's
+                global_loss = mean_over(local, self._loss_groups, self._loss_device)  # a collective
         rec.observe(output=output, loss=global_loss, local_loss=local)
         self._window = True
         rec.begin_step()
@@ -232,8 +236,15 @@ class ZeroCode:
     def _at_exit(self) -> None:
         """Hand over the last step and close, while the interpreter can still write (see _start)."""
         if not self.stood_down and self.recorder is not None:
-            self._guarded(self._finish_open_step)
-            self._guarded(self.recorder.close)
+            status, cause = outcome.exit_status()  # failed if the script raised
+            try:
+                self._guarded(self._finish_open_step)
+                self._guarded(self.recorder.close, status, cause)
+            except KeyboardInterrupt:
+                # a SIGINT during the exit flush: Python would ignore it here and exit 0; die of it
+                # instead (the writer process stores the rest)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)
+                os.kill(os.getpid(), signal.SIGINT)
 
     # ---- the first training step ----------------------------------------------------------
     def _is_worker(self) -> bool:
@@ -257,6 +268,7 @@ class ZeroCode:
         run_info = {"recorded_by": "zero-code", "optimizer": type(optimizer).__qualname__,
                     "model": type(model).__qualname__ if model is not None else None}
         rec = ZeroCodeRecorder(params=params, config=RecordConfig.from_env(self.env), run_info=run_info)
+        rec.model = model  # module paths for --trace (None: the ops of the step carry no module path)
         self.training = optimizer
         self.recorder = rec
         # The loss all-reduce's groups first: if start() fails on this rank only, the rank must

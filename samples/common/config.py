@@ -32,6 +32,7 @@ class TrainConfig:
     dtype: str = "float32"
     lr: float = 0.01
     faults: Faults = field(default_factory=Faults)
+    bias: bool = True  # False: the bias-free model (always so in simplefsdp_tp)
 
     @property
     def compiled(self) -> bool:
@@ -67,13 +68,16 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--tp", type=int, help=f"simplefsdp_tp: tp degree (default {DEFAULT_TP})")
     parser.add_argument("--dtype", default="float32", choices=DTYPES)
     parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--no-bias", action="store_true",
+                        help="train the bias-free model (simplefsdp_tp's; compare other modes with it)")
     parser.add_argument(
         "--fault",
         action="append",
         default=[],
         metavar="SPEC",
         help="plant a fault (repeatable): lr_scale=F, loss_scale=RANK:STEP:F, nan_grad=RANK:STEP, "
-        "reported_loss_scale=STEP:F",
+        "reported_loss_scale=STEP:F, grad_scale=RANK:STEP:F, crash=RANK:STEP:raise|exit|kill, "
+        "op=act|matmul_bf16|reduce_order:RANK:STEP",
     )
     return parser
 
@@ -123,4 +127,5 @@ def _to_config(args: argparse.Namespace) -> TrainConfig:
         dtype=args.dtype,
         lr=args.lr,
         faults=parse_faults(args.fault),
+        bias=not args.no_bias and args.parallelism != "simplefsdp_tp",
     )

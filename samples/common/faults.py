@@ -7,6 +7,13 @@ Specs (repeatable flag):
   nan_grad=RANK:STEP         after backward (gradients already synchronized), one element of that
                              rank's first parameter's local gradient becomes NaN
   reported_loss_scale=STEP:F only the reported/recorded global loss is scaled; training is unchanged
+  crash=RANK:STEP:HOW        that rank stops at the start of that step: HOW is raise (a RuntimeError),
+                             exit (os._exit(3), no cleanup) or kill (SIGKILL to itself)
+  grad_scale=RANK:STEP:F     after backward (gradients already synchronized), every local gradient of
+                             that rank is multiplied by F in that step (a one-rank, one-step
+                             relative perturbation F - 1 of each gradient tensor)
+  op=KIND:RANK:STEP          one op of the model is wrong on that rank from that step on; KIND is
+                             act, matmul_bf16 or reduce_order (see op_faults.py)
 """
 
 from __future__ import annotations
@@ -20,6 +27,9 @@ class Faults:
     loss_scale: dict[tuple[int, int], float] = field(default_factory=dict)  # (rank, step) -> F
     nan_grad: frozenset[tuple[int, int]] = frozenset()  # {(rank, step)}
     reported_loss_scale: dict[int, float] = field(default_factory=dict)  # step -> F
+    grad_scale: dict[tuple[int, int], float] = field(default_factory=dict)  # (rank, step) -> F
+    crash: dict[tuple[int, int], str] = field(default_factory=dict)  # (rank, step) -> raise | exit | kill
+    op: tuple[str, int, int] | None = None  # (kind, rank, step): a planted op fault
 
     def local_loss_factor(self, rank: int, step: int) -> float:
         return self.loss_scale.get((rank, step), 1.0)
@@ -30,9 +40,18 @@ class Faults:
     def reported_loss_factor(self, step: int) -> float:
         return self.reported_loss_scale.get(step, 1.0)
 
+    def grad_factor(self, rank: int, step: int) -> float:
+        return self.grad_scale.get((rank, step), 1.0)
+
+    def crash_at(self, rank: int, step: int) -> str | None:
+        return self.crash.get((rank, step))
+
     @property
     def any(self) -> bool:
         return self != Faults()
+
+
+CRASHES = ("raise", "exit", "kill")
 
 
 def _numbers(spec: str, value: str, kinds: tuple[type, ...]) -> list:
@@ -56,6 +75,9 @@ def parse_faults(specs: list[str]) -> Faults:
     loss_scale: dict[tuple[int, int], float] = {}
     nan_grad: set[tuple[int, int]] = set()
     reported: dict[int, float] = {}
+    grad_scale: dict[tuple[int, int], float] = {}
+    crash: dict[tuple[int, int], str] = {}
+    op = None
     for spec in specs:
         name, sep, value = spec.partition("=")
         name = name.strip()
@@ -73,8 +95,27 @@ def parse_faults(specs: list[str]) -> Faults:
         elif name == "reported_loss_scale":
             step, factor = _numbers(spec, value, (int, float))
             reported[step] = reported.get(step, 1.0) * factor
+        elif name == "grad_scale":
+            rank, step, factor = _numbers(spec, value, (int, int, float))
+            grad_scale[(rank, step)] = grad_scale.get((rank, step), 1.0) * factor
+        elif name == "crash":
+            rank_step, _, how = value.rpartition(":")
+            if how not in CRASHES:
+                raise ValueError(f"bad fault {spec!r}: the last field is one of {', '.join(CRASHES)}")
+            rank, step = _numbers(spec, rank_step, (int, int))
+            crash[(rank, step)] = how
+        elif name == "op":
+            from .op_faults import OP_FAULTS
+
+            kind, _, rest = value.partition(":")
+            if kind not in OP_FAULTS:
+                raise ValueError(f"bad fault {spec!r}: the op fault is one of {', '.join(OP_FAULTS)}")
+            if op is not None:
+                raise ValueError(f"bad fault {spec!r}: one op fault per run")
+            rank, step = _numbers(spec, rest, (int, int))
+            op = (kind, rank, step)
         else:
             raise ValueError(
-                f"unknown fault {name!r}: use lr_scale, loss_scale, nan_grad or reported_loss_scale"
+                f"unknown fault {name!r}: use lr_scale, loss_scale, nan_grad, reported_loss_scale, grad_scale, crash or op"
             )
-    return Faults(lr_scale, loss_scale, frozenset(nan_grad), reported)
+    return Faults(lr_scale, loss_scale, frozenset(nan_grad), reported, grad_scale, crash, op)

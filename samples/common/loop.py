@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from .config import TrainConfig
 from .data import GLOBAL_BATCH, batch_slice, global_batch
 from .errors import WorkloadError
 from .model import build_model
+from .op_faults import FaultSwitch, install_op_fault
 from .parallel_model import ParallelModel
 from .parallelize import parallelize
 from .runtime import Runtime, start, stop
@@ -53,8 +55,11 @@ class Workload:
         self.runtime = runtime
         self.dtype = getattr(torch, config.dtype)
         self._check_batch_split()
-        model = build_model(config.seed, self.dtype, bias=config.parallelism != "simplefsdp_tp")
+        model = build_model(config.seed, self.dtype, bias=config.bias)
         model.to(runtime.device)
+        self.op_fault = FaultSwitch(*config.faults.op) if config.faults.op else None
+        if self.op_fault is not None:
+            install_op_fault(model, self.op_fault)
         self.parallel: ParallelModel = parallelize(
             config.parallelism, model, runtime, tp=config.tp, compile_backend=config.compile_backend
         )
@@ -89,13 +94,19 @@ class Workload:
 
     def forward_backward(self, step: int) -> StepResult:
         faults, rank = self.config.faults, self.runtime.rank
+        if faults.crash_at(rank, step):
+            _crash(faults.crash_at(rank, step), rank, step)
         inputs, targets = self.batch(step)
+        if self.op_fault is not None:
+            self.op_fault.update(rank, step)
         output = self.parallel.module(inputs)
         local_loss = F.mse_loss(output, targets) * faults.local_loss_factor(rank, step)
         (local_loss / self.parallel.loss_divisor).backward()
         self._check_gradients(step)
         if faults.wants_nan_grad(rank, step):
             self._plant_nan_gradient()
+        if faults.grad_factor(rank, step) != 1.0:
+            self._scale_gradients(faults.grad_factor(rank, step))
         global_loss = self._global_loss(local_loss.detach()) * faults.reported_loss_factor(step)
         return StepResult(output=output, local_loss=local_loss.detach(), global_loss=global_loss)
 
@@ -118,6 +129,11 @@ class Workload:
         with torch.no_grad():
             local_tensor(first.grad).view(-1)[0] = math.nan
 
+    def _scale_gradients(self, factor: float) -> None:
+        with torch.no_grad():
+            for p in self.named_model.parameters():
+                local_tensor(p.grad).mul_(factor)
+
     def optimizer_step(self, step: int) -> None:
         params = list(self.named_model.parameters())
         before = [local_tensor(p).detach().clone() for p in params]
@@ -137,6 +153,17 @@ class Workload:
 
     def finish(self) -> None:
         say(f"PASS rank={self.runtime.rank} mode={self.config.parallelism} world_size={self.runtime.world_size}")
+
+
+def _crash(how: str, rank: int, step: int) -> None:
+    """The planted crash fault: a rank that stops for good in the middle of the run."""
+    if how == "raise":
+        raise RuntimeError(f"planted crash on rank {rank} at step {step}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if how == "exit":
+        os._exit(3)  # no cleanup, no exit hooks: like a C extension calling exit()
+    os.kill(os.getpid(), signal.SIGKILL)  # like the OOM killer
 
 
 def _train_once(config: TrainConfig, runtime: Runtime, train: Callable[[Workload], None]) -> None:

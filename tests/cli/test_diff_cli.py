@@ -57,7 +57,7 @@ def test_pass_prints_tables_and_the_verdict_last(stores):
 
 def test_fail_exit_1_and_json_validates(stores, tmp_path):
     out = tmp_path / "report.json"
-    r = invoke(stores["ref"], stores["grad"], "--json", out)
+    r = invoke(stores["ref"], stores["grad"], "--json-file", out)
     assert r.exit_code == 1
     assert r.stdout.rstrip().splitlines()[-1] == "FAIL comparison ranks=2 steps=3 violations=2 first_step=2"
     assert "First divergence: step 2, gradients, tensor 'w', ranks 0-1" in r.stdout
@@ -69,7 +69,7 @@ def test_fail_exit_1_and_json_validates(stores, tmp_path):
 
 
 def test_json_to_stdout_keeps_stdout_pure_json(stores):
-    r = invoke(stores["ref"], stores["same"], "--json", "-", "--all-tensors")
+    r = invoke(stores["ref"], stores["same"], "--json", "--all-tensors")
     assert r.exit_code == 0
     doc = json.loads(r.stdout)
     jsonschema.validate(doc, SCHEMA)
@@ -80,7 +80,7 @@ def test_json_to_stdout_keeps_stdout_pure_json(stores):
 
 def test_structural_problem_exit_2_and_allow_missing(stores, tmp_path):
     out = tmp_path / "r.json"
-    r = invoke(stores["ref"], stores["short"], "--json", out)
+    r = invoke(stores["ref"], stores["short"], "--json-file", out)
     assert r.exit_code == 2
     assert "cand ranks 0-1 lack step 3 of outputs, loss, gradients, parameters, deltas" in r.stdout
     assert "Nothing was compared: pass --allow-missing" in r.stdout
@@ -92,7 +92,7 @@ def test_structural_problem_exit_2_and_allow_missing(stores, tmp_path):
     assert doc["status"] == "error"
     r = invoke(stores["ref"], stores["short"], "--allow-missing")
     assert r.exit_code == 0
-    assert "Skipped" in r.stdout and r.stdout.rstrip().splitlines()[-1] == "PASS comparison ranks=2 steps=2"
+    assert "Skipped" in r.stdout and r.stdout.rstrip().splitlines()[-1] == "PASS comparison ranks=2 steps=2 missing_steps=1"
 
 
 def test_tolerance_options(stores, tmp_path):
@@ -103,7 +103,7 @@ def test_tolerance_options(stores, tmp_path):
     cfg.write_text("[kind.gradients]\nrtol = 2e-2\natol = 0\n")
     assert invoke(stores["ref"], stores["grad"], "--config", cfg).exit_code == 0
     cfg.write_text("rtol = 1e-9\n[kind.gradients]\nrtol = 2e-2\n")
-    r = invoke(stores["ref"], stores["grad"], "--config", cfg, "--json", "-")
+    r = invoke(stores["ref"], stores["grad"], "--config", cfg, "--json")
     tols = {t["kind"]: t for t in json.loads(r.stdout)["tolerances"]}
     assert tols["gradients"]["rtol"] == 2e-2 and tols["gradients"]["atol"] == 1e-5  # atol: float32 default
     assert tols["loss"]["rtol"] == 1e-9 and tols["loss"]["source"] == "rtol: config, atol: float32 default"
@@ -116,7 +116,7 @@ def test_fail_fast_and_quiet(stores, tmp_path):
 
 
 @pytest.mark.parametrize("bad, message", [
-    ("usage", "--tol 'gradients': expected KIND=RTOL,ATOL"),
+    ("usage", "--tol 'gradients': expected KIND=RTOL,ATOL[,REL_L2]"),
 ])
 def test_bad_options(stores, bad, message):
     r = invoke(stores["ref"], stores["same"], "--tol", "gradients")
@@ -194,7 +194,7 @@ def test_oracle_shows_both_errors(tmp_path):
     bad = x.astype(f32)
     bad[2] += f32(0.5)
     cand = write_store(tmp_path / "c", {0: {1: {"gradients": {"w": bad}}}})
-    r = invoke(ref, cand, "--oracle", oracle, "--oracle-factor", "2", "--json", tmp_path / "j.json")
+    r = invoke(ref, cand, "--oracle", oracle, "--oracle-factor", "2", "--json-file", tmp_path / "j.json")
     assert r.exit_code == 1
     assert "oracle:" in r.stdout and "(factor 2)" in r.stdout and "|cand-oracle|" in r.stdout and "|ref-oracle|" in r.stdout
     doc = json.loads((tmp_path / "j.json").read_text())
@@ -221,7 +221,7 @@ def test_nothing_compared_is_an_error_not_a_pass(tmp_path, case, args, reason):
     a = write_store(tmp_path / "a", ref, coords=coords[0])
     b = write_store(tmp_path / "b", cand, coords=coords[1])
     out = tmp_path / "r.json"
-    r = invoke(a, b, *args, "--json", out)
+    r = invoke(a, b, *args, "--json-file", out)
     assert r.exit_code == 2, r.output
     last = r.stdout.rstrip().splitlines()[-1]
     assert last.startswith("ERROR comparison ranks=") and f"compared=0: {reason}" in last
@@ -252,13 +252,13 @@ def test_misspelt_kind_in_tol_or_config_is_a_usage_error(stores, tmp_path):
 
 
 def test_unwritable_json_destination_fails_before_comparing(stores, tmp_path, monkeypatch):
-    import tracekit.cli.diff as diff_module
+    import tracekit.compare as diff_module
 
     def never(*a, **k):
         raise AssertionError("compared although the report cannot be written")
 
-    monkeypatch.setattr(diff_module, "run_diff", never)
+    monkeypatch.setattr(diff_module, "diff", never)
     for dest, why in ((tmp_path / "nope" / "r.json", "does not exist"), (tmp_path, "is a directory")):
-        r = invoke(stores["ref"], stores["same"], "--json", dest)
-        assert r.exit_code == 2 and r.stderr.strip().startswith(f"Error: --json {dest}: "), r.output
+        r = invoke(stores["ref"], stores["same"], "--json-file", dest)
+        assert r.exit_code == 2 and r.stderr.strip().startswith(f"Error: --json-file {dest}: "), r.output
         assert why in r.stderr and "Traceback" not in r.output

@@ -88,7 +88,8 @@ def test_a_selection_matching_no_rank_fails_the_record(tmp_path):
                         sys.executable, TINY, "--steps", "2"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2
     assert "--ranks names rank(s) 5, outside this 1-rank job" in r.stderr
-    assert r.stderr.strip().splitlines()[-1] == "Error: --ranks 5 matched no rank of the job (world size unknown); nothing was recorded"
+    assert r.stderr.strip().splitlines()[-1] == (f"Error: nothing was recorded in {store}: --ranks 5 matched no rank "
+                                                 "of the job; see docs/ZEROCODE.md")
 
 
 def test_names_with_control_characters_are_escaped_in_show_and_diff(tmp_path):

@@ -90,7 +90,7 @@ def test_killed_rank_leaves_readable_store(tmp_path):
     assert s.ranks == [0, 1]
     dead = s.rank(1)
     assert dead.completed_steps == [1, 2]
-    assert dead.status == "running"  # SIGKILL: no chance to say anything
+    assert dead.status == "killed" and dead.cause == "killed by SIGKILL"  # its writer stored steps 1-2
     assert dead.read("loss", 2, "loss").shape == ()
     assert s.meta["ranks"]["1"]["completed_steps"] == [1, 2]
 
@@ -121,3 +121,32 @@ def test_a_job_that_ignores_sigterm_keeps_ignoring_it(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     assert "survived SIGTERM" in out.stdout
     assert open_store(tmp_path / "s").rank(0).completed_steps == [1]
+
+
+def test_ends_with_a_one_line_summary(tmp_path):
+    store = str(tmp_path / "s")
+    result = run_cli("record", "-o", store, "--", sys.executable, TINY, "--steps", "3")
+    assert result.returncode == 0, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("tracekit record: 1 rank(s), steps 1-3, kinds outputs, loss, gradients, parameters, deltas, ")
+    assert last.endswith(f" in {store}; ranks: 1 finished; exit status 0")
+
+
+@pytest.mark.parametrize("command, why", [
+    (["true"], "no rank started recording"),
+    ([sys.executable, TINY, "--steps", "0"], "no rank completed a step"),
+])
+def test_nothing_recorded_is_a_clear_failure(tmp_path, command, why):
+    store = str(tmp_path / "s")
+    result = run_cli("record", "-o", store, "--", *command)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert "no steps" in lines[-2] and lines[-2].endswith("exit status 0")
+    assert lines[-1].startswith(f"Error: nothing was recorded in {store}: {why}")
+
+
+def test_forgotten_double_dash_gets_a_hint(tmp_path):
+    result = CliRunner().invoke(main, ["record", "-o", str(tmp_path / "s"), "torchrun", "--standalone", "train.py"])
+    assert result.exit_code == 2
+    assert "No such option '--standalone'. The command to record goes after --, e.g. tracekit record" in result.output
+    assert not os.path.exists(tmp_path / "s")

@@ -9,9 +9,10 @@ import torch
 
 from tracekit import open_store
 from tracekit.recorders import RecordConfig, Recorder
-from tracekit.recorders.background import BackgroundWriter, WriterFailed
+from tracekit.recorders.handoff import Handoff, WriterFailed
 from tracekit.schemas import load, part
-from tracekit.store import finalize_store
+from tracekit.store import create_store, finalize_store
+from tracekit.store.tensors import from_torch
 
 
 def _model(dtype=torch.float32):
@@ -165,35 +166,49 @@ def test_written_metadata_validates_against_schema(tmp_path):
         jsonschema.validate({"tracekit": {**root["tracekit"], "format_version": 2}}, schema)
 
 
-def test_background_writer_bounds_memory_and_keeps_order():
-    done = []
-    gate = threading.Event()
-    bg = BackgroundWriter(max_bytes=100)
-
-    def job(i):
-        def run():
-            gate.wait(5)
-            done.append(i)
-        return run
-
-    submitter = threading.Thread(target=lambda: [bg.submit(job(i), 40) for i in range(6)])
-    submitter.start()
-    submitter.join(0.2)
-    assert submitter.is_alive()  # blocked: 3 x 40 bytes would exceed the 100-byte cap
-    gate.set()
-    submitter.join(5)
-    bg.close()
-    assert done == list(range(6))
-    assert bg.peak_pending <= 100
+def _handoff(tmp_path, max_bytes, monkeypatch=None, mbps=None):
+    if mbps is not None:
+        monkeypatch.setenv("TRACEKIT_WRITE_MBPS", str(mbps))  # a slow disk, in the writer process
+    create_store(str(tmp_path / "s"), {})
+    return Handoff(str(tmp_path / "s"), 0, {"coords": {"rank": 0}}, max_bytes)
 
 
-def test_background_writer_reports_failure_on_next_submit():
-    bg = BackgroundWriter(max_bytes=1 << 20)
-    bg.submit(lambda: (_ for _ in ()).throw(OSError("disk full")), 1)
-    with pytest.raises(WriterFailed, match="disk full"):
-        bg.flush()
-    with pytest.raises(WriterFailed, match="disk full"):
-        bg.submit(lambda: None, 1)
+def test_handoff_bounds_spooled_bytes_and_keeps_order(tmp_path, monkeypatch):
+    ho = _handoff(tmp_path, max_bytes=100_000, monkeypatch=monkeypatch, mbps=1)  # 40 ms per 40 kB entry
+    values = [torch.full((10_000,), float(i)) for i in range(1, 9)]  # 40 kB each
+    for i, v in enumerate(values, 1):
+        ho.put(i, [("parameters", from_torch("w", v))], complete=True)
+    assert 40_000 < ho.peak_pending <= 100_000  # entries did wait, and never more than the cap
+    ho.close("finished")
+    rank = open_store(tmp_path / "s").rank(0)
+    assert rank.completed_steps == list(range(1, 9)) and rank.status == "finished"
+    for i, v in enumerate(values, 1):
+        assert torch.equal(torch.from_numpy(rank.read("parameters", i, "w")), v)
+    assert not os.path.exists(ho.spool)  # the spool is gone once written
+
+
+def test_handoff_reports_a_writer_failure_at_the_next_handoff(tmp_path):
+    ho = _handoff(tmp_path, max_bytes=1 << 20)
+    ho.put(1, [("parameters", from_torch("w", torch.zeros(3)))], complete=True)
+    ho.put(2, [("parameters", from_torch("w", torch.zeros(4)))], complete=True)  # the store refuses: shape changed
+    with pytest.raises(WriterFailed, match="tensors changed between steps"):
+        ho.flush()
+    with pytest.raises(WriterFailed, match="tensors changed between steps"):
+        ho.put(3, [("parameters", from_torch("w", torch.zeros(3)))], complete=True)
+    rank = open_store(tmp_path / "s").rank(0)
+    assert rank.completed_steps == [1] and rank.status == "failed"
+
+
+def test_provisional_capture_is_replaced_until_sealed_and_kept_if_never_sealed(tmp_path):
+    ho = _handoff(tmp_path, max_bytes=1 << 20)
+    ho.put(1, [("loss", from_torch("loss", torch.tensor(1.0)))], complete=True)
+    ho.provisional(2, [("loss", from_torch("loss", torch.tensor(2.0)))])
+    ho.provisional(2, [("loss", from_torch("loss", torch.tensor(2.5)))])  # a second optimizer of step 2
+    ho.flush()  # sealed entries only: step 2 may still change
+    ho.close("terminated")  # never sealed: the writer stores its last capture
+    rank = open_store(tmp_path / "s").rank(0)
+    assert rank.completed_steps == [1, 2] and rank.status == "terminated"
+    assert float(rank.read("loss", 2, "loss")) == 2.5
 
 
 def test_interpreter_exit_without_close_flushes_every_step(tmp_path):

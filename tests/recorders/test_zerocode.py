@@ -9,7 +9,7 @@ import torch
 from tracekit import open_store
 from tracekit.recorders import Recorder
 from tracekit.recorders import recorder as recorder_module
-from tracekit.recorders.background import WriterFailed
+from tracekit.recorders.handoff import WriterFailed
 from tracekit.recorders.global_loss import mean_over
 from tracekit.recorders.outermost import OutermostCalls
 from tracekit.recorders.zerocode import ZeroCode
@@ -247,16 +247,20 @@ def test_writer_failure_mid_run_keeps_gathering_but_writes_nothing_more(tmp_path
     model = model_of()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with ZeroCodeRun(zero) as run:
-        train(model, [opt], 2)  # step 1 is handed to the writer when step 2's backward starts
+        train(model, [opt], 2)  # step 1 is sealed when step 2's backward starts
         run.recorder.flush()
-        run.recorder._writer.write = lambda *a: (_ for _ in ()).throw(OSError("disk full"))
-        train(model, [opt], 1)  # hands over step 2, whose write fails in the background
-        with pytest.raises(WriterFailed):
+        # a batch of another size: the store keeps one shape per tensor, so the writer process fails
+        model(torch.ones(5, 8)).square().mean().backward()  # seals step 2
+        opt.step()
+        opt.zero_grad()
+        train(model, [opt], 1)  # seals step 3, whose write fails in the writer process
+        with pytest.raises(WriterFailed, match="tensors changed between steps"):
             run.recorder.flush()
-        train(model, [opt], 2)  # handing over step 3 meets the failure
+        train(model, [opt], 2)  # handing over step 4 meets the failure
         assert run.failed and not run.stood_down  # still drives the recorder (its collectives)
     assert capfd.readouterr().err.count("zero-code recording failed") == 1
-    assert open_store(zero).rank(0).completed_steps == [1]
+    rank = open_store(zero).rank(0)
+    assert rank.completed_steps == [1, 2] and rank.status == "failed"
 
 
 def test_outermost_calls_ignore_nested_calls_then_follow_the_model():

@@ -108,8 +108,12 @@ def test_learning_rate_one_percent_off_with_small_updates(tmp_path):
     cand = write_store(tmp_path / "cand", train(steps=2, lr=3e-4, target_scale=1.0, lr_scale=1.01))
     d = tracekit.diff(ref, cand).first_divergence
     assert (d.step, d.kind) == (1, "parameters") and d.worst.abs_err < 1e-5
+    # torch's atol alone (the norm rule off) sees it a step late, and in the wrong place
+    elementwise_only = tracekit.diff(ref, cand, tol={"parameters": (1.3e-6, 1e-5, float("inf"))}).first_divergence
+    assert (elementwise_only.step, elementwise_only.kind) == (2, "outputs")
+    # with the default norm rule, torch's atol no longer hides it
     with_torch_atol = tracekit.diff(ref, cand, tol={"parameters": (1.3e-6, 1e-5)}).first_divergence
-    assert (with_torch_atol.step, with_torch_atol.kind) == (2, "outputs")  # a step late, and the wrong place
+    assert (with_torch_atol.step, with_torch_atol.kind) == (1, "parameters") and with_torch_atol.metrics.norm_failed
 
 
 def test_one_ranks_loss_scaled_in_step_5(ref, tmp_path):
@@ -152,8 +156,15 @@ def test_a_run_that_stopped_early_is_structural(ref, tmp_path):
     assert (p.problem, p.side, p.steps, p.ranks) == ("missing_steps", "cand", [4, 5, 6], [0, 1])
     assert "cand ranks 0-1 lack steps 4-6" in p.message
     common = tracekit.diff(ref, cand, allow_missing=True)
-    assert common.status == "pass" and common.summary_line == "PASS comparison ranks=2 steps=3"
-    assert common.to_dict()["skipped"][0]["steps"] == [4, 5, 6]
+    # a partial comparison says what it left out: a plain PASS line is for complete comparisons only
+    assert common.status == "pass" and common.summary_line == "PASS comparison ranks=2 steps=3 missing_steps=3"
+    d = common.to_dict()
+    assert d["skipped"][0]["steps"] == [4, 5, 6]
+    assert d["missing"] == [{"problem": "missing_steps", "side": "cand", "ranks": [[0, 1]],
+                             "kinds": ["outputs", "loss", "gradients", "parameters", "deltas"],
+                             "steps": [[4, 6]], "tensor": None}]
+    assert d["missing_counts"] == {"missing_steps": 3}
+    assert tracekit.diff(ref, ref).summary_line == "PASS comparison ranks=2 steps=6"  # complete: plain line
     with pytest.raises(AssertionError, match="lack steps 4-6"):
         assert_stores_close(ref, cand)
 

@@ -116,8 +116,35 @@ def test_nonfinite_rules():
     assert m.worst.index == (0,) and math.isnan(m.worst.cand)
     m = compare_arrays(ref, cand, rtol=1, atol=1e30, equal_nan=True)
     assert m.violations == 4
-    # errors are over the elements finite on both sides
-    assert m.max_abs_err == 0.0
+    # errors are over the elements finite on both sides: here there is none, so no error is 0
+    assert m.compared == 0
+    assert (m.max_abs_err, m.max_rel_err, m.rel_l2_err, m.cosine) == (None, None, None, None)
+    assert (m.counts.ref_nan, m.counts.ref_inf, m.counts.cand_nan, m.counts.cand_inf) == (2, 2, 2, 3)
+
+
+def test_all_nan_candidate_is_not_reported_identical():
+    """Issue 9: a candidate tensor that is all NaN read as max abs 0 and cosine 1."""
+    ref = np.linspace(-1, 1, 64, dtype=np.float32)
+    cand = np.full_like(ref, np.nan)
+    m = compare_arrays(ref, cand, rtol=1.3e-6, atol=1e-5, rel_l2=8e-6)
+    assert not m.passed and m.violations == m.nonfinite == 64
+    assert m.compared == 0 and m.cosine is None and m.max_abs_err is None and m.rel_l2_err is None
+    assert m.margin == math.inf and m.margin_rule == "nonfinite"
+    d = m.to_dict()
+    assert d["cosine"] is None and d["max_abs_err"] is None
+    assert d["nonfinite_counts"] == {"ref_nan": 0, "ref_inf": 0, "cand_nan": 64, "cand_inf": 0}
+
+
+def test_candidate_only_nan_is_a_violation_unless_paired():
+    ref = np.array([1.0, np.nan, 3.0], dtype=np.float32)
+    cand = np.array([1.0, np.nan, np.nan], dtype=np.float32)
+    # element 2: NaN only in the candidate -> always out, even with equal_nan and huge tolerances
+    m = compare_arrays(ref, cand, rtol=1e9, atol=1e9, equal_nan=True)
+    assert (m.violations, m.nonfinite) == (1, 1)
+    assert m.compared == 1 and m.max_abs_err == 0.0 and m.cosine == 1.0  # the one comparable element
+    # element 1 (NaN on both sides) is paired only with equal_nan
+    assert compare_arrays(ref, cand, rtol=1e9, atol=1e9).violations == 2
+    assert compare_arrays(ref[:2], cand[:2], rtol=0, atol=0, equal_nan=True).passed
 
 
 def test_exact_and_integers():

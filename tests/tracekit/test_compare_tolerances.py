@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import tracekit
-from tracekit.compare.tolerances import DTYPE_DEFAULTS, Tolerances, load_config, parse_tol_option
+from tracekit.compare.tolerances import DTYPE_DEFAULTS, NORM_DEFAULTS, Tolerances, load_config, parse_tol_option
 from tracekit.errors import UsageError
 from tracekit.testing import write_store
 
@@ -59,7 +59,7 @@ def test_load_config(tmp_path):
     assert got["equal_nan"] is True and got["oracle_factor"] == 4.0
     t = Tolerances(**got["tolerances"])
     assert t.resolve("loss", "float32").rtol == 1e-4 and t.resolve("outputs", "bfloat16").rtol == 1e-5
-    for text, msg in [("rtol = 'x'", "must be a number"), ("rtl = 1", "unknown key"), ("[kind.loss]\nrtl = 1", "rtol and/or atol"),
+    for text, msg in [("rtol = 'x'", "must be a number"), ("rtl = 1", "unknown key"), ("[kind.loss]\nrtl = 1", "rtol, atol and/or rel_l2"),
                       ("rtol = [", "not valid TOML"), ("equal_nan = 1", "true or false")]:
         cfg.write_text(text)
         with pytest.raises(UsageError, match=msg):
@@ -77,7 +77,8 @@ def test_bfloat16_tensors_use_their_own_defaults(tmp_path):
     cand = write_store(tmp_path / "b", {0: {1: {"outputs": {"x": y}}}})
     report = tracekit.diff(ref, cand)
     assert report.passed and report.tolerances == [
-        {"kind": "outputs", "dtype": "bfloat16", "rtol": 1.6e-2, "atol": 1e-5, "source": "bfloat16 default"}]
+        {"kind": "outputs", "dtype": "bfloat16", "rtol": 1.6e-2, "atol": 1e-5, "rel_l2": NORM_DEFAULTS["bfloat16"],
+         "source": "bfloat16 default"}]
     assert not tracekit.diff(ref, cand, exact=True).passed
 
 

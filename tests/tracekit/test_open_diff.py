@@ -20,7 +20,7 @@ def diffds(divergence_runs):
 
 
 def _cli_json(*args):
-    out = CliRunner().invoke(diff_command, [*map(str, args), "--json", "-", "--all-tensors", "-q"])
+    out = CliRunner().invoke(diff_command, [*map(str, args), "--json", "--all-tensors", "-q"])
     assert out.exit_code in (0, 1), out.output
     text = out.output[out.output.index("{"):out.output.rindex("}") + 1]
     return json.loads(text)
@@ -43,7 +43,9 @@ def test_metrics_equal_the_cli_report(divergence_runs, diffds):
         assert float(at["worst_abs_err"]) == _num(r["worst"]["abs_err"])
         assert int(at["worst_flat_index"]) == int(np.ravel_multi_index(r["worst"]["index"], r["shape"]))
     # the report's `violations` counts violating comparisons; the Dataset's, violating elements
-    assert int(ds.tracekit.failing().sum()) == doc["violations"] == 15
+    # 15 comparisons with violating elements, and 3 more outside the norm rule only (gradients of
+    # rank 2 after its parameters took the planted fault)
+    assert int(ds.tracekit.failing().sum()) == doc["violations"] == 18
     assert int(ds["violations"].sum()) == sum(r["violations"] for r in doc["results"])
 
 

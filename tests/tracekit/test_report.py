@@ -2,7 +2,10 @@
 
 import base64
 import io
+import os
 import re
+import subprocess
+import sys
 from html.parser import HTMLParser
 
 import numpy as np
@@ -49,8 +52,8 @@ def test_report_is_self_contained_with_all_sections(divergence_runs):
     alts = [i["alt"] for i in page.imgs]
     assert alts[0] == "loss curves of both runs"
     assert [a for a in alts if a.startswith("heatmap")] == [
-        f"heatmap of max relative error of {k} over rank and step" for k in ("outputs", "loss", "gradients", "parameters", "deltas")]
-    assert alts[-1] == "worst tensors by max relative error"
+        f"heatmap of the violation margin of {k} over rank and step" for k in ("outputs", "loss", "gradients", "parameters", "deltas")]
+    assert alts[-1] == "worst tensors by violation margin"
     for i in page.imgs:
         prefix = "data:image/png;base64,"
         assert i["src"].startswith(prefix)
@@ -59,21 +62,22 @@ def test_report_is_self_contained_with_all_sections(divergence_runs):
         assert im.format == "PNG" and im.size[0] > 300 and im.size[1] > 150
         assert len(np.unique(np.asarray(im.convert("L")))) > 10  # a picture, not a blank square
     body = page.body
-    assert "FAIL comparison ranks=4 steps=5 violations=15 first_step=3" in body
+    assert "FAIL comparison ranks=4 steps=5 violations=18 first_step=3" in body
     # first divergence: the planted fault, with its element and the two values
     fd = body[body.index("First divergence"):body.index("Loss")]
     for expected in ("step 3", "kind gradients", "tensor 0.weight", "rank (ref rank) 2 (2)", "element (5, 1)",
                      "relative error 0.5", "violating elements 1 of 128"):
         assert expected in fd, expected
-    assert "ds['abs_err/gradients/0.weight'].sel(step=3, rank=2).argmax(...)" in text.replace("&#x27;", "'")
+    assert "ds.tracekit.locate('gradients/0.weight', step=3, rank=2)" in text.replace("&#x27;", "'")
     # the loss table has one row per step with both values
-    loss = body[body.index("Loss"):body.index("Max relative error, rank x step")]
+    loss = body[body.index("Loss"):body.index("Violation margin, rank x step")]
     for row in report.loss_table:
         assert f"{row.step} {row.ref:.9g} {row.cand:.9g}" in loss
     worst = body[body.index("Worst tensors"):body.index("Per step and kind")].split("rtol ", 1)[1].split()
     # the two tensors the planted half-sized element makes off by 50%, at rank 2, step 3
-    rows = {worst[0]: worst[1:4], worst[7]: worst[8:11]}
-    assert set(rows) == {"deltas/0.weight", "gradients/0.weight"}
+    table = [worst[i:i + 8] for i in range(0, len(worst) - 7, 8)]  # 8 columns a row, tensor first
+    rows = {r[0]: (r[2], r[3], r[4]) for r in table if r[0] in ("deltas/0.weight", "gradients/0.weight")}
+    assert len(rows) == 2 and all(float(r[1]) > 1 for r in table[:2])  # failing tensors, margin > 1, first
     for name, (rel_err, rank, step) in rows.items():
         # the relative error of the halved element is 0.5, up to rounding in the update p - lr * g
         assert (rank, step) == ("2", "3") and abs(float(rel_err) - 0.5) < 1e-3, (name, rel_err)
@@ -113,3 +117,31 @@ def test_structural_error_still_writes_a_report(tmp_path):
     assert report.status == "error"
     body = parse(out.read_text()).body
     assert "ERROR comparison" in body and "cand lacks rank 1" in body and "--allow-missing" in body
+
+
+def test_report_opens_each_store_once(divergence_runs, tmp_path, monkeypatch):
+    from tracekit.store import reader
+
+    opened = []
+    original = reader.RunStore.__init__
+
+    def counting(self, path):
+        opened.append(os.path.abspath(os.fspath(path)))
+        original(self, path)
+
+    monkeypatch.setattr(reader.RunStore, "__init__", counting)
+    write_report(*divergence_runs, tmp_path / "r.html")
+    assert sorted(opened) == sorted(os.path.abspath(p) for p in divergence_runs)
+
+
+def test_report_needs_only_the_plot_extra(divergence_runs, tmp_path):
+    # dask made unimportable, as in an environment with `pip install tracekit[plot]` only
+    code = ("import sys; sys.modules['dask'] = sys.modules['dask.array'] = None\n"
+            "from tracekit.report import write_report\n"
+            "r = write_report(sys.argv[1], sys.argv[2], sys.argv[3]); print(r.summary_line)\n"
+            "assert 'dask' not in [m.split('.')[0] for m, v in sys.modules.items() if v is not None]")
+    out = subprocess.run([sys.executable, "-c", code, *divergence_runs, str(tmp_path / "r.html")],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.startswith("FAIL comparison ranks=4 steps=5")
+    assert "<img" in (tmp_path / "r.html").read_text()  # plots drawn

@@ -9,14 +9,35 @@ error metrics of one array pair: `compare_arrays` is public), reading (chunk spa
 streaming, threaded diff), report (dataclasses), render (the human tables).
 """
 
-from tracekit.compare.alignment import ALIGN_MODES, NotComparable, StructuralProblem
-from tracekit.compare.engine import diff
-from tracekit.compare.metrics import MetricsAccumulator, OracleMetrics, TensorMetrics, WorstElement, compare_arrays
-from tracekit.compare.report import DiffReport, Divergence, KindSummary, LossRow, TensorResult
-from tracekit.compare.tolerances import DEFAULT_ORACLE_FACTOR, DTYPE_DEFAULTS, Tolerance, Tolerances
+# Public names, imported on first use: `tracekit diff --help` needs only the option constants
+# (tracekit.compare.options), not the engine, the store reader or zarr.
+_LAZY = {
+    "ALIGN_MODES": "options", "DEFAULT_ORACLE_FACTOR": "options",
+    "NotComparable": "alignment", "StructuralProblem": "alignment",
+    "diff": "engine",
+    "MetricsAccumulator": "metrics", "OracleMetrics": "metrics", "TensorMetrics": "metrics",
+    "WorstElement": "metrics", "compare_arrays": "metrics",
+    "DiffReport": "report", "Divergence": "report", "KindSummary": "report", "LossRow": "report",
+    "TensorResult": "report",
+    "DTYPE_DEFAULTS": "tolerances", "Tolerance": "tolerances", "Tolerances": "tolerances",
+}
 
 __all__ = [
     "ALIGN_MODES", "DEFAULT_ORACLE_FACTOR", "DTYPE_DEFAULTS", "DiffReport", "Divergence", "KindSummary", "LossRow",
     "MetricsAccumulator", "NotComparable", "OracleMetrics", "StructuralProblem", "TensorMetrics", "TensorResult",
     "Tolerance", "Tolerances", "WorstElement", "compare_arrays", "diff",
 ]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f"tracekit.compare.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'tracekit.compare' has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(__all__))

@@ -15,12 +15,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tracekit.compare.options import ALIGN_MODES
 from tracekit.compare.catalog import RankCatalog, StoreCatalog
 from tracekit.errors import UsageError
 from tracekit.store import TensorInfo
 from tracekit.store.format import kind_order
 
-ALIGN_MODES = ("rank", "coords", "global")
 # Kinds whose value is per data shard (each data-parallel rank sees its own slice of the batch).
 LAYOUT_DEPENDENT_KINDS = frozenset({"outputs", "local_loss"})
 # Kinds recorded as full tensors on every rank (DTensor shards are gathered by the recorder).

@@ -66,8 +66,17 @@ class StoreCatalog:
     def describe(self) -> dict:
         run = self.store.run
         steps = sorted({s for r in self.ranks.values() for k in r.kinds.values() for s in k.steps if s > 0})
-        return {"path": self.path, "ranks": len(self.ranks), "steps": len(steps),
-                **{k: run.get(k) for k in ("device", "backend", "mode", "dtype") if run.get(k) is not None}}
+        out = {"path": self.path, "ranks": len(self.ranks), "steps": len(steps),
+               **{k: run.get(k) for k in ("device", "backend", "mode", "dtype") if run.get(k) is not None}}
+        # how the ranks ended, where one did not finish: a partial run must not read as a whole one
+        unfinished = {}
+        for r in sorted(self.ranks):
+            view = self.store.rank(r)
+            if view.status != "finished":
+                unfinished[str(r)] = {"status": view.status, "cause": view.cause}
+        if unfinished:
+            out["unfinished_ranks"] = unfinished
+        return out
 
 
 def load_catalog(store_or_path) -> StoreCatalog:

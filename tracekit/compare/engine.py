@@ -22,6 +22,7 @@ from tracekit.compare.catalog import StoreCatalog, load_catalog
 from tracekit.compare.metrics import MetricsAccumulator
 from tracekit.compare.reading import Buffers, RowReader
 from tracekit.compare.report import DiffReport, Divergence, KindSummary, LossRow, TensorResult
+from tracekit.compare.traces import compare_store_traces
 from tracekit.compare.tolerances import DEFAULT_ORACLE_FACTOR, Tolerance, Tolerances, load_config, parse_tol_option
 from tracekit.dtypes import to_numpy_values
 from tracekit.errors import UsageError
@@ -136,7 +137,7 @@ class _Engine:
         accs = {}
         for sg in u.segments:
             tol = self.tol(kind, sg.tensor.ref.dtype)
-            accs[id(sg)] = MetricsAccumulator(tol.rtol, tol.atol, self.equal_nan, self.oracle_factor)
+            accs[id(sg)] = MetricsAccumulator(tol.rtol, tol.atol, self.equal_nan, self.oracle_factor, tol.rel_l2)
         nbytes = 0
         try:
             for side, rc, info_of in sides:
@@ -165,17 +166,17 @@ class _Engine:
         return [(sg.tensor.name, sg.start, accs[id(sg)]) for sg in u.segments], nbytes
 
 
-def _resolve_options(rtol, atol, tol, exact, config, tolerances, equal_nan, oracle_factor):
+def _resolve_options(rtol, atol, tol, exact, config, tolerances, equal_nan, oracle_factor, rel_l2=None):
     if tolerances is None:
         if isinstance(tol, dict):
             kinds = {k: tuple(v) for k, v in tol.items()}
         else:  # ["KIND=RTOL,ATOL", ...] as given on the command line
             kinds = dict(parse_tol_option(item) for item in tol or ())
         for k, v in kinds.items():
-            if len(v) != 2:
-                raise UsageError(f"tolerance of {k}: expected (rtol, atol), not {v!r}")
+            if len(v) not in (2, 3):
+                raise UsageError(f"tolerance of {k}: expected (rtol, atol) or (rtol, atol, rel_l2), not {v!r}")
         cfg = load_config(config) if config else {"tolerances": {}}
-        tolerances = Tolerances(rtol=rtol, atol=atol, kinds=kinds, exact=exact, **cfg["tolerances"])
+        tolerances = Tolerances(rtol=rtol, atol=atol, kinds=kinds, exact=exact, rel_l2=rel_l2, **cfg["tolerances"])
         if equal_nan is None:
             equal_nan = cfg.get("equal_nan", False)
         if oracle_factor is None:
@@ -188,14 +189,15 @@ def _resolve_options(rtol, atol, tol, exact, config, tolerances, equal_nan, orac
 
 
 def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: float | None = None,
-         tol=None, exact: bool = False, equal_nan: bool | None = None, config: str | None = None,
+         rel_l2: float | None = None, tol=None, exact: bool = False, equal_nan: bool | None = None, config: str | None = None,
          tolerances: Tolerances | None = None, kinds: list[str] | None = None, allow_missing: bool = False,
          fail_fast: bool = False, oracle=None, oracle_factor: float | None = None, details: str = "violations",
          jobs: int | None = None, progress: Callable[[int, int], None] | None = None) -> DiffReport:
     """Compare two stores of the same job (a reference and a candidate); return a DiffReport.
 
     ref, cand, oracle: store paths or opened RunStores. align: "rank" (default), "coords" or
-    "global". Tolerances: `rtol`/`atol` for every kind, `tol` per kind ({"loss": (rtol, atol)} or
+    "global". Tolerances: `rtol`/`atol` (elementwise) and `rel_l2` (the norm rule's bound) for
+    every kind, `tol` per kind ({"loss": (rtol, atol)} or (rtol, atol, rel_l2), or
     ["loss=1e-4,1e-6", ...]), `config` a TOML file, `exact` for exact equality; or a ready
     `Tolerances`. Unset values fall back to the per-dtype defaults (docs/DIFF.md). `equal_nan`
     counts NaNs on both sides as equal. `kinds` limits the kinds compared. `allow_missing`
@@ -209,7 +211,8 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
     t0 = time.perf_counter()
     if details not in DETAILS:
         raise UsageError(f"details must be one of {', '.join(DETAILS)}, not {details!r}")
-    tolerances, equal_nan, oracle_factor = _resolve_options(rtol, atol, tol, exact, config, tolerances, equal_nan, oracle_factor)
+    tolerances, equal_nan, oracle_factor = _resolve_options(rtol, atol, tol, exact, config, tolerances, equal_nan,
+                                                            oracle_factor, rel_l2)
     refc, candc = load_catalog(ref), load_catalog(cand)
     orac = load_catalog(oracle) if oracle is not None else None
     _check_tolerance_kinds(tolerances, refc, candc)
@@ -256,8 +259,16 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
                 break
     report.bytes_compared = done
     report.first_divergence = _first_divergence(report)
+    report.traces = compare_store_traces(refc, candc, _trace_rank_pairs(plan, candc, refc), tolerances)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def _trace_rank_pairs(plan, cand: StoreCatalog, ref: StoreCatalog) -> dict[int, int]:
+    """Traces are of what a rank computed on its own data: pair ranks as the outputs were paired
+    (same data shard), else rank with rank."""
+    pairs = {kp.rank: kp.ref_rank for kp in plan.pairs if kp.kind == "outputs"}
+    return pairs or {r: r for r in cand.ranks if r in ref.ranks}
 
 
 def _check_tolerance_kinds(tolerances: Tolerances, *cats: StoreCatalog) -> None:
@@ -278,7 +289,8 @@ def _applied_tolerances(plan, engine) -> list[dict]:
             key = (kp.kind, t.ref.dtype)
             if key not in seen:
                 tol = engine.tol(*key)
-                seen[key] = {"kind": kp.kind, "dtype": t.ref.dtype, "rtol": tol.rtol, "atol": tol.atol, "source": tol.source}
+                seen[key] = {"kind": kp.kind, "dtype": t.ref.dtype, "rtol": tol.rtol, "atol": tol.atol,
+                             "rel_l2": tol.rel_l2, "source": tol.source}
     return sorted(seen.values(), key=lambda d: (kind_order(d["kind"]), d["kind"], d["dtype"]))
 
 
@@ -292,7 +304,7 @@ def _step_results(step, pairs, partial, engine) -> list[TensorResult]:
                 if t.ref.numel:
                     continue
                 # an empty tensor has no chunk to read, yet it was compared (shapes and dtypes agree)
-                parts = [(0, MetricsAccumulator(tol.rtol, tol.atol, engine.equal_nan, engine.oracle_factor))]
+                parts = [(0, MetricsAccumulator(tol.rtol, tol.atol, engine.equal_nan, engine.oracle_factor, tol.rel_l2))]
             acc = parts[0][1]
             for _, later in parts[1:]:
                 acc.merge(later)
@@ -308,11 +320,16 @@ def _add_step(report: DiffReport, step: int, results: list[TensorResult], detail
         by_kind.setdefault(r.kind, []).append(r)
     for kind, rs in by_kind.items():
         ms = [r.metrics for r in rs]
+        worst = max(rs, key=lambda r: -1.0 if r.metrics.margin is None else r.metrics.margin)
         report.summary.append(KindSummary(
             step, kind, len({r.tensor for r in rs}), len({r.rank for r in rs}), len(rs),
             sum(not m.passed for m in ms), sum(m.violations for m in ms), sum(m.nonfinite for m in ms), sum(m.numel for m in ms),
-            max(m.max_abs_err for m in ms), max(m.max_rel_err for m in ms), min(m.cosine for m in ms),
-            max(m.rel_l2_err for m in ms)))
+            _over(max, ms, "max_abs_err"), _over(max, ms, "max_rel_err"), _over(min, ms, "cosine"),
+            _over(max, ms, "rel_l2_err"), worst.metrics.margin,
+            None if worst.metrics.margin is None else worst.metrics.margin_rule,
+            None if worst.metrics.margin is None else (worst.rank, worst.tensor),
+            sum(m.counts.ref_nan + m.counts.ref_inf for m in ms), sum(m.counts.cand_nan + m.counts.cand_inf for m in ms),
+            sum(m.norm_failed for m in ms)))
     report.results.extend(r for r in results if details == "all" or not r.passed)
     loss = by_kind.get("loss")
     if loss:
@@ -321,6 +338,12 @@ def _add_step(report: DiffReport, step: int, results: list[TensorResult], detail
             first = min(scalars, key=lambda r: (r.tensor != "loss", r.rank))
             w = first.metrics.worst
             report.loss_table.append(LossRow(step, first.tensor, first.rank, w.ref, w.cand, all(r.passed for r in loss)))
+
+
+def _over(fn, ms, name):
+    """fn (max/min) of a metric over tensors, skipping those with nothing comparable (None)."""
+    vals = [getattr(m, name) for m in ms if getattr(m, name) is not None]
+    return fn(vals) if vals else None
 
 
 def _first_divergence(report: DiffReport) -> Divergence | None:
@@ -336,7 +359,7 @@ def _first_divergence(report: DiffReport) -> Divergence | None:
     def badness(r: TensorResult):
         w = r.metrics.worst
         err = w.abs_err if w and not math.isnan(w.abs_err) else math.inf
-        return (r.metrics.nonfinite > 0, err)
+        return (r.metrics.nonfinite > 0, r.metrics.margin or 0.0, err)
 
     worst = max((r for r in rs if r.tensor == first), key=badness)
     return Divergence(step, kind, first, names, sorted({r.rank for r in rs}), worst.rank, worst.ref_rank,

@@ -15,6 +15,17 @@ With a float64 oracle (the three-way verdict) an element instead passes when
 
 and a NaN or Inf in the candidate where the reference is finite is a violation either way.
 
+On top of the elementwise rule, the tensor as a whole must pass the norm rule (scale-aware: it
+follows the tensor's own magnitude, where a fixed atol can be larger than the tensor itself):
+
+    ||cand - ref|| <= rel_l2 * (||ref|| + atol * sqrt(n))                     (no oracle)
+    ||cand - oracle|| <= factor * ||ref - oracle|| + rel_l2 * (||oracle|| + atol * sqrt(n))
+
+over the n elements finite on every side (rel_l2 = inf switches it off). The derivation of the
+default rel_l2 per dtype is in docs/DIFF.md. `margin` is how close the tensor came to failing:
+the larger of max(|cand - ref| / (atol + rtol * |ref|)) and the norm rule's lhs / rhs; a tensor
+passes when it is at most 1 (and no NaN/Inf mismatches).
+
 `compare_arrays` is the public entry point; `MetricsAccumulator` computes the same thing over
 consecutive blocks of a flat tensor (the diff engine feeds it chunk by chunk, so memory stays
 bounded whatever the tensor size) and accumulators of neighbouring blocks merge.
@@ -63,25 +74,66 @@ class OracleMetrics:
 
 
 @dataclass(frozen=True)
+class NonFinite:
+    """NaN and Inf counts of each side of a tensor pair (only reported where some side has one)."""
+
+    ref_nan: int = 0
+    ref_inf: int = 0
+    cand_nan: int = 0
+    cand_inf: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.ref_nan or self.ref_inf or self.cand_nan or self.cand_inf)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
 class TensorMetrics:
-    """Metrics of one tensor pair. Errors are over the elements finite on both sides; NaN/Inf
-    mismatches are counted in `violations` and `nonfinite` instead."""
+    """Metrics of one tensor pair. Errors are over the `compared` elements, those finite on both
+    sides; NaN/Inf mismatches are counted in `violations` and `nonfinite` instead. Where no
+    element is comparable the error metrics are None (shown as n/a), never 0 or a cosine of 1."""
 
     numel: int
     rtol: float
     atol: float
     violations: int  # elements outside tolerance
     nonfinite: int  # of which NaN/Inf mismatches
-    max_abs_err: float  # max |cand - ref|
-    max_rel_err: float  # max |cand - ref| / |ref| (inf where ref is 0 and cand is not)
-    rel_l2_err: float  # ||cand - ref|| / ||ref||
-    cosine: float  # cosine similarity of cand and ref (1 for two zero tensors)
+    max_abs_err: float | None  # max |cand - ref|
+    max_rel_err: float | None  # max |cand - ref| / |ref| (inf where ref is 0 and cand is not)
+    rel_l2_err: float | None  # ||cand - ref|| / ||ref||
+    cosine: float | None  # cosine similarity of cand and ref (1 for two zero tensors)
     worst: WorstElement | None
     oracle: OracleMetrics | None = None
+    rel_l2: float = math.inf  # the norm rule's bound (inf: no norm rule)
+    norm_failed: bool = False  # the tensor as a whole is outside the norm rule
+    elem_margin: float | None = None  # max |cand - ref| / (atol + rtol |ref|) (oracle: its rule's ratio)
+    norm_margin: float | None = None  # the norm rule's lhs / rhs
+    compared: int = 0  # elements finite on every side
+    counts: NonFinite = NonFinite()
 
     @property
     def passed(self) -> bool:
-        return self.violations == 0
+        return self.violations == 0 and not self.norm_failed
+
+    @property
+    def margin(self) -> float | None:
+        """Error over bound of the closer rule (<= 1 passes); inf for a NaN/Inf mismatch, None
+        when nothing was comparable."""
+        if self.nonfinite:
+            return math.inf
+        ms = [m for m in (self.elem_margin, self.norm_margin) if m is not None]
+        return max(ms) if ms else None
+
+    @property
+    def margin_rule(self) -> str:
+        """Which rule the margin comes from: 'elementwise', 'norm' or 'nonfinite'."""
+        if self.nonfinite:
+            return "nonfinite"
+        if self.norm_margin is not None and (self.elem_margin is None or self.norm_margin > self.elem_margin):
+            return "norm"
+        return "elementwise"
 
     @property
     def violation_fraction(self) -> float:
@@ -93,7 +145,10 @@ class TensorMetrics:
             "violations": self.violations, "violation_fraction": self.violation_fraction,
             "nonfinite": self.nonfinite, "max_abs_err": _num(self.max_abs_err),
             "max_rel_err": _num(self.max_rel_err), "rel_l2_err": _num(self.rel_l2_err),
-            "cosine": _num(self.cosine),
+            "cosine": _num(self.cosine), "compared": self.compared,
+            "nonfinite_counts": self.counts.to_dict() if self.counts else None,
+            "rel_l2": _num(self.rel_l2), "norm_failed": self.norm_failed,
+            "margin": _num(self.margin), "margin_rule": self.margin_rule if self.margin is not None else None,
             "worst": self.worst.to_dict() if self.worst else None,
             "oracle": self.oracle.to_dict() if self.oracle else None,
         }
@@ -164,10 +219,15 @@ def _dot(x: np.ndarray, y: np.ndarray) -> float:
 class MetricsAccumulator:
     """Metrics of a flat tensor fed block by block, in order (`update(ref, cand, oracle, offset)`)."""
 
-    def __init__(self, rtol: float, atol: float, equal_nan: bool = False, oracle_factor: float | None = None):
+    def __init__(self, rtol: float, atol: float, equal_nan: bool = False, oracle_factor: float | None = None,
+                 rel_l2: float = math.inf):
         self.rtol, self.atol, self.equal_nan = float(rtol), float(atol), bool(equal_nan)
+        self.rel_l2 = float(rel_l2)
         self.oracle_factor = None if oracle_factor is None else float(oracle_factor)
         self.n = 0
+        self.n_fin = 0  # elements finite on every side
+        self.nan_inf = [0, 0, 0, 0]  # ref NaN, ref Inf, cand NaN, cand Inf
+        self.elem_margin = 0.0
         self.violations = 0
         self.nonfinite = 0
         self.max_abs = 0.0
@@ -182,6 +242,7 @@ class MetricsAccumulator:
         self.o_ref_max = 0.0
         self.o_cand_ss = 0.0
         self.o_ref_ss = 0.0
+        self.o_ss = 0.0  # sum oracle^2
         self.o_n = 0
 
     # ---- feeding -------------------------------------------------------------------------
@@ -232,6 +293,8 @@ class MetricsAccumulator:
             if o is not None:
                 fin &= np.isfinite(o)
             if not fin.all():
+                for i, (side, test) in enumerate(((a, np.isnan), (a, np.isinf), (b, np.isnan), (b, np.isinf))):
+                    self.nan_inf[i] += int(np.count_nonzero(test(side)))
                 self._nonfinite(a, b, o, ~fin, base)
                 idxmap = np.flatnonzero(fin)
                 a, b, d = a[idxmap], b[idxmap], d[idxmap]
@@ -239,6 +302,7 @@ class MetricsAccumulator:
             ss_d = _dot(d, d)
         if a.size == 0:
             return
+        self.n_fin += a.size
         ss_a = _dot(a, a)
         dot_ad = _dot(a, d)
         ad = np.abs(d) if d.dtype.kind == "c" else np.abs(d, out=d)
@@ -274,22 +338,38 @@ class MetricsAccumulator:
             return
         w = ad.dtype.type
         atol = w(self.atol)
-        if native is not None or mad > atol:  # otherwise nothing can violate: the bound is never below atol
-            if native is not None:
-                viol = _int_violations(ad_exact, np.abs(a), self.rtol, self.atol)
-            else:
-                tol = np.abs(a)
-                tol *= w(self.rtol)
-                tol += atol
-                viol = ad > tol
+        nv = 0
+        if native is not None:
+            viol = _int_violations(ad_exact, np.abs(a), self.rtol, self.atol)
             nv = int(np.count_nonzero(viol))
-            if nv:
-                self.violations += nv
-                j = np.flatnonzero(viol)
-                k = int(j[np.argmax(ad[j])])
-                self._offer_worst(1, float(ad[k]), glob(k), *val(k))
-                return
+            self._margin_of(ad, np.abs(a) * self.rtol + self.atol, nv)
+        elif mad > 0:
+            tol = np.abs(a, out=s2) if a.dtype.kind != "c" and s2.size == a.size else np.abs(a)
+            tol *= w(self.rtol)
+            tol += atol
+            if mad > atol:  # otherwise nothing can violate: the bound is never below atol
+                viol = ad > tol
+                nv = int(np.count_nonzero(viol))
+            self._margin_of(ad, tol, nv)
+        if nv:
+            self.violations += nv
+            j = np.flatnonzero(viol)
+            k = int(j[np.argmax(ad[j])])
+            self._offer_worst(1, float(ad[k]), glob(k), *val(k))
+            return
         self._offer_worst(0, mad, glob(i), *val(i))
+
+    def _margin_of(self, ad: np.ndarray, tol: np.ndarray, nv: int) -> None:
+        """Fold max(ad / tol) into the elementwise margin (tol may be overwritten)."""
+        if tol.dtype.kind in "iub" or tol.dtype != ad.dtype:
+            tol = tol.astype(ad.dtype)
+        ratio = np.divide(ad, tol, out=tol)  # 0/0 (equal under an exact rule) is nan: ignored
+        m = float(np.fmax.reduce(ratio)) if ratio.size else 0.0
+        if math.isnan(m):
+            m = 0.0
+        if nv:
+            m = max(m, 1.0 + 2**-20)  # a violation is above the bound even where the ratio rounds to 1
+        self.elem_margin = max(self.elem_margin, m)
 
     def _nonfinite(self, a, b, o, mask, base) -> None:
         """Positions where some side is NaN/Inf: equal infinities (and NaNs with equal_nan) pass."""
@@ -313,11 +393,14 @@ class MetricsAccumulator:
         er = np.abs(a64 - o)
         self.o_cand_ss += _dot(ec, ec)
         self.o_ref_ss += _dot(er, er)
+        self.o_ss += _dot(o, o)
         self.o_n += a.size
         self.o_cand_max = max(self.o_cand_max, float(ec.max()))
         self.o_ref_max = max(self.o_ref_max, float(er.max()))
-        viol = ~((ec <= self.oracle_factor * er + self.atol) | (b64 == o))
+        bound = self.oracle_factor * er + self.atol
+        viol = ~((ec <= bound) | (b64 == o))
         nv = int(np.count_nonzero(viol))
+        self._margin_of(np.where(b64 == o, 0.0, ec), bound, nv)
         if nv:
             self.violations += nv
             j = np.flatnonzero(viol)
@@ -332,6 +415,9 @@ class MetricsAccumulator:
     def merge(self, later: "MetricsAccumulator") -> "MetricsAccumulator":
         """Fold in the accumulator of a later block range of the same tensor."""
         self.n += later.n
+        self.n_fin += later.n_fin
+        self.nan_inf = [x + y for x, y in zip(self.nan_inf, later.nan_inf)]
+        self.elem_margin = max(self.elem_margin, later.elem_margin)
         self.violations += later.violations
         self.nonfinite += later.nonfinite
         self.max_abs = max(self.max_abs, later.max_abs)
@@ -345,6 +431,7 @@ class MetricsAccumulator:
         self.o_ref_max = max(self.o_ref_max, later.o_ref_max)
         self.o_cand_ss += later.o_cand_ss
         self.o_ref_ss += later.o_ref_ss
+        self.o_ss += later.o_ss
         self.o_n += later.o_n
         return self
 
@@ -376,8 +463,30 @@ class MetricsAccumulator:
             n = max(self.o_n, 1)
             oracle = OracleMetrics(self.oracle_factor, self.o_cand_max, self.o_ref_max,
                                    math.sqrt(self.o_cand_ss / n), math.sqrt(self.o_ref_ss / n))
+        norm_margin = self._norm_margin()
+        norm_failed = norm_margin is not None and norm_margin > 1.0
+        counts = NonFinite(*self.nan_inf)
+        if self.n_fin == 0:  # nothing comparable: no error is 0 and no cosine is 1
+            return TensorMetrics(self.n, self.rtol, self.atol, self.violations, self.nonfinite, None, None, None,
+                                 None, worst, oracle if self.o_n else None, self.rel_l2, False, None, None, 0, counts)
         return TensorMetrics(self.n, self.rtol, self.atol, self.violations, self.nonfinite, self.max_abs,
-                             self.max_rel, rel_l2, cosine, worst, oracle)
+                             self.max_rel, rel_l2, cosine, worst, oracle, self.rel_l2, norm_failed,
+                             self.elem_margin, norm_margin, self.n_fin, counts)
+
+    def _norm_margin(self) -> float | None:
+        """lhs / rhs of the norm rule over the finite elements (None: no rule or nothing to judge)."""
+        if self.n_fin == 0 or math.isinf(self.rel_l2):
+            return None
+        floor = self.atol * math.sqrt(self.n_fin)  # magnitudes below atol count as atol: see docs/DIFF.md
+        if self.oracle_factor is not None:
+            lhs = math.sqrt(self.o_cand_ss)
+            rhs = self.oracle_factor * math.sqrt(self.o_ref_ss) + self.rel_l2 * (math.sqrt(self.o_ss) + floor)
+        else:
+            lhs = math.sqrt(self.ss_diff)
+            rhs = self.rel_l2 * (math.sqrt(self.ss_ref) + floor)
+        if lhs == 0:
+            return 0.0
+        return lhs / rhs if rhs > 0 else math.inf
 
 
 def _scalar(v):
@@ -389,8 +498,10 @@ def _scalar(v):
 
 
 def compare_arrays(ref, cand, *, rtol: float, atol: float, equal_nan: bool = False, oracle=None,
-                   oracle_factor: float | None = None) -> TensorMetrics:
+                   oracle_factor: float | None = None, rel_l2: float = math.inf) -> TensorMetrics:
     """Metrics of one (ref, cand) pair with the given tolerances.
+
+    rel_l2: the norm rule's bound (default inf: elementwise only, as torch.testing.assert_close).
 
     ref, cand (and oracle): array-likes of the same shape (numpy arrays, or torch tensors: those
     are moved to the CPU and bfloat16/float8 widened to float32). With `oracle`, elements are
@@ -407,7 +518,7 @@ def compare_arrays(ref, cand, *, rtol: float, atol: float, equal_nan: bool = Fal
         oracle_factor = DEFAULT_ORACLE_FACTOR if oracle_factor is None else oracle_factor
     else:
         oracle_factor = None
-    acc = MetricsAccumulator(rtol, atol, equal_nan, oracle_factor)
+    acc = MetricsAccumulator(rtol, atol, equal_nan, oracle_factor, rel_l2)
     acc.update(ref, cand, oracle)
     return acc.result(ref.shape)
 

@@ -7,15 +7,31 @@ import math
 from tracekit.compare.alignment import ranges
 from tracekit.compare.report import DiffReport, TensorResult
 from tracekit.display import shown, terminal_safe
+from tracekit.compare.rootcause import render_root_cause
 from tracekit.store.format import kind_order
 
 
-def _g(x: float) -> str:
+def _g(x: float | None) -> str:
+    if x is None:
+        return "n/a"  # no comparable element: no error to show, not an error of 0
     if isinstance(x, float) and math.isnan(x):
         return "nan"
     if isinstance(x, float) and math.isinf(x):
         return "inf" if x > 0 else "-inf"
     return f"{x:.3e}" if x else "0"
+
+
+def _m(x: float | None) -> str:
+    """A margin (error / bound): two significant digits are enough to see a near-miss."""
+    if x is None:
+        return "n/a"
+    if math.isinf(x):
+        return "inf"
+    return f"{x:.2g}"
+
+
+def _cos(x: float | None, digits: int) -> str:
+    return "n/a" if x is None else f"{x:.{digits}f}"
 
 
 def _v(x: float) -> str:
@@ -41,7 +57,10 @@ def _side(d: dict | None) -> str:
     if not d:
         return "-"
     extra = ", ".join(f"{k}={d[k]}" for k in ("device", "backend", "mode", "dtype") if d.get(k) is not None)
-    return f"{d['path']} ({d['ranks']} ranks, {d['steps']} steps{', ' + extra if extra else ''})"
+    line = f"{d['path']} ({d['ranks']} ranks, {d['steps']} steps{', ' + extra if extra else ''})"
+    for r, u in (d.get("unfinished_ranks") or {}).items():
+        line += f"\n           rank {r} {u['status']}" + (f": {u['cause']}" if u.get("cause") else "")
+    return line
 
 
 def render(report: DiffReport, max_rows: int = 20) -> str:
@@ -53,8 +72,10 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
     if report.tolerances:
         tols = {}
         for t in report.tolerances:
-            tols.setdefault((t["dtype"], t["rtol"], t["atol"]), []).append(t["kind"])
-        out.append("tolerances: " + "; ".join(f"{', '.join(k)} {d}: rtol={r:g} atol={a:g}" for (d, r, a), k in tols.items()))
+            tols.setdefault((t["dtype"], t["rtol"], t["atol"], t.get("rel_l2", math.inf)), []).append(t["kind"])
+        out.append("tolerances: " + "; ".join(
+            f"{', '.join(k)} {d}: rtol={r:g} atol={a:g}" + ("" if math.isinf(n) else f" rel_l2={n:.2g}")
+            for (d, r, a, n), k in tols.items()))
 
     if report.structural:
         title = "Skipped (present on one side only, or mismatched)" if report.usable else "Structural problems"
@@ -69,14 +90,23 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
         out += ["", f"Nothing was compared: {report.nothing_compared_reason}.", report.summary_line]
         return terminal_safe("\n".join(out))
 
-    out += ["", "Summary per step and kind (max abs error over finite elements; FAIL n: n tensors outside tolerance):"]
+    out += ["", "Summary per step and kind (max abs error over finite elements, m= margin: the worst tensor's "
+                "error / bound, at most 1 passes; FAIL n: n (rank, tensor) pairs outside tolerance):"]
     kinds = sorted({s.kind for s in report.summary}, key=lambda k: (kind_order(k), k))
     cells: dict[int, dict[str, str]] = {}
     for s in report.summary:
         err = "NaN/Inf" if s.nonfinite else _g(s.max_abs_err)
-        cells.setdefault(s.step, {})[s.kind] = f"ok {err}" if s.passed else f"FAIL {s.violating} {err}"
+        cell = f"ok {err}" if s.passed else f"FAIL {s.violating} {err}"
+        cells.setdefault(s.step, {})[s.kind] = f"{cell} m={_m(s.margin)}"
     rows = [[str(step), *(cells[step].get(k, "-") for k in kinds)] for step in sorted(cells)]
     out += table(["step", *kinds], rows, right={0})
+    out += ["", "Margin per kind (worst tensor over all steps: error / bound, at most 1 passes):"]
+    out += table(*_margin_rows(report, kinds), right={1, 2})
+    nonfinite = [s for s in report.summary if s.ref_nonfinite or s.cand_nonfinite]
+    if nonfinite:
+        out += ["", "NaN/Inf elements (n/a marks metrics with no element finite on both sides):"]
+        out += [f"  step {s.step} {s.kind}: {s.ref_nonfinite} in ref, {s.cand_nonfinite} in cand, "
+                f"{s.nonfinite} mismatched" for s in nonfinite]
 
     if report.loss_table:
         out += ["", "Loss:"]
@@ -102,12 +132,17 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
         out.append(f"  {m.violations}/{m.numel} elements ({m.violation_fraction:.2%}) outside "
                    + (f"oracle rule (factor {m.oracle.factor:g}, atol={m.atol:g})" if m.oracle else f"rtol={m.rtol:g} atol={m.atol:g}")
                    + (f", {m.nonfinite} NaN/Inf" if m.nonfinite else "")
-                   + f"; max rel err {_g(m.max_rel_err)}, rel L2 err {_g(m.rel_l2_err)}, cosine {m.cosine:.9f}")
+                   + (f" (NaN/Inf: {m.counts.ref_nan}/{m.counts.ref_inf} in ref, {m.counts.cand_nan}/{m.counts.cand_inf} in cand)"
+                      if m.counts else "")
+                   + f"; max rel err {_g(m.max_rel_err)}, rel L2 err {_g(m.rel_l2_err)}"
+                   + (f" (bound {m.rel_l2:.2g}{', outside the norm rule' if m.norm_failed else ''})" if not math.isinf(m.rel_l2) else "")
+                   + f", cosine {_cos(m.cosine, 9)}, margin {_m(m.margin)}")
 
+    out += render_root_cause(report.traces)
     bad = report.violations
     if bad:
         out += ["", f"Violations ({min(len(bad), max_rows)} of {report.num_violations} shown):"]
-        out += table(*_violation_rows(bad[:max_rows]), right={0, 1, 4, 5, 6, 7, 8})
+        out += table(*_violation_rows(bad[:max_rows]), right={0, 1, 4, 5, 6, 7, 8, 9})
     if report.stopped_early:
         out += ["", "Stopped after the first violating step (--fail-fast)."]
     out += ["", report.summary_line]
@@ -118,7 +153,8 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
 
 def _violation_rows(results: list[TensorResult]):
     oracle = any(r.metrics.oracle for r in results)
-    headers = ["step", "rank", "kind", "tensor", "violating", "max abs", "max rel", "rel L2", "cosine", "worst (index: ref -> cand)"]
+    headers = ["step", "rank", "kind", "tensor", "violating", "max abs", "max rel", "rel L2", "cosine", "margin",
+               "worst (index: ref -> cand)"]
     if oracle:
         headers += ["|cand-oracle|", "|ref-oracle|"]
     rows = []
@@ -126,9 +162,24 @@ def _violation_rows(results: list[TensorResult]):
         m, w = r.metrics, r.metrics.worst
         worst = f"{list(w.index)}: {_v(w.ref)} -> {_v(w.cand)}" if w else "-"
         nf = f", {m.nonfinite} NaN/Inf" if m.nonfinite else ""
-        row = [str(r.step), str(r.rank), r.kind, shown(r.tensor), f"{m.violations} ({m.violation_fraction:.1%}{nf})", _g(m.max_abs_err),
-               _g(m.max_rel_err), _g(m.rel_l2_err), f"{m.cosine:.6f}", worst]
+        nr = ", norm rule" if m.norm_failed else ""
+        row = [str(r.step), str(r.rank), r.kind, shown(r.tensor), f"{m.violations} ({m.violation_fraction:.1%}{nf}{nr})", _g(m.max_abs_err),
+               _g(m.max_rel_err), _g(m.rel_l2_err), _cos(m.cosine, 6), _m(m.margin), worst]
         if oracle:
             row += [_g(m.oracle.cand_max_err), _g(m.oracle.ref_max_err)] if m.oracle else ["-", "-"]
         rows.append(row)
     return headers, rows
+
+
+def _margin_rows(report: DiffReport, kinds: list[str]):
+    """Per kind, the summary row with the largest margin: how close the worst tensor came to its bound."""
+    rows = []
+    for kind in kinds:
+        rs = [s for s in report.summary if s.kind == kind and s.margin is not None]
+        if not rs:
+            rows.append([kind, "n/a", "-", "nothing comparable"])
+            continue
+        s = max(rs, key=lambda s: s.margin)
+        rank, tensor = s.margin_at
+        rows.append([kind, _m(s.margin), str(s.step), f"{s.margin_rule} rule, {tensor!r} rank {rank}"])
+    return ["kind", "margin", "step", "worst tensor"], rows

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from tracekit.compare.alignment import NotComparable, StructuralProblem
 from tracekit.compare.metrics import TensorMetrics, WorstElement, _num
 
-REPORT_FORMAT = 1
+REPORT_FORMAT = 2  # 2: norm rule, margins, nonfinite counts, n/a metrics (null), missing ranges
 
 
 @dataclass
@@ -52,8 +52,14 @@ class KindSummary:
     numel: int
     max_abs_err: float
     max_rel_err: float
-    min_cosine: float
-    max_rel_l2_err: float
+    min_cosine: float | None
+    max_rel_l2_err: float | None
+    margin: float | None = None  # the worst tensor's error / bound (<= 1 passes; None: nothing comparable)
+    margin_rule: str | None = None  # elementwise, norm or nonfinite
+    margin_at: tuple[int, str] | None = None  # (rank, tensor) of the worst tensor
+    ref_nonfinite: int = 0  # NaN + Inf elements in the reference
+    cand_nonfinite: int = 0  # NaN + Inf elements in the candidate
+    norm_failed: int = 0  # tensors outside the norm rule
 
     @property
     def passed(self) -> bool:
@@ -64,7 +70,11 @@ class KindSummary:
                 "ranks": self.ranks, "comparisons": self.comparisons, "violating": self.violating,
                 "violating_elements": self.violating_elements, "nonfinite": self.nonfinite, "numel": self.numel,
                 "max_abs_err": _num(self.max_abs_err), "max_rel_err": _num(self.max_rel_err),
-                "min_cosine": _num(self.min_cosine), "max_rel_l2_err": _num(self.max_rel_l2_err)}
+                "min_cosine": _num(self.min_cosine), "max_rel_l2_err": _num(self.max_rel_l2_err),
+                "margin": _num(self.margin), "margin_rule": self.margin_rule,
+                "margin_at": None if self.margin_at is None else {"rank": self.margin_at[0], "tensor": self.margin_at[1]},
+                "ref_nonfinite": self.ref_nonfinite, "cand_nonfinite": self.cand_nonfinite,
+                "norm_failed": self.norm_failed}
 
 
 @dataclass
@@ -130,8 +140,27 @@ class DiffReport:
     structural: list[StructuralProblem] = field(default_factory=list)
     not_comparable: list[NotComparable] = field(default_factory=list)
     stopped_early: bool = False  # --fail-fast stopped after the first violating step
+    traces: list = field(default_factory=list)  # rootcause.TraceComparison per (rank, step, level) both traced
     bytes_compared: int = 0
     seconds: float = 0.0
+
+    @property
+    def root_cause(self):
+        """The root-cause op named from the traces (tracekit.compare.rootcause.RootCause), or None."""
+        from tracekit.compare.rootcause import first_root_cause
+
+        return first_root_cause(self.traces)
+
+    # ---- display: short, never every result (a report can hold thousands) -------------------
+    def __repr__(self) -> str:
+        from tracekit.compare.display import short_repr
+
+        return short_repr(self)
+
+    def _repr_html_(self) -> str:
+        from tracekit.compare.display import html_repr
+
+        return html_repr(self)
 
     # ---- verdict ---------------------------------------------------------------------------
     @property
@@ -187,6 +216,40 @@ class DiffReport:
         return sum(1 for s in self.steps if s > 0)
 
     @property
+    def missing(self) -> list[dict]:
+        """What --allow-missing left out: per structural problem, the side lacking it, the (rank,
+        kind, step) ranges ([first, last] pairs; steps None = every step) and the tensor."""
+        if not self.options.get("allow_missing"):
+            return []
+        out = []
+        for p in self.structural:
+            out.append({"problem": p.problem, "side": p.side, "ranks": _spans(p.ranks), "kinds": p.kinds,
+                        "steps": _spans(p.steps) if p.problem == "missing_steps" else None, "tensor": p.tensor})
+        return out
+
+    @property
+    def missing_counts(self) -> dict[str, int]:
+        """How much of the stores --allow-missing left out, by what is missing (only nonzero counts):
+        missing_ranks, missing_kinds, missing_steps (distinct steps from 1), missing_tensors, mismatched."""
+        if not self.options.get("allow_missing"):
+            return {}
+        ranks, kinds, steps, tensors, mismatched = set(), set(), set(), set(), set()
+        for p in self.structural:
+            if p.problem == "missing_rank":
+                ranks.update((p.side, r) for r in p.ranks)
+            elif p.problem == "missing_kind":
+                kinds.update((p.side, r, k) for r in p.ranks for k in p.kinds)
+            elif p.problem == "missing_steps":
+                steps.update(s for s in p.steps if s > 0)
+            elif p.problem == "missing_tensor":
+                tensors.update((p.side, k, p.tensor) for k in p.kinds)
+            else:
+                mismatched.update((k, p.tensor) for k in p.kinds)
+        counts = {"missing_ranks": len(ranks), "missing_kinds": len(kinds), "missing_steps": len(steps),
+                  "missing_tensors": len(tensors), "mismatched": len(mismatched)}
+        return {k: v for k, v in counts.items() if v}
+
+    @property
     def summary_line(self) -> str:
         if self.nothing_compared:
             return f"ERROR comparison ranks={len(self.ranks)} compared=0: {self.nothing_compared_reason}"
@@ -195,6 +258,8 @@ class DiffReport:
         line = f"{self.status.upper()} comparison ranks={len(self.ranks)} steps={self.num_steps}"
         if self.status == "fail":
             line += f" violations={self.num_violations} first_step={self.first_divergence.step}"
+        # a partial comparison says so: a plain PASS is for complete comparisons only
+        line += "".join(f" {k}={v}" for k, v in self.missing_counts.items())
         return line
 
     def to_dict(self) -> dict:
@@ -206,7 +271,7 @@ class DiffReport:
             "ref": self.ref, "cand": self.cand, "oracle": self.oracle,
             "align": self.align,
             "options": self.options,
-            "tolerances": self.tolerances,
+            "tolerances": [{**t, "rel_l2": _num(t.get("rel_l2", math.inf))} for t in self.tolerances],
             "ranks": self.ranks,
             "steps": self.steps,
             "violations": self.num_violations,
@@ -216,7 +281,22 @@ class DiffReport:
             "results": [r.to_dict() for r in self.results],
             "structural": [p.to_dict() for p in self.structural],
             "skipped": [p.to_dict() for p in self.structural] if self.options.get("allow_missing") else [],
+            "missing": self.missing,
+            "missing_counts": self.missing_counts,
             "not_comparable": [n.to_dict() for n in self.not_comparable],
             "stopped_early": self.stopped_early,
+            "traces": [t.to_dict() for t in self.traces],
+            "root_cause": rc.to_dict() if (rc := self.root_cause) is not None else None,
             "stats": {"bytes_compared": self.bytes_compared, "seconds": round(self.seconds, 3)},
         }
+
+
+def _spans(values) -> list[list[int]]:
+    """[0, 1, 2, 5] -> [[0, 2], [5, 5]]."""
+    out: list[list[int]] = []
+    for v in sorted(set(values)):
+        if out and v == out[-1][1] + 1:
+            out[-1][1] = v
+        else:
+            out.append([v, v])
+    return out

@@ -1,11 +1,14 @@
-"""Which (rtol, atol) applies to a tensor: built-in defaults per dtype, overridden by the user.
+"""Which (rtol, atol, rel_l2) applies to a tensor: built-in defaults per dtype, overridden by the user.
+
+rtol/atol are the elementwise rule, rel_l2 the bound of the norm rule (metrics.py); each of the
+three resolves on its own through the same layers.
 
 Resolution, most specific first (documented in docs/DIFF.md):
   --exact > per-kind (--tol KIND=..., then the config file's [kind.KIND])
           > global (--rtol/--atol, then the config file's top-level rtol/atol)
           > per-dtype (the config file's [dtype.DTYPE], then KIND_DEFAULTS for a few
             (kind, dtype) pairs, then DTYPE_DEFAULTS).
-rtol and atol resolve independently, so `--rtol 1e-4` keeps each dtype's default atol.
+rtol, atol and rel_l2 resolve independently, so `--rtol 1e-4` keeps each dtype's default atol and rel_l2.
 """
 
 from __future__ import annotations
@@ -41,6 +44,28 @@ KIND_DEFAULTS: dict[tuple[str, str], tuple[float, float]] = {
     ("parameters", "float64"): (1e-7, 1e-9),
 }
 
+# The norm rule's default bound, ||cand - ref|| <= rel_l2 * (||ref|| + atol * sqrt(n)), per dtype.
+# Derived in docs/DIFF.md from the unit roundoff u of the stored dtype and of the float32
+# accumulation (u32 = 2**-24): rel_l2 = 8 * u + 128 * u32. The first term covers the final roundings
+# of a chain of ops stored in the dtype (both runs round each result, a difference of up to 2u per
+# op, over a few ops), the second the reordered float32 reductions (sqrt(n) * kappa * u32 with n up
+# to 4096 terms and a condition number kappa of 2). float64 data accumulates in float64.
+_U32 = 2.0**-24
+NORM_DEFAULTS: dict[str, float] = {
+    "float64": 136 * 2.0**-53,  # 1.5e-14
+    "complex128": 136 * 2.0**-53,
+    "float32": 136 * _U32,  # 8.1e-6
+    "complex64": 136 * _U32,
+    "bfloat16": 8 * 2.0**-8 + 128 * _U32,  # 3.1e-2
+    "float16": 8 * 2.0**-11 + 128 * _U32,  # 3.9e-3
+    "float8_e4m3fn": 8 * 2.0**-4 + 128 * _U32,  # 0.5
+    "float8_e5m2": 8 * 2.0**-3 + 128 * _U32,  # 1.0
+}
+# Deltas have no norm rule: p_after - p_before cancels, so their rounding noise is an ulp of the
+# parameter, not of the delta, and no bound scaled by the delta's own norm holds. The parameters
+# kind of the same step carries the check (and its norm rule).
+NORM_KIND_DEFAULTS: dict[str, float] = {"deltas": math.inf}
+
 # The three-way verdict: a candidate element may be this many times further from the float64
 # oracle than the reference is (the dynamo accuracy minifier uses 2-3x on RMSE; we apply it per element).
 DEFAULT_ORACLE_FACTOR = 3.0
@@ -51,6 +76,7 @@ class Tolerance:
     rtol: float
     atol: float
     source: str = "default"  # where it came from, shown in reports
+    rel_l2: float = math.inf  # the norm rule's bound; inf: no norm rule
 
 
 def _check_value(name: str, value, where: str) -> float:
@@ -69,72 +95,95 @@ class Tolerances:
 
     rtol: float | None = None  # global, all kinds and dtypes
     atol: float | None = None
-    kinds: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)  # --tol
+    # --tol: kind -> (rtol, atol) or (rtol, atol, rel_l2)
+    kinds: dict[str, tuple[float | None, ...]] = field(default_factory=dict)
     config_rtol: float | None = None
     config_atol: float | None = None
-    config_kinds: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
-    config_dtypes: dict[str, tuple[float | None, float | None]] = field(default_factory=dict)
+    config_kinds: dict[str, tuple[float | None, ...]] = field(default_factory=dict)
+    config_dtypes: dict[str, tuple[float | None, ...]] = field(default_factory=dict)
     exact: bool = False
+    rel_l2: float | None = None  # global norm bound (--rel-l2)
+    config_rel_l2: float | None = None
 
     def __post_init__(self):
         if self.rtol is not None:
             self.rtol = _check_value("rtol", self.rtol, "--rtol")
         if self.atol is not None:
             self.atol = _check_value("atol", self.atol, "--atol")
+        if self.rel_l2 is not None:
+            self.rel_l2 = _check_value("rel_l2", self.rel_l2, "--rel-l2")
         self.kinds = {
-            k: tuple(None if x is None else _check_value(n, x, f"tolerance of {k}") for n, x in zip(("rtol", "atol"), v))
+            k: tuple(None if x is None else _check_value(n, x, f"tolerance of {k}") for n, x in zip(TOL_NAMES, v))
             for k, v in self.kinds.items()
         }
 
     def resolve(self, kind: str, dtype: str) -> Tolerance:
         if self.exact:
-            return Tolerance(0.0, 0.0, "--exact")
+            return Tolerance(0.0, 0.0, "--exact", math.inf)  # equal values: no norm rule can add anything
         builtin = KIND_DEFAULTS.get((kind, dtype))
         default = DTYPE_DEFAULTS.get(dtype, EXACT)
-        # candidates in precedence order: (rtol, atol, label)
+        norm = NORM_KIND_DEFAULTS.get(kind, NORM_DEFAULTS.get(dtype, math.inf))
+
+        def three(t):
+            t = tuple(t or ())
+            return t + (None,) * (3 - len(t))
+
+        # candidates in precedence order: (rtol, atol, rel_l2, label)
         layers = [
-            (*self.kinds.get(kind, (None, None)), f"--tol {kind}"),
-            (*self.config_kinds.get(kind, (None, None)), f"config kind.{kind}"),
-            (self.rtol, self.atol, "--rtol/--atol"),
-            (self.config_rtol, self.config_atol, "config"),
-            (*self.config_dtypes.get(dtype, (None, None)), f"config dtype.{dtype}"),
-            (*(builtin or (None, None)), f"{kind} {dtype} default"),
-            (*default, f"{dtype} default"),
+            (*three(self.kinds.get(kind)), f"--tol {kind}"),
+            (*three(self.config_kinds.get(kind)), f"config kind.{kind}"),
+            (self.rtol, self.atol, self.rel_l2, "--rtol/--atol/--rel-l2"),
+            (self.config_rtol, self.config_atol, self.config_rel_l2, "config"),
+            (*three(self.config_dtypes.get(dtype)), f"config dtype.{dtype}"),
+            (*three(builtin), f"{kind} {dtype} default"),
+            (*default, norm, f"{dtype} default"),
         ]
-        rtol = next((r, src) for r, _, src in layers if r is not None)
-        atol = next((a, src) for _, a, src in layers if a is not None)
+        rtol = next((r, src) for r, _, _, src in layers if r is not None)
+        atol = next((a, src) for _, a, _, src in layers if a is not None)
+        rel_l2 = next((n, src) for _, _, n, src in layers if n is not None)
         source = rtol[1] if rtol[1] == atol[1] else f"rtol: {rtol[1]}, atol: {atol[1]}"
-        return Tolerance(rtol[0], atol[0], source)
+        bound = rel_l2[0]
+        if rel_l2[1].endswith(" default"):
+            # Never tighter than the elementwise rtol: whoever allows a relative error rtol per element
+            # allows it for the tensor as a whole (--tol loss=2e-3,0 lets a 1e-3 loss error pass).
+            bound = max(bound, rtol[0])
+        else:
+            source += f", rel_l2: {rel_l2[1]}"  # a built-in rel_l2 goes without saying
+        return Tolerance(rtol[0], atol[0], source, bound)
 
     def to_dict(self) -> dict:
         return {
-            "exact": self.exact, "rtol": self.rtol, "atol": self.atol,
+            "exact": self.exact, "rtol": self.rtol, "atol": self.atol, "rel_l2": self.rel_l2,
             "kinds": {k: list(v) for k, v in self.kinds.items()},
-            "config": {"rtol": self.config_rtol, "atol": self.config_atol,
+            "config": {"rtol": self.config_rtol, "atol": self.config_atol, "rel_l2": self.config_rel_l2,
                        "kinds": {k: list(v) for k, v in self.config_kinds.items()},
                        "dtypes": {k: list(v) for k, v in self.config_dtypes.items()}},
         }
 
 
-def parse_tol_option(text: str) -> tuple[str, tuple[float, float]]:
-    """'gradients=1e-5,1e-6' -> ('gradients', (1e-5, 1e-6))."""
+TOL_NAMES = ("rtol", "atol", "rel_l2")
+
+
+def parse_tol_option(text: str) -> tuple[str, tuple[float, ...]]:
+    """'gradients=1e-5,1e-6' -> ('gradients', (1e-5, 1e-6)); a third value is the norm bound rel_l2
+    ('inf' switches the norm rule off)."""
     kind, sep, values = text.partition("=")
     parts = values.split(",")
-    if not sep or not kind.strip() or len(parts) != 2:
-        raise UsageError(f"--tol {text!r}: expected KIND=RTOL,ATOL, e.g. --tol gradients=1e-5,1e-6")
+    if not sep or not kind.strip() or len(parts) not in (2, 3):
+        raise UsageError(f"--tol {text!r}: expected KIND=RTOL,ATOL[,REL_L2], e.g. --tol gradients=1e-5,1e-6")
     kind = kind.strip()
     where = f"--tol {text}"
-    return kind, (_check_value("rtol", parts[0].strip(), where), _check_value("atol", parts[1].strip(), where))
+    return kind, tuple(_check_value(n, p.strip(), where) for n, p in zip(TOL_NAMES, parts))
 
 
 # Keys the config file may hold at its top level besides the tables.
-CONFIG_KEYS = {"rtol", "atol", "equal_nan", "oracle_factor", "kind", "dtype"}
+CONFIG_KEYS = {"rtol", "atol", "rel_l2", "equal_nan", "oracle_factor", "kind", "dtype"}
 
 
-def _pair(table, where: str) -> tuple[float | None, float | None]:
-    if not isinstance(table, dict) or set(table) - {"rtol", "atol"}:
-        raise UsageError(f"{where}: expected a table with rtol and/or atol")
-    return tuple(None if table.get(n) is None else _check_value(n, table[n], where) for n in ("rtol", "atol"))
+def _pair(table, where: str) -> tuple[float | None, ...]:
+    if not isinstance(table, dict) or set(table) - set(TOL_NAMES):
+        raise UsageError(f"{where}: expected a table with rtol, atol and/or rel_l2")
+    return tuple(None if table.get(n) is None else _check_value(n, table[n], where) for n in TOL_NAMES)
 
 
 def _check_dtype_name(name: str, where: str) -> None:
@@ -154,6 +203,7 @@ def load_config(path: str) -> dict:
 
     rtol = 1e-5            # all kinds and dtypes
     atol = 1e-6
+    rel_l2 = 1e-4          # the norm rule's bound (inf: elementwise rule only)
     equal_nan = false
     oracle_factor = 3.0
     [dtype.bfloat16]       # replaces the built-in default of that dtype
@@ -173,7 +223,7 @@ def load_config(path: str) -> dict:
     if unknown:
         raise UsageError(f"--config {path}: unknown key(s) {', '.join(sorted(unknown))}; allowed: {', '.join(sorted(CONFIG_KEYS))}")
     out: dict = {}
-    for n in ("rtol", "atol"):
+    for n in TOL_NAMES:
         if n in doc:
             out[f"config_{n}"] = _check_value(n, doc[n], f"--config {path}")
     for table, key in (("kind", "config_kinds"), ("dtype", "config_dtypes")):

@@ -43,6 +43,9 @@ def _report_attrs(report, ref, cand, diff_kwargs) -> dict:
         "diff_kwargs": diff_kwargs,
         "tolerances": report.tolerances,
         "first_divergence": fd.to_dict() if fd is not None else None,
+        "root_cause": rc.to_dict() if (rc := report.root_cause) is not None else None,
+        # per (rank, step, level) both stores traced: alignment counts and each event's status
+        "traces": [{**t.to_dict(), "events": t.events} for t in report.traces],
     }
 
 
@@ -57,12 +60,15 @@ def _metrics_dataset(report, keys, ranks, steps):
     worst = {w: np.full(shape, np.nan) for w in WORST}
     worst_flat = np.full(shape, -1, dtype=np.int64)
     ref_rank = np.full(shape, -1, dtype=np.int64)
+    passed = np.zeros(shape, dtype=bool)
     for r in report.results:
         at = (ri[r.rank], si[r.step], ki[tensor_key(r.kind, r.tensor)])
         m = r.metrics
         for name in METRICS + COUNTS:
-            floats[name][at] = getattr(m, name)
+            v = getattr(m, name)
+            floats[name][at] = np.nan if v is None else v  # None: no comparable element
         ref_rank[at] = r.ref_rank
+        passed[at] = m.passed  # the elementwise and the norm rule
         if m.worst is not None:
             worst["ref"][at], worst["cand"][at], worst["abs_err"][at] = m.worst.ref, m.worst.cand, m.worst.abs_err
             worst_flat[at] = int(np.ravel_multi_index(m.worst.index, r.shape)) if r.shape else 0
@@ -73,7 +79,7 @@ def _metrics_dataset(report, keys, ranks, steps):
     data["worst_flat_index"] = (dims, worst_flat)
     data["ref_rank"] = (dims, ref_rank)
     data["compared"] = (dims, compared)
-    data["passed"] = (dims, compared & (np.nan_to_num(floats["violations"]) == 0))
+    data["passed"] = (dims, compared & passed)
     return xr.Dataset(data)
 
 
@@ -93,15 +99,25 @@ def open_diff(ref, cand, **diff_kwargs):
     from tracekit.compare import diff
 
     diff_kwargs = {k: v for k, v in diff_kwargs.items() if k not in ("details", "progress")}
+    ref, cand = _opened(ref), _opened(cand)  # each store opened once, for the diff and the views
     report = diff(ref, cand, details="all", **diff_kwargs)
     return dataset_from_report(report, ref, cand, diff_kwargs)
 
 
-def dataset_from_report(report, ref, cand, diff_kwargs=None):
-    """The open_diff Dataset of a DiffReport computed with details="all" (see open_diff)."""
+def _opened(store):
+    from tracekit.store import RunStore, open_store
+
+    return store if isinstance(store, RunStore) else open_store(store)
+
+
+def dataset_from_report(report, ref, cand, diff_kwargs=None, elementwise: bool = True):
+    """The open_diff Dataset of a DiffReport computed with details="all" (see open_diff).
+
+    ref, cand: paths or opened RunStores (opened ones are not opened again). elementwise=False
+    leaves out the lazy `abs_err/...` variables: the metrics alone need neither dask nor a view
+    of the tensors (the HTML report uses only them)."""
     from tracekit.inspect import accessor  # noqa: F401 - registers ds.tracekit
-    from tracekit.inspect.elementwise import abs_err
-    from tracekit.inspect.opener import open_tree
+    from tracekit.inspect.opener import _rank_coords
 
     if not report.usable:
         problems = "; ".join(p.message for p in report.structural[:3])
@@ -110,8 +126,7 @@ def dataset_from_report(report, ref, cand, diff_kwargs=None):
     if report.options.get("details") != "all":
         raise ValueError("dataset_from_report needs a report computed with details='all'")
 
-    ref, cand = getattr(ref, "path", ref), getattr(cand, "path", cand)  # an opened RunStore works too
-    ref_tree, cand_tree = open_tree(ref), open_tree(cand)
+    ref, cand = _opened(ref), _opened(cand)
     ranks = sorted({r.rank for r in report.results}) or list(report.ranks)
     steps = sorted(set(report.steps))
     per_tensor: dict[str, object] = {}  # key -> a TensorResult (dtype, shape)
@@ -132,11 +147,19 @@ def dataset_from_report(report, ref, cand, diff_kwargs=None):
         atol=("tensor", np.asarray([tol[(k_, per_tensor[k].dtype)]["atol"] for k, k_ in zip(keys, kinds)])),
     )
     # rank coordinates of the candidate (dp_rank, tp_rank, mesh positions)
-    cand_root = cand_tree.to_dataset()
-    for c in cand_root.coords:
-        if c != "rank" and cand_root[c].dims == ("rank",):
-            ds = ds.assign_coords({c: ("rank", cand_root[c].sel(rank=ranks).values)})
+    cand_coords, _ = _rank_coords(cand)
+    position = {int(r): i for i, r in enumerate(cand_coords["rank"])}
+    for c, value in cand_coords.items():
+        if c != "rank":
+            ds = ds.assign_coords({c: ("rank", np.asarray(value[1])[[position[r] for r in ranks]])})
+    ds.attrs = _report_attrs(report, ref.path, cand.path, diff_kwargs or {})
+    if not elementwise:
+        return ds
 
+    from tracekit.inspect.elementwise import abs_err
+    from tracekit.inspect.opener import open_tree
+
+    ref_tree, cand_tree = open_tree(ref), open_tree(cand)
     errors = {}
     for key in keys:
         r = per_tensor[key]
@@ -146,8 +169,9 @@ def dataset_from_report(report, ref, cand, diff_kwargs=None):
         dims = ("rank", "step", *error_dims(key, len(r.shape)))
         errors[error_var(key)] = abs_err(ref_v, cand_v).rename(dict(zip(ref_v.dims, dims))).drop_vars(
             [c for c in ref_v.coords if c not in ("rank", "step")], errors="ignore")
+    attrs = ds.attrs
     ds = ds.assign(errors)
-    ds.attrs = _report_attrs(report, ref, cand, diff_kwargs or {})
+    ds.attrs = attrs
     return ds
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+from tracekit.inspect.facts import common, differences, rank_facts
 from tracekit.store import open_store
 from tracekit.store.format import RANK_PREFIX
 
@@ -62,6 +63,7 @@ def run_metadata(store) -> dict:
 def summarize(path) -> dict:
     """Everything `tracekit show` prints; plain JSON-able values only."""
     store = open_store(path)
+    facts = rank_facts(store)
     ranks = []
     for r in store.ranks:
         view = store.rank(r)
@@ -73,6 +75,9 @@ def summarize(path) -> dict:
             "rank": r,
             "coords": view.coords,
             "status": view.status,
+            "versions": facts[r]["versions"],
+            "env": facts[r]["env"],
+            "cause": view.cause,
             "steps_completed": len(done),
             "first_step": done[0] if done else None,
             "last_step": done[-1] if done else None,
@@ -81,11 +86,33 @@ def summarize(path) -> dict:
         })
     return {
         "store": os.path.abspath(store.path),
-        "finished": store.finished,
-        "job_state": store.job_state,
+        "finished": store.finished,  # a launcher finalized it: end time and exit status known
+        # recorded through TRACEKIT_STORE, without `tracekit record`: nobody finalizes the store
+        "launcherless": "launcher" in store.meta and store.meta["launcher"] is None,
+        "running_ranks": [r["rank"] for r in ranks if r["status"] == "running"],
+        # versions and numeric env vars equal on every rank, and the watched ones that differ
+        "environment": {"common": common(facts), "differs": differences(facts)},
+        "job_state": store.job_state,  # finished / recording / launcher died / no launcher
         "run": run_metadata(store),
         "world_size": len(store.ranks),
         "ranks": ranks,
         "kinds": _kinds(store),
         "bytes_on_disk": _bytes_under(store.path),
     }
+
+
+def recording_summary(path) -> dict:
+    """What a finished recording holds, for `tracekit record`'s closing line: ranks, completed
+    steps (union over ranks), kinds, bytes on disk and each rank's status."""
+    store = open_store(path)
+    steps: set[int] = set()
+    kinds: list[str] = []
+    statuses: dict[str, int] = {}
+    for r in store.ranks:
+        view = store.rank(r)
+        steps.update(view.completed_steps)
+        kinds += [k for k in view.kinds if k not in kinds]
+        statuses[view.status] = statuses.get(view.status, 0) + 1
+    return {"store": os.path.abspath(store.path), "ranks": len(store.ranks), "steps": sorted(steps), "kinds": kinds,
+            "bytes": _bytes_under(store.path), "statuses": statuses,
+            "exit_status": store.meta.get("exit_status")}

@@ -1,6 +1,7 @@
 """safetensors out of a store and dumps (safetensors or weights-only torch.save files) into one.
 
-See docs/INTERCHANGE.md. torch is imported lazily: only reading or writing tensor files needs it.
+See docs/INTERCHANGE.md. torch is imported only to read torch.save files: safetensors files are read
+and written without it.
 """
 
 from tracekit.interchange.export import export_file, export_tree

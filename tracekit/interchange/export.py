@@ -11,7 +11,8 @@ import os
 
 from tracekit.display import path_text
 from tracekit.errors import StoreError, UsageError
-from tracekit.store.tensors import to_torch
+from tracekit.dtypes import storage_dtype
+from tracekit.interchange import safetensors_io
 from tracekit.store import RankView, open_store
 
 FORMAT = "tracekit"
@@ -27,28 +28,25 @@ def _metadata(view: RankView, step: int, kind: str, names: list[str]) -> dict[st
 
 def _write(view: RankView, step: int, kind: str, out: str) -> int:
     from safetensors import SafetensorError
-    from safetensors.torch import save
 
     infos = view.tensors(kind)
     if step not in view.steps(kind):
         have = view.steps(kind)
         raise StoreError(f"rank {view.rank} has no {kind} for step {step} (it has steps {_span(have)})")
-    tensors = {}
+    entries = []
     for i in infos:
         try:
-            tensors[i.name] = to_torch(view.read_bits(kind, step, i.name), i.dtype, i.shape)
-        except StoreError as e:
-            raise StoreError(f"{view.store.path}: rank {view.rank} {kind} tensor {i.name!r}: {e}") from None
+            storage_dtype(i.dtype)
+        except ValueError:  # a damaged or foreign tensor index: refuse rather than export wrong bits
+            raise StoreError(f"{view.store.path}: rank {view.rank} {kind} tensor {i.name!r}: dtype {i.dtype!r} "
+                             "is not one a tracekit store holds") from None
+        entries.append((i.name, i.dtype, tuple(i.shape), view.read_bits(kind, step, i.name)))
     try:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-        data = save(tensors, metadata=_metadata(view, step, kind, [i.name for i in infos]))
-        # Python writes the file (not safetensors' save_file): the usual umask permissions rather
-        # than 0600, and any path the OS takes, non-UTF-8 bytes included.
-        with open(out, "wb") as f:
-            f.write(data)
+        safetensors_io.write(out, entries, _metadata(view, step, kind, [i.name for i in infos]))
     except (OSError, SafetensorError) as e:  # an unwritable destination is the user's to fix, in one line
         raise UsageError(f"{path_text(out)}: cannot write it ({getattr(e, 'strerror', None) or e})") from None
-    return len(tensors)
+    return len(entries)
 
 
 def _span(steps: list[int]) -> str:

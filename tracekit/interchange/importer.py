@@ -16,9 +16,10 @@ from typing import Callable
 
 from tracekit.environment import run_environment
 from tracekit.errors import StoreError, UsageError
+from tracekit.interchange import safetensors_io
 from tracekit.interchange.layout import KIND_NAMES, TENSOR_SUFFIXES, parse_path
 from tracekit.store.tensors import from_torch
-from tracekit.store import RankWriter, create_store, finalize_store
+from tracekit.store import RankWriter, TensorData, create_store, finalize_store
 from tracekit.store.format import INITIAL_STEP, MAX_STEP
 
 # More ranks than any job runs: a larger number is a damaged or hostile file, not a world.
@@ -59,18 +60,13 @@ def _files(src: str) -> list[str]:
 
 
 def _read_safetensors(path: str) -> tuple[dict, dict]:
-    from safetensors import SafetensorError, safe_open
-
+    """(name -> TensorData, metadata), in the recorded order a tracekit export lists (safetensors sorts names)."""
     try:
-        with safe_open(path, framework="pt") as f:
-            meta = dict(f.metadata() or {})
-            keys = list(f.keys())
-            # a tracekit export lists its recorded order (safetensors itself sorts names)
-            order = [k for k in (_json(meta, "names", list) or []) if k in keys]
-            keys = order + [k for k in keys if k not in order]
-            return {k: f.get_tensor(k) for k in keys}, meta
-    except (SafetensorError, OSError, ValueError) as e:
-        raise StoreError(f"{path}: not a readable safetensors file ({e})") from None
+        tensors, meta = safetensors_io.read(path)
+    except safetensors_io.UnsupportedDtype as e:
+        raise UsageError(f"{path}: {e}") from None
+    order = [k for k in (_json(meta, "names", list) or []) if k in tensors]
+    return {k: tensors[k] for k in order + [k for k in tensors if k not in order]}, meta
 
 
 def _read_torch(path: str) -> dict:
@@ -151,8 +147,6 @@ def import_dumps(src: str, out: str, force: bool = False, default_kind: str = "p
     """Read every tensor file under `src` into a new store at `out`; returns a summary."""
     if default_kind not in KIND_NAMES:
         raise UsageError(f"unknown kind {default_kind!r}; known kinds: {', '.join(KIND_NAMES)}")
-    import torch
-
     files = _files(src)
     # rank -> step -> kind -> name -> tensor
     data: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))
@@ -199,7 +193,10 @@ def import_dumps(src: str, out: str, force: bool = False, default_kind: str = "p
             name = rename(name) if rename else name
             if name in bucket:
                 raise UsageError(f"{rel}: rank {rank} step {step} {kind} tensor {name!r} comes from two files or names")
-            if t.layout != torch.strided or t.is_meta:
+            if isinstance(t, TensorData):  # from safetensors, already in store form
+                bucket[name] = TensorData(name, t.dtype, t.shape, t.data)
+                continue
+            if str(t.layout) != "torch.strided" or t.is_meta:  # a torch tensor (torch.load'ed: torch is imported)
                 what = "a meta tensor (it has no data)" if t.is_meta else f"a {t.layout} tensor, not a dense one"
                 raise UsageError(f"{rel}: tensor {name!r} is {what}; tracekit stores dense tensors "
                                  "(save t.to_dense() or the real tensor)")

@@ -1,7 +1,7 @@
 """The HTML report of a diff: `write_report(ref, cand, "report.html")` (CLI: `tracekit report`).
 
 One self-contained file, viewable offline: the verdict, the first divergence, the loss table and
-curves, heatmaps of the max relative error over rank x step per kind, and the worst tensors.
+curves, heatmaps of the violation margin (error / bound) over rank x step per kind, and the worst tensors.
 Plots need matplotlib (the `plot` extra); without it the report has the tables only, and says so.
 """
 
@@ -20,11 +20,14 @@ def build_report(ref, cand, replay=None, **diff_kwargs):
     from tracekit.inspect.diffview import dataset_from_report
     from tracekit.inspect.summary import run_metadata
     from tracekit.report.html import render
-    from tracekit.store import open_store
+    from tracekit.store import RunStore, open_store
 
     diff_kwargs = {k: v for k, v in diff_kwargs.items() if k not in ("details", "progress")}
+    # each store is opened once, for the diff, the metrics view, the run facts and the replay section
+    ref, cand = (s if isinstance(s, RunStore) else open_store(s) for s in (ref, cand))
     report = diff(ref, cand, details="all", **diff_kwargs)
-    ds = dataset_from_report(report, ref, cand, diff_kwargs) if report.usable else None
+    # the metrics alone: the report draws no element, so it needs neither dask nor tensor views
+    ds = dataset_from_report(report, ref, cand, diff_kwargs, elementwise=False) if report.usable else None
     notes = []
     try:
         from tracekit.report import plots
@@ -34,12 +37,15 @@ def build_report(ref, cand, replay=None, **diff_kwargs):
         plots = None
         notes.append(f"No plots: {e}.")
     meta = {}
-    for side, path in (("ref", ref), ("cand", cand)):
-        store = open_store(getattr(path, "path", path))
+    for side, store in (("ref", ref), ("cand", cand)):
         run = run_metadata(store)
         meta[side] = {"path": store.path, "command": run.get("command"), "versions": run.get("versions"),
                       "ranks": len(store.ranks)}
     extra = []
+    if report.traces:  # both stores traced a step (tracekit record --trace): the root-cause op
+        from tracekit.report.traces import section as traces_section
+
+        extra.append(traces_section(report, plots))
     if replay is not None:
         from tracekit.report.replay import section
 

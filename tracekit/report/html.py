@@ -129,13 +129,13 @@ def _first_divergence_section(report, ds) -> str:
             ["violating ranks there", ", ".join(map(str, fd.ranks))],
             ["violating tensors there", ", ".join(fd.tensors)]]
     key = f"{fd.kind}/{fd.tensor}"
-    snippet = (
+    snippet = (  # works for every kind, scalars such as the loss included (tested)
         "import tracekit\n"
         f"ds = tracekit.open_diff({report.ref.get('path')!r}, {report.cand.get('path')!r})\n"
         "ds.tracekit.first_divergence()\n"
         f"at = ds.sel(step={fd.step}, rank={fd.rank})\n"
         "at['max_rel_err'].where(at['violations'] > 0, drop=True)   # the violating tensors there\n"
-        f"ds[{('abs_err/' + key)!r}].sel(step={fd.step}, rank={fd.rank}).argmax(...)   # the element\n"
+        f"ds.tracekit.locate({key!r}, step={fd.step}, rank={fd.rank})   # the worst element, both values\n"
     )
     return ("<h2>First divergence</h2>" + table(None, rows)
             + "<p>The same in a notebook:</p><pre>" + e(snippet) + "</pre>")
@@ -158,52 +158,35 @@ def _loss_section(report, plots) -> str:
 def _heatmap_section(ds, plots) -> str:
     if ds is None or plots is None or not ds.sizes.get("tensor"):
         return ""
-    out = ["<h2>Max relative error, rank x step</h2>",
-           "<p class='note'>Per kind, the largest relative error over its tensors; red frames: outside "
-           "tolerance; grey: not compared.</p>"]
-    kinds = sorted(set(str(k) for k in ds["kind"].values), key=lambda k: (kind_order(k), k))
-    ranks, steps = ds["rank"].values, ds["step"].values
-    for kind in kinds:
-        sub = ds.sel(tensor=ds["kind"] == kind)
-        compared = sub["compared"].any("tensor").values
-        values = sub["max_rel_err"].max("tensor", skipna=True).values.astype(float)
-        values[~compared] = np.nan
-        failing = (sub["violations"].fillna(0) > 0).any("tensor").values
-        keep = compared.any(axis=0)  # steps where this kind exists (parameters alone have step 0)
-        out.append(img(plots.error_heatmap(values[:, keep], failing[:, keep], ranks, steps[keep], kind),
-                       f"heatmap of max relative error of {kind} over rank and step"))
+    from tracekit.report.cells import heatmaps
+
+    out = ["<h2>Violation margin, rank x step</h2>",
+           "<p class='note'>Per kind, the largest margin over its tensors: the error of the worst element "
+           "divided by the bound it had to meet, |cand - ref| / (atol + rtol |ref|). Above 1 (red frame): "
+           "outside tolerance; magenta: a NaN or Inf mismatch; grey: not compared.</p>"]
+    for hm in heatmaps(ds):
+        out.append(img(plots.error_heatmap(hm), f"heatmap of the violation margin of {hm.kind} over rank and step"))
     return "".join(out)
 
 
 def _worst_section(ds, plots, n: int = 15) -> str:
     if ds is None or not ds.sizes.get("tensor"):
         return ""
-    rel = ds["max_rel_err"]
-    per = []
-    for k in ds["tensor"].values:
-        v = rel.sel(tensor=k)
-        if not np.isfinite(v.values).any() and not np.isinf(v.values).any():
-            continue
-        flat = np.nan_to_num(v.values, nan=-1.0, posinf=np.inf)
-        i, j = np.unravel_index(int(np.argmax(flat)), flat.shape)
-        viol = ds["violations"].sel(tensor=k).fillna(0)
-        per.append({"tensor": str(k), "value": float(flat[i, j]), "rank": int(ds["rank"].values[i]),
-                    "step": int(ds["step"].values[j]), "violations": int(viol.sum()),
-                    "rtol": float(ds["rtol"].sel(tensor=k)), "failing_pairs": int((viol > 0).sum())})
-    per.sort(key=lambda d: (d["violations"] > 0, d["value"]), reverse=True)
-    per = per[:n]
+    from tracekit.report.cells import worst_tensors
+
+    per = worst_tensors(ds, n)
     if not per:
         return ""
     out = "<h2>Worst tensors</h2>"
     if plots is not None:
-        out += img(plots.worst_tensors([f"{d['tensor']} (rank {d['rank']}, step {d['step']})" for d in per],
-                                       [d["value"] for d in per], [d["violations"] > 0 for d in per],
-                                       [d["rtol"] for d in per]), "worst tensors by max relative error")
-    rows = [[d["tensor"], fmt(d["value"]), d["rank"], d["step"], d["violations"], d["failing_pairs"], fmt(d["rtol"])]
+        out += img(plots.worst_tensors([f"{d.tensor} (rank {d.rank}, step {d.step})" for d in per],
+                                       [d.margin for d in per], [d.violations > 0 for d in per]),
+                   "worst tensors by violation margin")
+    rows = [[d.tensor, fmt(d.margin), fmt(d.max_rel_err), d.rank, d.step, d.violations, d.failing_pairs, fmt(d.rtol)]
             for d in per]
-    bad = {i for i, d in enumerate(per) if d["violations"]}
-    return out + table(["tensor", "max rel. error", "at rank", "at step", "violating elements (all ranks, steps)",
-                        "failing (rank, step) pairs", "rtol"], rows, bad, numeric={1, 2, 3, 4, 5, 6})
+    bad = {i for i, d in enumerate(per) if d.violations}
+    return out + table(["tensor", "margin", "max rel. error", "at rank", "at step", "violating elements (all ranks, steps)",
+                        "failing (rank, step) pairs", "rtol"], rows, bad, numeric={1, 2, 3, 4, 5, 6, 7})
 
 
 def _summary_section(report) -> str:

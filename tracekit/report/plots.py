@@ -63,51 +63,94 @@ def loss_curves(steps, ref, cand, passed, ref_label="ref", cand_label="cand") ->
     return _png(fig)
 
 
-def error_heatmap(values: np.ndarray, failing: np.ndarray, ranks, steps, title: str) -> bytes:
-    """values: (rank, step) max relative error (NaN: not compared); failing cells get a red frame."""
-    from matplotlib.colors import LogNorm
-    from matplotlib.patches import Rectangle
+GREY = "#dddddd"  # not compared
+NONFINITE_COLOR = "#d500f9"  # a NaN/Inf mismatch: infinite margin
+MARGIN_LABEL = "margin = |cand - ref| / (atol + rtol |ref|), worst element; > 1 fails"
 
+
+def _margin_norm(values: np.ndarray):
+    """A log scale that always spans the pass/fail line at margin 1."""
+    from matplotlib.colors import LogNorm
+
+    finite = values[np.isfinite(values) & (values > 0)]
+    low = min(float(finite.min()) if finite.size else 1e-3, 1e-3)
+    high = max(float(finite.max()) if finite.size else 10.0, 10.0)
+    return LogNorm(max(low, 1e-12), high)
+
+
+def heatmap_rgba(hm) -> np.ndarray:
+    """(rank, step, 4) colours of a cells.Heatmap: grey not compared, magenta non-finite, else the
+    margin on a log colour scale (monotone: every failing cell is brighter than every passing one)."""
     from matplotlib import colormaps
 
-    cmap = colormaps["viridis"].with_extremes(bad="#dddddd")  # grey: not compared
-    n_ranks, n_steps = values.shape
+    from tracekit.report import cells
+
+    norm = _margin_norm(hm.margin)
+    shown = np.clip(np.nan_to_num(hm.margin, nan=norm.vmin, posinf=norm.vmax), norm.vmin, norm.vmax)
+    rgba = colormaps["viridis"](norm(shown))
+    rgba[hm.state == cells.NOT_COMPARED] = _rgba(GREY)
+    rgba[hm.state == cells.NONFINITE] = _rgba(NONFINITE_COLOR)
+    return rgba
+
+
+def _rgba(color: str):
+    from matplotlib.colors import to_rgba
+
+    return to_rgba(color)
+
+
+def error_heatmap(hm) -> bytes:
+    """A cells.Heatmap as a picture: cell colours from heatmap_rgba, red frames on failing cells."""
+    from matplotlib import colormaps
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.patches import Rectangle
+
+    from tracekit.report import cells
+
+    n_ranks, n_steps = hm.margin.shape
     fig = _figure(min(11, 2.8 + 0.45 * n_steps), min(14, 1.6 + 0.22 * n_ranks))
     ax = fig.add_subplot()
-    positive = values[np.isfinite(values) & (values > 0)]
-    if positive.size:
-        floor = max(float(positive.min()), 1e-12)
-        top = max(float(positive.max()), floor * 10)
-        shown = np.where(np.isfinite(values), np.clip(values, floor, None), np.nan)
-        im = ax.imshow(shown, aspect="auto", cmap=cmap, norm=LogNorm(floor, top), interpolation="nearest")
-        fig.colorbar(im, ax=ax, label="max relative error")
-    else:
-        ax.imshow(np.where(np.isfinite(values), 0.0, np.nan), aspect="auto", cmap=cmap, vmin=0, vmax=1,
-                  interpolation="nearest")
-        ax.set_title("no difference anywhere", fontsize=9)
-    for i, j in zip(*np.nonzero(failing)):
+    ax.imshow(heatmap_rgba(hm), aspect="auto", interpolation="nearest")
+    fig.colorbar(ScalarMappable(norm=_margin_norm(hm.margin), cmap=colormaps["viridis"]), ax=ax,
+                 label="margin (> 1 fails)")
+    for i, j in zip(*np.nonzero((hm.state == cells.FAIL) | (hm.state == cells.NONFINITE))):
         ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, edgecolor=FAIL_COLOR, linewidth=2))
-    ax.set_xticks(range(n_steps), [str(s) for s in steps])
+    ax.set_xticks(range(n_steps), [str(s) for s in hm.steps])
     every = max(1, math.ceil(n_ranks / 32))
-    ax.set_yticks(range(0, n_ranks, every), [str(r) for r in list(ranks)[::every]])
+    ax.set_yticks(range(0, n_ranks, every), [str(r) for r in list(hm.ranks)[::every]])
     ax.set_xlabel("step")
     ax.set_ylabel("rank")
-    fig.suptitle(title)
+    fig.suptitle(hm.kind)
     return _png(fig)
 
 
-def worst_tensors(labels: list[str], values: list[float], failing: list[bool], rtols: list[float]) -> bytes:
-    """Horizontal bars of the worst max relative errors (log scale), red when outside tolerance."""
+def bar_lengths(margins: list[float]) -> np.ndarray:
+    """Bar lengths of the worst-tensors plot: the margin, with an infinite one drawn to the axis end
+    (beyond every finite bar) and a zero one as a sliver, so that every listed tensor has a bar."""
+    values = np.asarray(margins, dtype=float)
+    finite = values[np.isfinite(values) & (values > 0)]
+    top = max(float(finite.max()) if finite.size else 1.0, 1.0) * 10
+    floor = min(float(finite.min()) if finite.size else 1e-3, 1e-3) / 10
+    return np.where(np.isinf(values) | np.isnan(values), top, np.clip(values, floor, None))
+
+
+def worst_tensors(labels: list[str], margins: list[float], failing: list[bool]) -> bytes:
+    """Horizontal bars of the worst tensors' margins (log scale, black line at 1), red when failing;
+    a NaN/Inf mismatch is a hatched bar to the end of the axis, labelled non-finite."""
     fig = _figure(9, 1.0 + 0.32 * max(len(labels), 1))
     ax = fig.add_subplot()
     y = np.arange(len(labels))[::-1]
-    shown = [v if v > 0 and math.isfinite(v) else np.nan for v in values]
-    ax.barh(y, np.nan_to_num(shown, nan=0.0), color=[FAIL_COLOR if f else OK_COLOR for f in failing])
-    for yi, rt in zip(y, rtols):
-        ax.plot([rt, rt], [yi - 0.4, yi + 0.4], color="black", linewidth=1)
+    lengths = bar_lengths(margins)
+    bars = ax.barh(y, lengths, color=[FAIL_COLOR if f else OK_COLOR for f in failing])
+    for bar, m in zip(bars, margins):
+        if not math.isfinite(m):
+            bar.set_hatch("//")
+            bar.set_facecolor(NONFINITE_COLOR)
+            ax.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " non-finite ", ha="right", va="center",
+                    fontsize=7, color="white")
+    ax.axvline(1.0, color="black", linewidth=1)
     ax.set_yticks(y, labels, fontsize=8)
-    if any(np.isfinite(shown)):
-        ax.set_xscale("log")
-    ax.set_xlabel("max relative error (black tick: rtol)")
+    ax.set_xscale("log")
+    ax.set_xlabel(MARGIN_LABEL)
     ax.grid(axis="x", alpha=0.3)
     return _png(fig)

@@ -13,17 +13,26 @@ from tracekit.store.format import ROOT_KEY
 from tracekit.store.writer import now_iso, update_root_meta
 
 
-def finalize_store(path: str, exit_status: int) -> dict:
+def finalize_store(path: str, exit_status: int, worker_exits: dict[int, int] | None = None) -> dict:
     """Record end time, exit status and per-rank completion in the root metadata; return them.
 
+    Per rank: its final status (a rank that never closed its recording becomes `killed` or `died`,
+    see tracekit.recorders.exits), a one-line cause, and its exit code where `worker_exits`
+    (the launcher's {rank: exit code}, negative for a signal) knows it.
     Only safe once no rank writes any more (the launcher calls it after its command exited).
     """
+    from tracekit.store.status import final_rank_status
+
     store = open_store(path)
     ranks = {}
     run: dict = {}
+    exits = worker_exits or {}
     for r in store.ranks:
         view = store.rank(r)
-        ranks[str(r)] = {"completed_steps": view.completed_steps, "status": view.status}
+        own = view.attrs.get("status", "unknown")
+        status, cause = final_rank_status(own, view.attrs.get("cause"), exits.get(r))
+        ranks[str(r)] = {"completed_steps": view.completed_steps, "status": status, "cause": cause,
+                         "exit_code": exits.get(r)}
         if not run:
             run = dict(view.attrs.get("run", {}))
     summary = {

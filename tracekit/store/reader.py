@@ -141,8 +141,27 @@ class RankView:
         return sorted(_step_list(self.attrs.get("completed_steps", []), f"{self.store.path}: rank {self.rank}"))
 
     @property
+    def _final(self) -> dict:
+        """What the launcher concluded about this rank at finalization (empty before)."""
+        ranks = self.store.meta.get("ranks")
+        final = ranks.get(str(self.rank)) if isinstance(ranks, dict) else None
+        return final if isinstance(final, dict) else {}
+
+    @property
     def status(self) -> str:
-        return self.attrs.get("status", "unknown")
+        """finished, failed, terminated, killed, died or running (tracekit/store/status.py): the
+        launcher's conclusion once the store is finalized, else what the rank wrote itself."""
+        return self._final.get("status") or self.attrs.get("status", "unknown")
+
+    @property
+    def cause(self) -> str | None:
+        """One line on why the rank did not finish (None when it did, or nothing is known)."""
+        return self._final.get("cause") or self.attrs.get("cause")
+
+    @property
+    def exit_code(self) -> int | None:
+        """The rank's exit code as its launcher saw it (negative: a signal), where known."""
+        return self._final.get("exit_code")
 
     @cached_property
     def _kind_groups(self) -> dict[str, zarr.Group]:

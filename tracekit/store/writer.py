@@ -272,9 +272,9 @@ class RankWriter:
     def update_attrs(self, **fields) -> None:
         self.group.attrs.update(fields)
 
-    def close(self, status: str = "finished") -> None:
+    def close(self, status: str = "finished", cause: str | None = None) -> None:
         try:
-            self.group.attrs.update({"status": status, "end_time": now_iso()})
+            self.group.attrs.update({"status": status, "end_time": now_iso(), **({"cause": cause} if cause else {})})
         finally:
             self._claim.release()
 

@@ -30,7 +30,6 @@ opt = torch.optim.SGD(model.parameters(), lr=0.1)
 with Recorder(model, opt, run_info={"mode": "tiny"}) as rec:
     for step in range(1, args.steps + 1):
         if rank == args.die_rank and step == args.die_step:
-            rec.flush()  # what a SIGKILL can take is only what is still queued; make the test deterministic
             os.kill(os.getpid(), getattr(signal, f"SIG{args.signal}"))
         if step == args.pause_at:
             rec.flush()  # the steps before the pause are on disk while it lasts

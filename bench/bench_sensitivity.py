@@ -1,0 +1,159 @@
+"""How small an error does `tracekit diff` flag, and how many clean pairs does it fail? (issue 9)
+
+Records the tutorial workload (ddp, 2 ranks, CPU/gloo) with planted faults of relative size e,
+for e in 1e-2 .. 1e-7, in two families:
+
+  lr           --fault lr_scale=1+e           the learning rate is off by e, every step
+  grad_scale   --fault grad_scale=1:2:1+e     rank 1's gradients are off by e, in step 2 only
+
+and diffs each against a clean recording three ways: the default rule, the default rule with
+--oracle (a float64 recording of the same job), and --exact (does anything differ at all: the
+floor set by float32 itself). It prints, per fault, whether it is flagged and the step and kind
+where it is first flagged, then the smallest e flagged per family and way, and the false alarms
+over the clean pairs (two recordings of each mode; ddp vs fsdp vs tp vs simplefsdp_tp and 2 vs 4
+ranks with --align global; simplefsdp_tp eager vs aot_eager), with and without --oracle.
+
+The physics floor of the lr family: an lr error e changes the update lr * g by e * lr * g, and
+float32 rounds the updated parameter to half an ulp of p; printed is the e at which that change
+reaches half an ulp for the median parameter element of step 1 (from the clean recording).
+
+    python bench/bench_sensitivity.py [--steps 4] [--workdir DIR]   # DIR keeps the recordings for a rerun
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import tracekit  # noqa: E402
+
+EXPONENTS = [2, 3, 4, 5, 6, 7]
+FAULT_STEP = 2  # grad_scale: the step, on rank 1
+
+
+def record(workdir: str, name: str, mode: str, ranks: int, steps: int, extra=()) -> str:
+    """`tracekit record` of samples/tutorial (reused when the store is already complete)."""
+    store = os.path.join(workdir, name)
+    done = store + ".done"  # beside the store: a foreign file inside it would be a damaged store
+    if os.path.isfile(done):
+        return store
+    args = ["--parallelism", mode, "--device", "cpu", "--backend", "gloo", "--steps", str(steps)]
+    if mode == "simplefsdp_tp":
+        args += ["--tp", "2"]
+    cmd = [sys.executable, "-m", "tracekit.cli.main", "record", "--force", "-o", store, "--",
+           sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
+           os.path.join(ROOT, "samples", "tutorial", "train.py"), *args, *extra]
+    res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if res.returncode != 0:
+        sys.exit(f"recording {name} failed ({res.returncode}):\n{res.stderr[-3000:]}")
+    open(done, "w").close()
+    return store
+
+
+def verdict(report) -> tuple[bool, str, str, float | None]:
+    """(flagged, first step, first kind, largest margin over every kind and step)."""
+    margins = [s.margin for s in report.summary if s.margin is not None]
+    worst = max(margins) if margins else None
+    d = report.first_divergence
+    if report.status == "error":
+        return True, "-", "ERROR", worst
+    return (not report.passed, str(d.step) if d else "-", d.kind if d else "-", worst)
+
+
+def lr_floor(store: str) -> float:
+    """Median over parameter elements of (half an ulp of p_after) / |p_after - p_before| at step 1."""
+    s = tracekit.open_store(store).rank(0)
+    ratios = []
+    for t in s.tensors("parameters"):
+        before = s.read("parameters", 0, t.name).astype(np.float32)
+        after = s.read("parameters", 1, t.name).astype(np.float32)
+        upd = np.abs(after.astype(np.float64) - before.astype(np.float64))
+        half_ulp = np.spacing(np.abs(after)).astype(np.float64) / 2
+        ok = upd > 0
+        ratios.append(half_ulp[ok] / upd[ok])
+    return float(np.median(np.concatenate(ratios)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--workdir", default=None, help="keep the recordings here (reused when rerun)")
+    args = ap.parse_args()
+    workdir = args.workdir or tempfile.mkdtemp(prefix="tracekit-sensitivity-")
+    os.makedirs(workdir, exist_ok=True)
+    steps = args.steps
+    rec = lambda name, mode="ddp", ranks=2, extra=(): record(workdir, name, mode, ranks, steps, extra)  # noqa: E731
+
+    ref = rec("ddp")
+    oracle = rec("ddp-f64", extra=("--dtype", "float64"))
+    print(f"tracekit diff sensitivity: tutorial ddp, 2 ranks, {steps} steps, CPU/gloo; recordings in {workdir}")
+    print(f"{'family':<11} {'e':>6}  {'default: flagged step kind':<34} {'margin':>8}  "
+          f"{'--oracle: flagged step kind':<34} {'--exact: differs step kind':<30}")
+    smallest: dict[tuple[str, str], float] = {}
+    for family in ("lr", "grad_scale"):
+        for x in EXPONENTS:
+            e = 10.0 ** -x
+            spec = f"lr_scale={1 + e!r}" if family == "lr" else f"grad_scale=1:{FAULT_STEP}:{1 + e!r}"
+            cand = rec(f"{family}-1e-{x}", extra=("--fault", spec))
+            cells = []
+            for way, kw in (("default", {}), ("oracle", {"oracle": oracle}), ("exact", {"exact": True})):
+                flagged, step, kind, margin = verdict(tracekit.diff(ref, cand, **kw))
+                if flagged:
+                    smallest[(family, way)] = min(smallest.get((family, way), 1.0), e)
+                cells.append((f"{'yes' if flagged else 'no':<4} {step:>4}  {kind:<22}", margin))
+            margin = cells[0][1]
+            print(f"{family:<11} {f'1e-{x}':>6}  {cells[0][0]:<34} {'n/a' if margin is None else f'{margin:.3g}':>8}  "
+                  f"{cells[1][0]:<34} {cells[2][0]:<30}")
+    print()
+    for family in ("lr", "grad_scale"):
+        parts = [f"{way} {smallest[(family, way)]:.0e}" if (family, way) in smallest else f"{way} none"
+                 for way in ("default", "oracle", "exact")]
+        print(f"smallest e flagged, {family}: " + ", ".join(parts))
+    print(f"lr physics floor (half an ulp of the updated parameter, median element of step 1): e = {lr_floor(ref):.2e}")
+
+    print()
+    nb, nb_oracle = rec("ddp-nobias", extra=("--no-bias",)), rec("ddp-nobias-f64", extra=("--no-bias", "--dtype", "float64"))
+    sft = rec("simplefsdp_tp", "simplefsdp_tp", 4)
+    pairs = [
+        ("ddp vs ddp (again)", ref, rec("ddp-again"), "rank", oracle),
+        ("fsdp vs fsdp (again)", rec("fsdp", "fsdp"), rec("fsdp-again", "fsdp"), "rank", None),
+        ("tp vs tp (again)", rec("tp", "tp"), rec("tp-again", "tp"), "rank", None),
+        ("simplefsdp_tp vs again", sft, rec("simplefsdp_tp-again", "simplefsdp_tp", 4), "rank", None),
+        ("ddp vs fsdp", ref, rec("fsdp", "fsdp"), "global", oracle),
+        ("ddp vs tp", ref, rec("tp", "tp"), "global", oracle),
+        ("ddp 2 vs 4 ranks", ref, rec("ddp4", ranks=4), "global", oracle),
+        ("ddp vs simplefsdp_tp (no bias)", nb, sft, "global", nb_oracle),
+        ("simplefsdp_tp eager vs aot_eager", rec("simplefsdp_tp-eager", "simplefsdp_tp", 4, ("--compile-backend", "none")),
+         sft, "global", None),
+    ]
+    alarms = {"default": 0, "oracle": 0}
+    runs = {"default": 0, "oracle": 0}
+    print(f"{'clean pair':<34} {'align':<7} {'default':<8} {'margin':>8}  {'--oracle':<8} {'margin':>8}")
+    for name, a, b, align, orc in pairs:
+        rep = tracekit.diff(a, b, align=align, allow_missing=True)
+        flagged, _, _, margin = verdict(rep)
+        alarms["default"] += flagged
+        runs["default"] += 1
+        cells = [f"{'FAIL' if flagged else 'pass':<8} {'n/a' if margin is None else f'{margin:.3g}':>8}"]
+        if orc is not None:
+            rep = tracekit.diff(a, b, align=align, allow_missing=True, oracle=orc)
+            flagged, _, _, margin = verdict(rep)
+            alarms["oracle"] += flagged
+            runs["oracle"] += 1
+            cells.append(f"{'FAIL' if flagged else 'pass':<8} {'n/a' if margin is None else f'{margin:.3g}':>8}")
+        else:
+            cells.append(f"{'-':<8} {'-':>8}")
+        print(f"{name:<34} {align:<7} {cells[0]}  {cells[1]}")
+    print(f"false alarms: default {alarms['default']}/{runs['default']}, --oracle {alarms['oracle']}/{runs['oracle']}")
+
+
+if __name__ == "__main__":
+    main()

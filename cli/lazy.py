@@ -1,0 +1,33 @@
+"""A click group whose subcommands are imported only when used (click's documented LazyGroup pattern).
+
+`tracekit diff --help` must not pay for `record`'s imports (torch), nor `show` for the diff engine's.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import click
+
+
+class LazyGroup(click.Group):
+    """click.Group taking lazy_subcommands={name: "module.path.attribute"}, imported on first use."""
+
+    def __init__(self, *args, lazy_subcommands: dict[str, str] | None = None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.lazy_subcommands = dict(lazy_subcommands or {})
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *self.lazy_subcommands])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.lazy_subcommands:
+            return self._load(cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+    def _load(self, cmd_name: str) -> click.Command:
+        module_name, attribute = self.lazy_subcommands[cmd_name].rsplit(".", 1)
+        command = getattr(importlib.import_module(module_name), attribute)
+        if not isinstance(command, click.Command):
+            raise TypeError(f"lazy command {cmd_name!r}: {self.lazy_subcommands[cmd_name]} is not a click command")
+        return command

@@ -1,0 +1,238 @@
+"""The rank's side of the hand-off: spool each step, so a writer process that outlives us stores it.
+
+A step's tensors are written into a spool file (recorders/spool.py) on the training thread when
+the step ends; once that returns, the step survives any death of this process. The writer process
+(recorders/spool_writer.py) writes the spool into the store in the background.
+
+Memory stays bounded by `max_bytes` (--queue-mb): at most that many bytes of sealed entries wait in
+the spool (one entry larger than the cap is still admitted alone), plus the open step's capture.
+When the disk is slower than training, the training thread waits in `put`/`seal` for the writer:
+nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import select
+import shutil
+import subprocess
+import sys
+import tempfile
+
+import tracekit
+from tracekit.errors import TracekitError
+from tracekit.recorders.spool import PART, PROV, STEP, entry_name, spool_root, write_entry
+from tracekit.recorders.spool_writer import ATTRS, LOCK
+from tracekit.store import TensorData
+
+
+class WriterFailed(TracekitError):
+    """The writer process hit an error; the store holds the steps completed before it."""
+
+
+def _writer_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["TRACEKIT_BOOTSTRAP"] = "0"  # the writer never trains; keep zero-code out of it
+    root = os.path.dirname(os.path.dirname(os.path.abspath(tracekit.__file__)))
+    env["PYTHONPATH"] = os.pathsep.join([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + [root])
+    return env
+
+
+class Handoff:
+    """One rank's spool and its writer process."""
+
+    def __init__(self, store: str, rank: int, attrs: dict, max_bytes: int):
+        self.max_bytes = max_bytes
+        self.spool = tempfile.mkdtemp(prefix=f"tracekit-rank{rank}-", dir=spool_root(2 * max_bytes))
+        with open(os.path.join(self.spool, ATTRS), "w") as f:
+            json.dump(attrs, f)
+        self._seq = 0
+        self._pending: dict[int, int] = {}  # sealed entries not yet written: seq -> bytes
+        self._prov: tuple[int, int] | None = None  # the open step's capture: (seq, bytes)
+        self._error: str | None = None
+        self._eof = False
+        self._close_sent = False
+        self._buf = b""
+        self.peak_pending = 0
+        # The writer's lock is taken here and inherited, so `tracekit record` never sees an unlocked
+        # spool whose writer has yet to start.
+        lock = os.open(os.path.join(self.spool, LOCK), os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "tracekit.recorders.spool_writer", "--spool", self.spool,
+                 "--store", os.path.abspath(store), "--rank", str(rank), "--rank-pid", str(os.getpid()),
+                 "--lock-fd", str(lock)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_writer_env(), start_new_session=True,
+                pass_fds=(lock,))
+        except OSError as e:
+            shutil.rmtree(self.spool, ignore_errors=True)
+            raise WriterFailed(f"cannot start the writer process: {e}") from None
+        finally:
+            os.close(lock)  # the writer's copy holds the lock from here on
+        self._in, self._out = self._proc.stdin, self._proc.stdout.fileno()
+        self._ready = False  # checked at the first hand-off: the writer starts while the step trains
+
+    def _wait_ready(self) -> None:
+        if self._ready:
+            return
+        self._read_until(lambda line: line == "ready")
+        if self._error is not None or self._eof:
+            self._proc.wait()
+            shutil.rmtree(self.spool, ignore_errors=True)
+            raise WriterFailed(self._error or "the writer process exited at start")
+        self._ready = True
+
+    # ---- the writer's messages ---------------------------------------------------------------
+    def _handle(self, line: str) -> None:
+        cmd, _, rest = line.partition(" ")
+        if cmd == "done":
+            self._pending.pop(int(rest), None)
+        elif cmd == "error" and self._error is None:
+            self._error = rest
+
+    def _read(self, block: bool) -> list[str]:
+        if self._eof:
+            return []
+        if not block and not select.select([self._out], [], [], 0)[0]:
+            return []
+        data = os.read(self._out, 1 << 16)
+        if not data:
+            self._eof = True
+        self._buf += data
+        *lines, self._buf = self._buf.split(b"\n")
+        lines = [x.decode() for x in lines]
+        for line in lines:
+            self._handle(line)
+        return lines
+
+    def _read_until(self, done) -> None:
+        while not self._eof:
+            if any(done(line) for line in self._read(block=True)):
+                return
+
+    def _poll(self) -> None:
+        self._wait_ready()
+        while self._read(block=False):
+            pass
+        self._raise_if_failed()
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise WriterFailed(f"recording failed in the writer process: {self._error}")
+        if self._eof and not self._close_sent:
+            raise WriterFailed("the writer process died")
+
+    # ---- hand-offs -------------------------------------------------------------------------------
+    def _path(self, seq: int, suffix: str) -> str:
+        return os.path.join(self.spool, entry_name(seq, suffix))
+
+    def _make_room(self, nbytes: int) -> None:
+        self._poll()
+        while self._pending and sum(self._pending.values()) + nbytes > self.max_bytes:
+            self._read(block=True)
+            self._raise_if_failed()
+
+    def _write(self, seq: int, suffix: str, step: int, complete: bool, tensors: list[tuple[str, TensorData]]) -> int:
+        part = self._path(seq, PART)
+        try:
+            size = write_entry(part, step, complete, tensors)
+            os.rename(part, self._path(seq, suffix))  # the marker, written last
+        except OSError as e:
+            if self._proc.poll() is not None:
+                self._read_until(lambda line: False)  # its last words name the cause
+            self._raise_if_failed()
+            raise WriterFailed(f"cannot spool step {step}: {e}") from None
+        return size
+
+    def _notify(self) -> None:
+        try:
+            self._in.write(b"sealed\n")
+            self._in.flush()
+        except (BrokenPipeError, ValueError):
+            self._poll()
+            raise WriterFailed("the writer process died") from None
+
+    def _sealed(self, seq: int, size: int) -> None:
+        self._pending[seq] = size
+        self.peak_pending = max(self.peak_pending, sum(self._pending.values()))
+        self._notify()
+
+    def put(self, step: int, tensors: list[tuple[str, TensorData]], complete: bool) -> None:
+        """Hand over a finished entry; durable when this returns."""
+        self._make_room(sum(t.data.nbytes for _, t in tensors))
+        self._seq += 1
+        self._sealed(self._seq, self._write(self._seq, STEP, step, complete, tensors))
+
+    def provisional(self, step: int, tensors: list[tuple[str, TensorData]]) -> None:
+        """Hand over the open step's capture; a later call replaces it until seal(). Durable on return:
+        if this process dies before seal(), the writer stores it as the step."""
+        if self._prov is None:
+            self._make_room(sum(t.data.nbytes for _, t in tensors))
+            self._seq += 1
+            seq = self._seq
+        else:
+            self._poll()
+            seq = self._prov[0]
+        self._prov = (seq, self._write(seq, PROV, step, True, tensors))
+
+    def seal(self) -> None:
+        """The open step is over: its last capture is final."""
+        if self._prov is None:
+            return
+        (seq, size), self._prov = self._prov, None
+        os.rename(self._path(seq, PROV), self._path(seq, STEP))
+        self._sealed(seq, size)
+
+    def flush(self) -> None:
+        """Block until every sealed entry is in the store."""
+        self._poll()
+        while self._pending and not self._eof:
+            self._read(block=True)
+            self._raise_if_failed()
+        self._raise_if_failed()
+
+    def send_close(self, status: str, attrs: dict | None = None) -> None:
+        """Tell the writer how the rank ends; it writes what is spooled, then the status. Idempotent."""
+        if self._close_sent:
+            return
+        self._close_sent = True
+        try:
+            self._in.write(f"close {status} {json.dumps(attrs or {})}\n".encode())
+            self._in.flush()
+        except (BrokenPipeError, ValueError):
+            pass
+
+    def close(self, status: str, attrs: dict | None = None, wait: bool = True) -> None:
+        """End the hand-off. wait=False (a signal is killing us): the writer finishes on its own."""
+        self.send_close(status, attrs)
+        if not wait:
+            return
+        if not self._ready:
+            self._wait_ready()
+        self._read_until(lambda line: line == "closed")
+        try:
+            self._in.close()
+        except OSError:
+            pass
+        self._proc.wait()
+        if self._error is not None:
+            raise WriterFailed(f"recording failed in the writer process: {self._error}")
+        if self._proc.returncode != 0:
+            raise WriterFailed(f"the writer process exited with status {self._proc.returncode}")
+
+    def forget_in_child(self) -> None:
+        """In a forked child: let go of the pipes, so the writer still sees the rank's death. The fds are
+        pointed at /dev/null rather than closed, so no later close can hit a reused fd number."""
+        null = os.open(os.devnull, os.O_RDWR)
+        try:
+            for f in (self._in, self._proc.stdout):
+                try:
+                    os.dup2(null, f.fileno())
+                except (OSError, ValueError):
+                    pass
+        finally:
+            os.close(null)
+        self._close_sent = True  # never speak for the parent

@@ -1,0 +1,137 @@
+"""The spool: how a rank hands a step's tensors to its writer process through files.
+
+One file per hand-off, in a folder owned by one rank and its writer:
+
+    <seq>.part   being written by the rank (ignored by everyone else)
+    <seq>.prov   a complete capture of an open step, which the rank may still replace
+    <seq>.step   sealed: the writer process writes it to the store, then deletes it
+
+A file only ever gets a .prov or .step name by a rename, after its last byte is written, so a name
+that exists always holds a whole entry: the rename is the marker written last. The bytes live in
+the kernel's page cache (tmpfs under /dev/shm, or a temp folder), which outlives the rank however
+it dies; a machine crash is not covered.
+
+Layout of one entry: MAGIC, an 8-byte little-endian header length, a JSON header
+{"step", "complete", "tensors": [{"kind", "name", "dtype", "shape", "offset", "nbytes"}]}, then
+each tensor's bytes in storage dtype, each starting on a 64-byte boundary. No torch here: the
+writer process never imports it.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import struct
+import tempfile
+from dataclasses import dataclass
+
+import numpy as np
+
+from tracekit.dtypes import storage_dtype
+from tracekit.store import TensorData
+
+MAGIC = b"TKSPOOL1"
+ALIGN = 64
+PART, PROV, STEP = ".part", ".prov", ".step"
+ENV_SPOOL = "TRACEKIT_SPOOL"  # a folder for the ranks' spool folders, set by `tracekit record`
+
+
+SHM = "/dev/shm"
+
+
+def spool_root(need_bytes: int) -> str:
+    """Where spools go: $TRACEKIT_SPOOL, else /dev/shm (memory) if it has room, else the temp folder."""
+    chosen = os.environ.get(ENV_SPOOL)
+    if chosen:
+        return chosen
+    try:
+        st = os.statvfs(SHM)
+        if os.access(SHM, os.W_OK) and st.f_bavail * st.f_frsize >= need_bytes:
+            return SHM
+    except OSError:
+        pass
+    return tempfile.gettempdir()
+
+
+def entry_name(seq: int, suffix: str) -> str:
+    return f"{seq:010d}{suffix}"
+
+
+def entry_seq(filename: str) -> int | None:
+    stem, dot, _ = filename.partition(".")
+    return int(stem) if dot and stem.isdigit() else None
+
+
+def _pad(n: int) -> int:
+    return -n % ALIGN
+
+
+def write_entry(path: str, step: int, complete: bool, tensors: list[tuple[str, TensorData]]) -> int:
+    """Write one entry to `path` (a .part name); returns its size. `tensors` are (kind, TensorData)."""
+    entries, offset = [], 0
+    for kind, t in tensors:
+        nbytes = t.data.nbytes
+        entries.append({"kind": kind, "name": t.name, "dtype": t.dtype, "shape": list(t.shape),
+                        "offset": offset, "nbytes": nbytes})
+        offset += nbytes + _pad(nbytes)
+    header = json.dumps({"step": step, "complete": complete, "tensors": entries}).encode()
+    head = MAGIC + struct.pack("<Q", len(header)) + header
+    head += b"\0" * _pad(len(head))
+    with open(path, "wb") as f:
+        f.write(head)
+        for _, t in tensors:
+            data = np.ascontiguousarray(t.data)
+            if data.nbytes:
+                f.write(memoryview(data.reshape(-1).view(np.uint8)))
+            if _pad(data.nbytes):
+                f.write(b"\0" * _pad(data.nbytes))
+    return len(head) + offset
+
+
+@dataclass
+class Entry:
+    step: int
+    complete: bool
+    kinds: dict[str, list[TensorData]]  # data are views of the mapped file: use before close()
+    _map: mmap.mmap | None
+
+    def close(self) -> None:
+        self.kinds = {}
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # a caller still holds a view; the map is freed with it
+                pass
+
+
+def read_entry(path: str) -> Entry:
+    """Map an entry; raises ValueError if it is not a whole spool entry."""
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        mapped = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ) if size else None
+    try:
+        buf = memoryview(mapped) if mapped is not None else memoryview(b"")
+        if bytes(buf[:len(MAGIC)]) != MAGIC:
+            raise ValueError(f"{path} is not a spool entry")
+        (hlen,) = struct.unpack("<Q", buf[len(MAGIC):len(MAGIC) + 8])
+        start = len(MAGIC) + 8
+        header = json.loads(bytes(buf[start:start + hlen]))
+        base = start + hlen + _pad(start + hlen)
+        kinds: dict[str, list[TensorData]] = {}
+        for e in header["tensors"]:
+            sdt = storage_dtype(e["dtype"])
+            lo = base + e["offset"]
+            if lo + e["nbytes"] > size:
+                raise ValueError(f"{path} is truncated")
+            data = np.frombuffer(buf[lo:lo + e["nbytes"]], dtype=sdt)
+            kinds.setdefault(e["kind"], []).append(TensorData(e["name"], e["dtype"], tuple(e["shape"]), data))
+        del buf
+        return Entry(header["step"], header["complete"], kinds, mapped)
+    except Exception:
+        if mapped is not None:
+            try:
+                mapped.close()
+            except BufferError:  # views still alive; the map goes with them
+                pass
+        raise

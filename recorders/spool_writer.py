@@ -1,0 +1,207 @@
+"""The writer process: writes one rank's spooled steps to the store, and outlives the rank.
+
+Started by the rank's Recorder (subprocess, never fork; in a session of its own, so signals sent
+to the job's process group or terminal do not reach it). It owns the rank's group in the store
+(the store writer API: RankWriter). It writes sealed entries in order as they come; when the rank
+closes, or dies in any way (exception, signal, SIGKILL, os._exit, the OOM killer), it writes what
+is left, the open step's capture included, and exits; the status is the one the rank closed
+with, or, if it never closed, `running` until the launcher's finalization says killed or died. At most the step
+the rank was capturing when it died (its .part file) is lost.
+
+Talks to the rank over two pipes. Rank -> writer (our stdin): "sealed" after each hand-off,
+"close STATUS ATTRS-JSON" at the end. Writer -> rank (our stdout): "ready", "done SEQ" per entry
+written, "error MESSAGE", "closed". The rank's death shows as EOF on stdin or, sooner, as its
+pidfd turning readable.
+
+SIGTERM sent to this process itself (the launcher's --flush-timeout ran out) stops it after the
+entry in hand: the steps not written are listed in the rank's `unwritten_steps` attribute.
+Never imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import json
+import os
+import select
+import shutil
+import signal
+import sys
+import time
+
+from tracekit.errors import TracekitError
+from tracekit.recorders.spool import PROV, STEP, entry_seq, read_entry
+from tracekit.store import RankWriter
+from tracekit.store.ownership import ENV_RUN_ID
+
+LOCK = "writer.lock"  # held for the writer's life: `tracekit record` waits on it before finalizing
+ATTRS = "attrs.json"  # the rank group's attributes, written by the rank before it starts us
+ENV_WRITE_MBPS = "TRACEKIT_WRITE_MBPS"  # cap the write rate (a shared filesystem; slow-disk tests)
+
+
+class _Writer:
+    def __init__(self, spool: str, store: str, rank: int, rank_pid: int):
+        self.spool = spool
+        self.rank_pid = rank_pid
+        self.out = sys.stdout
+        self.closing: tuple[str, dict] | None = None
+        self.rank_gone = False
+        self.stopped = False  # SIGTERM to us
+        self.buf = b""
+        mbps = float(os.environ.get(ENV_WRITE_MBPS, "0") or 0)
+        self.bytes_per_s = mbps * 1e6 if mbps > 0 else None
+        with open(os.path.join(spool, ATTRS)) as f:
+            attrs = json.load(f)
+        # writes only while the store's root names the job this rank was started in
+        self.writer = RankWriter(store, rank, attrs, run_id=os.environ.get(ENV_RUN_ID) or None)
+        try:
+            self.pidfd = os.pidfd_open(rank_pid)
+        except (AttributeError, OSError):  # not Linux >= 5.3: stdin's EOF is the death signal
+            self.pidfd = None
+
+    def say(self, line: str) -> None:
+        try:
+            self.out.write(line + "\n")
+            self.out.flush()
+        except (BrokenPipeError, ValueError):  # the rank is gone; the store is what counts
+            pass
+
+    # ---- the rank's messages ---------------------------------------------------------------
+    def _wait_for_rank(self, block: bool = True) -> bool:
+        """Wait until the rank says something, or dies (without block: only look). True if it did."""
+        fds = [0] + ([self.pidfd] if self.pidfd is not None else [])
+        try:
+            ready, _, _ = select.select(fds, [], [], None if block else 0)
+        except InterruptedError:
+            return False
+        if not ready:
+            return False
+        if self.pidfd is not None and self.pidfd in ready:
+            self.rank_gone = True
+        if 0 in ready:
+            data = os.read(0, 1 << 16)
+            if not data:
+                self.rank_gone = True
+            self.buf += data
+            *lines, self.buf = self.buf.split(b"\n")
+            for line in lines:
+                cmd, _, rest = line.decode().partition(" ")
+                if cmd == "close":
+                    status, _, attrs = rest.partition(" ")
+                    self.closing = (status, json.loads(attrs) if attrs else {})
+        return not self.rank_gone and 0 in ready
+
+    # ---- the spool -----------------------------------------------------------------------------
+    def _entries(self, final: bool) -> list[tuple[int, str]]:
+        """Entries to write now, in order: sealed ones; at the end, the open step's capture too."""
+        suffixes = (STEP, PROV) if final else (STEP,)
+        found = []
+        for name in os.listdir(self.spool):
+            seq = entry_seq(name)
+            if seq is not None and name.endswith(suffixes):
+                found.append((seq, name))
+        return sorted(found)
+
+    def _write(self, seq: int, name: str) -> None:
+        path = os.path.join(self.spool, name)
+        t0 = time.monotonic()
+        entry = read_entry(path)
+        try:
+            size = os.path.getsize(path)
+            for kind, tensors in entry.kinds.items():
+                self.writer.write(entry.step, kind, tensors)
+            if entry.complete:
+                self.writer.complete_step(entry.step)
+        finally:
+            entry.close()
+        os.unlink(path)
+        if self.bytes_per_s:  # a capped rate: wait out the rest of this entry's time (a SIGTERM cuts it short)
+            until = t0 + size / self.bytes_per_s
+            while not self.stopped and time.monotonic() < until:
+                time.sleep(min(0.05, until - time.monotonic()))
+        self.say(f"done {seq}")
+
+    def _unwritten_steps(self, final: bool) -> list[int]:
+        steps = []
+        for _, name in self._entries(final):
+            try:
+                entry = read_entry(os.path.join(self.spool, name))
+            except (OSError, ValueError):
+                continue
+            steps.append(entry.step)
+            entry.close()
+        return steps
+
+    def run(self) -> int:
+        self.say("ready")
+        while True:
+            final = self.closing is not None or self.rank_gone
+            for seq, name in self._entries(final):
+                if self.stopped:
+                    break
+                self._write(seq, name)
+            if self.stopped or final:
+                break
+            self._wait_for_rank()
+        return self._finish(final)
+
+    def _finish(self, final: bool) -> int:
+        while self.closing is None and self._wait_for_rank(block=False):
+            pass  # stopped mid-drain: the rank's last words may still be unread
+        if self.stopped:
+            self.writer.update_attrs(unwritten_steps=self._unwritten_steps(True))
+        if self.closing is not None:
+            status, attrs = self.closing
+            cause = attrs.pop("cause", None)
+            if attrs:
+                self.writer.update_attrs(**attrs)
+            self.writer.close(status=status, cause=cause)
+        # else the rank died without closing: its status stays `running`, and the launcher's
+        # finalization says how it ended (killed or died, tracekit/store/status.py)
+        self.say("closed")
+        return 0
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="tracekit-spool-writer")
+    p.add_argument("--spool", required=True)
+    p.add_argument("--store", required=True)
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--rank-pid", type=int, required=True)
+    p.add_argument("--lock-fd", type=int, default=None, help="the spool's lock, already held (inherited)")
+    args = p.parse_args(argv)
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)  # the job's signals are the rank's business, not ours
+    if args.lock_fd is not None:
+        lock = os.fdopen(args.lock_fd, "w")
+    else:
+        lock = open(os.path.join(args.spool, LOCK), "w")
+        fcntl.flock(lock, fcntl.LOCK_EX)
+    lock.write(str(os.getpid()))
+    lock.flush()
+    writer = None
+    try:
+        writer = _Writer(args.spool, args.store, args.rank, args.rank_pid)
+
+        def stop(signum, frame):
+            writer.stopped = True
+
+        signal.signal(signal.SIGTERM, stop)
+        return writer.run()
+    except Exception as e:  # one line to the rank; the store keeps the steps written so far
+        message = str(e) if isinstance(e, TracekitError) else f"{type(e).__name__}: {e}"
+        print("error " + " ".join(message.split()), flush=True)
+        if writer is not None:
+            try:
+                writer.writer.close(status="failed", cause=f"recording: {message}")
+            except Exception:
+                pass
+        return 1
+    finally:
+        shutil.rmtree(args.spool, ignore_errors=True)  # the entries are written, or can never be
+        lock.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
