@@ -6,7 +6,7 @@ import shlex
 
 import click
 
-from tracekit.cli.common import emit_json, json_option, one_line_errors
+from tracekit.cli.common import emit_json, json_option, one_line_errors, storage_options
 from tracekit.display import shown, terminal_safe
 
 # Run facts in the order a reader looks for them; anything else recorded follows.
@@ -165,6 +165,7 @@ def render(summary: dict) -> str:
 @click.argument("store", type=click.Path())
 @json_option("the summary")
 @one_line_errors
+@storage_options
 def show(store, as_json):
     """Summarize STORE: run metadata, ranks and their coordinates, steps, tensors, bytes on disk."""
     from tracekit.inspect.summary import summarize

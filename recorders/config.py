@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 
+from tracekit.store.location import canonical
 from tracekit.errors import UsageError
 from tracekit.store.format import DEFAULT_KINDS, KINDS
 from tracekit.store.ownership import ENV_RUN_ID
@@ -147,7 +148,7 @@ class RecordConfig:
     def to_env(self) -> dict[str, str]:
         env = {ENV_KINDS: ",".join(self.kinds), ENV_EVERY: str(self.every), ENV_QUEUE_MB: str(self.queue_mb)}
         if self.store:
-            env[ENV_STORE] = os.path.abspath(self.store)
+            env[ENV_STORE] = canonical(self.store)
         if self.params:
             env[ENV_PARAMS] = ",".join(self.params)
         if self.ranks is not None:
@@ -155,7 +156,7 @@ class RecordConfig:
         if self.run_id:
             env[ENV_RUN_ID] = self.run_id
         if self.replay_from:
-            env[ENV_REPLAY_FROM] = os.path.abspath(self.replay_from)
+            env[ENV_REPLAY_FROM] = canonical(self.replay_from)
             env[ENV_REPLAY_STEPS] = format_step_range(self.replay_steps)
         if self.trace:
             env[ENV_TRACE] = self.trace

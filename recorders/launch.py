@@ -28,6 +28,7 @@ from tracekit.store import create_store, finalize_store
 from tracekit.store.finalize import mark_writers_outlived
 from tracekit.store.ownership import ENV_RUN_ID, JobClaim, new_run_id
 from tracekit.store.writer import check_target
+from tracekit.store.location import canonical, child_env, resolve
 from tracekit.recorders.config import RecordConfig, format_step_range
 from tracekit.recorders.spool import ENV_SPOOL, spool_root
 from tracekit.recorders.spool_writer import LOCK
@@ -67,7 +68,7 @@ def launch(command: Sequence[str], config: RecordConfig, force: bool = False, ex
         raise UsageError("no command to record; put it after --, e.g. tracekit record -o runs/ref -- torchrun ... train.py")
     if shutil.which(command[0]) is None:
         raise UsageError(f"command not found: {command[0]}")
-    store = os.path.abspath(config.store)
+    store = canonical(config.store)
     meta = {"launcher": "tracekit record", **run_environment(list(command)),
             "record_config": {"kinds": list(config.kinds), "params": list(config.params),
                               "ranks": sorted(config.ranks) if config.ranks is not None else None,
@@ -79,7 +80,8 @@ def launch(command: Sequence[str], config: RecordConfig, force: bool = False, ex
         from tracekit.recorders.replay import check_reference  # imports torch: only when replaying
 
         meta.update(check_reference(config.replay_from, store), replay_steps=format_step_range(config.replay_steps))
-    claim = _claim(store, force)
+    # Object stores have no file locks: there the run id alone says whose the data is.
+    claim = _claim(store, force) if resolve(store).is_local else JobClaim(None, new_run_id(), None)
     try:
         create_store(store, {**meta, "run_id": claim.run_id}, force=force)
         return _launch(command, config, store, claim, env_updates, flush_timeout)
@@ -92,6 +94,7 @@ def _launch(command, config: RecordConfig, store: str, claim: JobClaim, env_upda
     env = worker_env(config.with_store(store))
     env[ENV_SPOOL] = spools
     env[ENV_RUN_ID] = claim.run_id
+    env.update(child_env())  # --storage-option reaches the ranks this way, never through the store
     env.update(env_updates or {})
     read_fd, write_fd = os.pipe()  # the workers' exit codes are in torchrun's report on stderr
     try:

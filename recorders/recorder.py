@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from tracekit.errors import TracekitError
 from tracekit.store import create_store, is_store
+from tracekit.store.location import canonical
 from tracekit.store.format import INITIAL_STEP
 from tracekit.store.ownership import new_run_id
 from tracekit.recorders.parent_death import die_with_parent
@@ -34,7 +35,6 @@ from tracekit.recorders.materialize import canonical_name, flatten_output, full_
 from tracekit.store.tensors import from_torch
 from tracekit.recorders.optim_state import state_tensors
 from tracekit.recorders.replay import Replay
-from tracekit.store.traces import TraceWriter
 
 
 def _named_parameters(model=None, params=None) -> list[tuple[str, torch.nn.Parameter]]:
@@ -157,7 +157,6 @@ class Recorder:
         self.coords: dict = {}
         self._replay: Replay | None = None  # set in start() when config.replay_from names a reference
         self._tracer = None  # a recorders.tracing.Tracer while steps remain to be traced (--trace)
-        self._trace_writer: TraceWriter | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> "Recorder":
@@ -215,7 +214,7 @@ class Recorder:
         distributed = dist.is_available() and dist.is_initialized()
         rank = dist.get_rank() if distributed else int(os.environ.get("RANK", 0))
         if rank == 0 and not is_store(path):
-            replay = {"replay_of": os.path.abspath(self.config.replay_from)} if self.config.replay_from else {}
+            replay = {"replay_of": canonical(self.config.replay_from)} if self.config.replay_from else {}
             create_store(path, {"launcher": None, "run_id": new_run_id(), **run_environment(), **replay})
         if distributed:
             dist.barrier()
@@ -282,7 +281,7 @@ class Recorder:
             self._tracer.start(step, self._params)
 
     def _trace_end(self, step: int) -> None:
-        """Stop tracing `step` and queue its events for the writer (a step cut short is dropped)."""
+        """Stop tracing `step` and hand its events to the writer process (a step cut short is dropped)."""
         tracer = self._tracer
         if tracer is None or tracer.current is None:
             return
@@ -292,13 +291,7 @@ class Recorder:
             self._tracer = None
         if trace.step != step or not self._writes or self._closed:
             return
-        from tracekit.store.tensors import from_torch
-
-        events, full = trace.events, [from_torch(k, t) for k, t in trace.full]
-        if self._trace_writer is None:
-            self._trace_writer = TraceWriter(self._writer.group)
-        writer, level = self._trace_writer, trace.level
-        self._bg.submit(lambda: writer.write_step(level, step, events, full), trace.nbytes())
+        self._handoff.put_trace(step, trace.level, trace.events, [from_torch(k, t) for k, t in trace.full])
 
     def forget_in_child(self) -> None:
         # A forked child (a DataLoader worker) must never close the parent's rank group, nor keep

@@ -109,7 +109,8 @@ def _try_flock(fd: int, exclusive: bool, grace_s: float = 0.0) -> bool:
 class JobClaim:
     """The launcher's exclusive ownership of a store folder; release() or process death ends it."""
 
-    def __init__(self, store: str, run_id: str, fd: int | None, exclusive_file: str | None = None):
+    def __init__(self, store: str | None, run_id: str, fd: int | None, exclusive_file: str | None = None):
+        """store None: a claim without a lock (an object store), holding only the run id."""
         self.store = store
         self.run_id = run_id
         self._fd = fd
@@ -183,6 +184,8 @@ class JobClaim:
 
         Held until release(): a rank that opens late finds the store finalized and does not write.
         """
+        if self.store is None:
+            return True
         try:
             fd = _open_lock(self.store, WRITERS_LOCK)
         except OSError:
@@ -264,8 +267,10 @@ def job_alive(store: str) -> bool | None:
 class WriterClaim:
     """A writing rank's shared hold on the writers lock; the kernel drops it when the rank dies."""
 
-    def __init__(self, store: str):
+    def __init__(self, store: str | None):
         self._fd: int | None = None
+        if store is None:  # an object store: no file locks there
+            return
         try:
             fd = _open_lock(store, WRITERS_LOCK)
         except OSError:

@@ -25,6 +25,7 @@ from tracekit.dtypes import storage_dtype
 from tracekit.errors import StoreError
 from tracekit.store.chunks import chunk_path
 from tracekit.store.format import FORMAT_VERSION, MAX_CHUNK_BYTES, ROOT_KEY, rank_group_name
+from tracekit.store.location import resolve
 
 
 def now_iso() -> str:
@@ -41,14 +42,14 @@ class TensorData:
     data: np.ndarray  # storage dtype (see tracekit.dtypes), any shape with prod(shape) elements
 
 
-def is_store(path: str) -> bool:
-    meta = os.path.join(path, "zarr.json")
-    if not os.path.isfile(meta):
+def is_store(path, storage_options=None) -> bool:
+    location = resolve(path, storage_options)
+    raw = location.read_bytes("zarr.json")
+    if raw is None:
         return False
     try:
-        with open(meta) as f:
-            return ROOT_KEY in json.load(f).get("attributes", {})
-    except (OSError, ValueError):
+        return ROOT_KEY in json.loads(raw).get("attributes", {})
+    except (ValueError, AttributeError):
         return False
 
 
@@ -59,7 +60,7 @@ def _lock_files() -> tuple[str, ...]:
 
 
 def check_target(path: str, force: bool = False) -> None:
-    """Refuse, before anything is touched, a target that create_store would refuse."""
+    """Refuse, before anything is touched, a local target that create_store would refuse."""
     if os.path.exists(path):
         if not os.path.isdir(path):
             raise StoreError(f"{path} exists and is not a directory")
@@ -75,7 +76,7 @@ def check_target(path: str, force: bool = False) -> None:
 
 
 def _left_by(path: str) -> str:
-    """', left by run X whose launcher died' for a store no launcher finalized (for the refusal message)."""
+    """' left unfinished by run X, whose launcher died' for a store no launcher finalized (refusal message)."""
     try:
         with open(os.path.join(path, "zarr.json")) as f:
             meta = json.load(f)["attributes"][ROOT_KEY]
@@ -86,11 +87,8 @@ def _left_by(path: str) -> str:
     return ""
 
 
-def create_store(path: str, meta: dict, force: bool = False) -> None:
-    """Create the root group with its metadata. Refuses to clobber anything not asked for.
-
-    With force, an old store's contents go, except its lock files: the caller may hold one.
-    """
+def _create_local(path: str, meta: dict, force: bool) -> None:
+    """A local folder: with force, an old store's contents go, except its lock files (the caller may hold one)."""
     check_target(path, force)
     if os.path.isdir(path):
         for name in os.listdir(path):
@@ -111,9 +109,25 @@ def create_store(path: str, meta: dict, force: bool = False) -> None:
         raise StoreError(f"{path}: cannot create the store ({e.strerror or e})") from None
 
 
-def update_root_meta(path: str, **fields) -> None:
+def create_store(path, meta: dict, force: bool = False, storage_options=None) -> None:
+    """Create the root group with its metadata. Refuses to clobber anything not asked for."""
+    location = resolve(path, storage_options)
+    if location.is_local:
+        _create_local(location.path, meta, force)
+        return
+    if not location.is_empty():
+        if not is_store(location):
+            raise StoreError(f"{path} is a non-empty location that is not a tracekit store; refusing to touch it")
+        if not force:
+            raise StoreError(f"{path} already holds a tracekit store; pass --force to overwrite it")
+        location.clear()
+    root_meta = {"format_version": FORMAT_VERSION, "start_time": now_iso(), **meta}
+    zarr.open_group(location.zarr_store(), mode="w", attributes={ROOT_KEY: root_meta})
+
+
+def update_root_meta(path, storage_options=None, **fields) -> None:
     """Merge fields into the root metadata (only while no rank writes: before start or after end)."""
-    root = zarr.open_group(path, mode="r+", use_consolidated=False)
+    root = zarr.open_group(resolve(path, storage_options).zarr_store(), mode="r+", use_consolidated=False)
     meta = dict(root.attrs[ROOT_KEY])
     meta.update(fields)
     root.attrs[ROOT_KEY] = meta
@@ -205,17 +219,19 @@ class _KindWriter:
 class RankWriter:
     """Writes rank R's group. Not thread-safe: one writer (thread) per rank."""
 
-    def __init__(self, store_path: str, rank: int, attrs: dict, run_id: str | None = None):
+    def __init__(self, store_path, rank: int, attrs: dict, storage_options=None, run_id: str | None = None):
         """run_id: the job this rank belongs to; the rank refuses a store that names another (None: adopt it)."""
         from tracekit.store.ownership import WriterClaim
 
-        if not is_store(store_path):
+        location = resolve(store_path, storage_options)
+        if not is_store(location):
             raise StoreError(f"{store_path} is not a tracekit store (create it first)")
-        self.path = store_path
-        # Held while the group is open: the launcher finalizes only once every writer let go.
-        self._claim = WriterClaim(store_path)
+        self.path = str(store_path)
+        self.location = location
+        # Held while the group is open: the launcher finalizes only once every writer let go (local stores).
+        self._claim = WriterClaim(location.path if location.is_local else None)
         try:
-            root = zarr.open_group(store_path, mode="r+", use_consolidated=False)
+            root = zarr.open_group(location.zarr_store(), mode="r+", use_consolidated=False)
             self.run_id = self._check_owner(dict(root.attrs[ROOT_KEY]), run_id)
             name = rank_group_name(rank)
             if name in root:
@@ -245,8 +261,7 @@ class RankWriter:
             return
         for attempt in range(3):
             try:
-                with open(os.path.join(self.path, "zarr.json")) as f:
-                    meta = json.load(f)["attributes"][ROOT_KEY]
+                meta = json.loads(self.location.read_bytes("zarr.json") or b"")["attributes"][ROOT_KEY]
                 break
             except (OSError, ValueError, KeyError, TypeError):
                 if attempt == 2:
