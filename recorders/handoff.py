@@ -150,11 +150,17 @@ class Handoff:
 
     def _notify(self) -> None:
         try:
-            self._in.write(b"sealed\n")
-            self._in.flush()
+            self._send(b"sealed\n")
         except (BrokenPipeError, ValueError):
             self._poll()
             raise WriterFailed("the writer process died") from None
+
+    def _send(self, data: bytes) -> None:
+        # os.write, not the buffered file: a signal handler that sends the close command while the
+        # training thread is sending must not meet a half-used buffer (a short line is atomic)
+        fd = self._in.fileno()
+        while data:
+            data = data[os.write(fd, data):]
 
     def _sealed(self, seq: int, size: int) -> None:
         self._pending[seq] = size
@@ -205,8 +211,7 @@ class Handoff:
             return
         self._close_sent = True
         try:
-            self._in.write(f"close {status} {json.dumps(attrs or {})}\n".encode())
-            self._in.flush()
+            self._send(f"close {status} {json.dumps(attrs or {})}\n".encode())
         except (BrokenPipeError, ValueError):
             pass
 
