@@ -26,6 +26,7 @@ from tracekit.errors import TracekitError
 from tracekit.recorders.spool import PART, PROV, STEP, entry_name, spool_root, write_entry
 from tracekit.recorders.spool_writer import ATTRS, LOCK
 from tracekit.store import TensorData
+from tracekit.store.location import child_env
 
 
 class WriterFailed(TracekitError):
@@ -35,6 +36,7 @@ class WriterFailed(TracekitError):
 def _writer_env() -> dict[str, str]:
     env = dict(os.environ)
     env["TRACEKIT_BOOTSTRAP"] = "0"  # the writer never trains; keep zero-code out of it
+    env.update(child_env())  # storage options in force here (a URL store's endpoint, credentials)
     root = os.path.dirname(os.path.dirname(os.path.abspath(tracekit.__file__)))
     env["PYTHONPATH"] = os.pathsep.join([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + [root])
     return env

@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from tracekit.errors import TracekitError
 from tracekit.store import create_store, is_store
+from tracekit.store.location import canonical
 from tracekit.store.format import INITIAL_STEP
 from tracekit.environment import numeric_env, package_versions, run_environment
 from tracekit.recorders import outcome
@@ -204,7 +205,7 @@ class Recorder:
         distributed = dist.is_available() and dist.is_initialized()
         rank = dist.get_rank() if distributed else int(os.environ.get("RANK", 0))
         if rank == 0 and not is_store(path):
-            replay = {"replay_of": os.path.abspath(self.config.replay_from)} if self.config.replay_from else {}
+            replay = {"replay_of": canonical(self.config.replay_from)} if self.config.replay_from else {}
             create_store(path, {"launcher": None, **run_environment(), **replay})
         if distributed:
             dist.barrier()
