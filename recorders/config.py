@@ -107,7 +107,7 @@ class RecordConfig:
     params: tuple[str, ...] = ()  # fnmatch globs over parameter names; empty: all
     ranks: frozenset[int] | None = None  # None: every rank writes
     every: int = 1  # record steps k, 2k, 3k, ... (the initial parameters always)
-    queue_mb: int = DEFAULT_QUEUE_MB  # cap on tensor bytes waiting for the background writer
+    queue_mb: int = DEFAULT_QUEUE_MB  # cap on sealed steps spooled for the rank's writer process
     replay_from: str | None = None  # a reference store: each replayed step starts from its state
     replay_steps: tuple[int, int | None] = (1, None)  # replayed steps, inclusive (None: to the end)
     run_id: str | None = None  # the job's run id, set by `tracekit record`; ranks write only under it
