@@ -2,7 +2,7 @@
 
 Builds, in a temporary folder, the two small stores of samples/inspect_divergence.py (4 ranks,
 5 steps, a planted fault) and a 16-rank store, then runs each command --repeat times, each time in
-a fresh process, and prints wall time (median and best) and peak RSS next to the targets:
+a fresh process, and prints wall time (median and best), CPU time (median) and peak RSS next to the targets:
   tracekit diff --help            <= 0.5 s
   tracekit diff REF CAND          <= 1.5 s wall, <= 120 MB peak RSS
   tracekit show STORE16           <= 1 s
@@ -26,12 +26,15 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# Runs argv[1:] once; prints its wall seconds and the peak RSS (KiB) of that child alone.
+# Runs argv[1:] once; prints its wall seconds, the peak RSS (KiB) and CPU seconds (user + system)
+# of that child alone. CPU time is the number to read on a shared machine: waiting for a core is not in it.
 MEASURE = r"""
 import resource, subprocess, sys, time
 t = time.perf_counter()
 rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
-print(time.perf_counter() - t, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, rc)
+wall = time.perf_counter() - t
+u = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(wall, u.ru_maxrss, u.ru_utime + u.ru_stime, rc)
 """
 
 
@@ -67,14 +70,15 @@ def build_wide(path: str, ranks: int = 16, steps: int = 5) -> str:
     return path
 
 
-def measure(argv: list[str], repeat: int) -> tuple[list[float], int, int]:
-    walls, rss, rc = [], 0, 0
+def measure(argv: list[str], repeat: int) -> tuple[list[float], list[float], int, int]:
+    walls, cpus, rss, rc = [], [], 0, 0
     for _ in range(repeat):
         out = subprocess.run([sys.executable, "-c", MEASURE, *argv], capture_output=True, text=True, check=True)
-        wall, peak, rc = out.stdout.split()
+        wall, peak, cpu, rc = out.stdout.split()
         walls.append(float(wall))
+        cpus.append(float(cpu))
         rss = max(rss, int(peak))
-    return walls, rss, int(rc)
+    return walls, cpus, rss, int(rc)
 
 
 def main(argv=None) -> int:
@@ -96,11 +100,11 @@ def main(argv=None) -> int:
         ]
         if not args.no_torch:
             cases.append(("python -c 'import torch' (reference)", [sys.executable, "-c", "import torch"], None, None))
-        print(f"{'command':44} {'median s':>9} {'best s':>7} {'peak MB':>8}  target")
+        print(f"{'command':44} {'wall s':>7} {'best s':>7} {'cpu s':>6} {'peak MB':>8}  target (on the median wall)")
         over = 0
         for label, cmd, wall_target, rss_target in cases:
-            walls, rss_kib, rc = measure(cmd, 1 if "import torch" in label else args.repeat)
-            med, best, mb = statistics.median(walls), min(walls), rss_kib / 1024
+            walls, cpus, rss_kib, rc = measure(cmd, 1 if "import torch" in label else args.repeat)
+            med, best, cpu, mb = statistics.median(walls), min(walls), statistics.median(cpus), rss_kib / 1024
             verdict = []
             if wall_target is not None:
                 verdict.append(f"<= {wall_target} s: {'ok' if med <= wall_target else 'OVER'} ({med / wall_target:.2f}x)")
@@ -108,7 +112,7 @@ def main(argv=None) -> int:
             if rss_target is not None:
                 verdict.append(f"<= {rss_target} MB: {'ok' if mb <= rss_target else 'OVER'} ({mb / rss_target:.2f}x)")
                 over += mb > rss_target
-            print(f"{label:44} {med:9.3f} {best:7.3f} {mb:8.1f}  {'; '.join(verdict)}" + (f"  [exit {rc}]" if rc else ""))
+            print(f"{label:44} {med:7.3f} {best:7.3f} {cpu:6.3f} {mb:8.1f}  {'; '.join(verdict)}" + (f"  [exit {rc}]" if rc else ""))
         print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())} on {os.cpu_count()} CPUs")
     return 1 if over else 0
 

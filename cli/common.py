@@ -41,6 +41,27 @@ def one_line_errors(fn):
     return wrapper
 
 
+def storage_options(fn):
+    """`--storage-option KEY=VALUE` (repeatable): fsspec options for stores given as URLs (s3://...).
+
+    They apply to every URL the command opens (tracekit.store.location.storage_options_scope), and
+    `tracekit record` hands them to its ranks in their environment. They are never printed, and
+    never written into a store or a report."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, storage_option=(), **kwargs):
+        if not storage_option:
+            return fn(*args, **kwargs)
+        from tracekit.store.location import parse_storage_options, storage_options_scope
+
+        with storage_options_scope(parse_storage_options(storage_option)):
+            return fn(*args, **kwargs)
+
+    return click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
+                        help="Option for stores given as URLs, e.g. endpoint_url=http://host:9000 or "
+                             "client_kwargs.region_name=eu-west-1; repeatable. Credentials: the AWS chain.")(wrapper)
+
+
 def json_option(what: str, note: str = ""):
     """`--json`, the same flag in every command: print `what` as JSON on stdout instead of the text."""
     return click.option("--json", "as_json", is_flag=True,

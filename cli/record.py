@@ -4,7 +4,7 @@ import sys
 
 import click
 
-from tracekit.cli.common import CommandError, one_line_errors
+from tracekit.cli.common import CommandError, one_line_errors, storage_options
 from tracekit.errors import UsageError
 from tracekit.recorders.config import (RECORDABLE_KINDS, DEFAULT_QUEUE_MB, RecordConfig, parse_kinds, parse_ranks,
                                        parse_step_range)
@@ -44,7 +44,7 @@ def summary_line(done: dict, status: int) -> str:
 
 
 @click.command(cls=_RecordCommand, context_settings={"ignore_unknown_options": False})
-@click.option("-o", "--output", "store", required=True, type=click.Path(), help="Store to create (a directory).")
+@click.option("-o", "--output", "store", required=True, type=click.Path(), help="Store to create: a directory, or a URL such as s3://bucket/runs/ref.")
 @click.option("--force", is_flag=True, help="Overwrite an existing tracekit store at OUTPUT.")
 @click.option("--kinds", default=None, metavar="LIST",
               help=f"Kinds to record: a list replaces the defaults, +KIND/-KIND edits them. Known: {', '.join(RECORDABLE_KINDS)}.")
@@ -78,6 +78,7 @@ def summary_line(done: dict, status: int) -> str:
                    "matches GLOB (repeatable), e.g. 'fwd:0:*'.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @one_line_errors
+@storage_options
 def record(store, force, kinds, param_globs, ranks, every, queue_mb, flush_timeout, replay_from, replay_steps, zero_code, strict,
            optimizer_name, trace, trace_steps, trace_full, command):
     """Run COMMAND (usually torchrun ...) and record what every rank computes into STORE.

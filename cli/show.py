@@ -6,7 +6,7 @@ import shlex
 
 import click
 
-from tracekit.cli.common import emit_json, json_option, one_line_errors
+from tracekit.cli.common import emit_json, json_option, one_line_errors, storage_options
 
 # Run facts in the order a reader looks for them; anything else recorded follows.
 _FIRST = ("command", "mode", "device", "backend", "compile_backend", "seed", "world_size", "versions", "env",
@@ -159,6 +159,7 @@ def render(summary: dict) -> str:
 @click.argument("store", type=click.Path())
 @json_option("the summary")
 @one_line_errors
+@storage_options
 def show(store, as_json):
     """Summarize STORE: run metadata, ranks and their coordinates, steps, tensors, bytes on disk."""
     from tracekit.inspect.summary import summarize

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 
+from tracekit.store.location import canonical
 from tracekit.errors import UsageError
 from tracekit.store.format import DEFAULT_KINDS, KINDS
 
@@ -143,13 +144,13 @@ class RecordConfig:
     def to_env(self) -> dict[str, str]:
         env = {ENV_KINDS: ",".join(self.kinds), ENV_EVERY: str(self.every), ENV_QUEUE_MB: str(self.queue_mb)}
         if self.store:
-            env[ENV_STORE] = os.path.abspath(self.store)
+            env[ENV_STORE] = canonical(self.store)
         if self.params:
             env[ENV_PARAMS] = ",".join(self.params)
         if self.ranks is not None:
             env[ENV_RANKS] = ",".join(str(r) for r in sorted(self.ranks))
         if self.replay_from:
-            env[ENV_REPLAY_FROM] = os.path.abspath(self.replay_from)
+            env[ENV_REPLAY_FROM] = canonical(self.replay_from)
             env[ENV_REPLAY_STEPS] = format_step_range(self.replay_steps)
         if self.trace:
             env[ENV_TRACE] = self.trace

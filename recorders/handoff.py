@@ -26,6 +26,7 @@ from tracekit.errors import TracekitError
 from tracekit.recorders.spool import PART, PROV, STEP, entry_name, spool_root, write_entry
 from tracekit.recorders.spool_writer import ATTRS, LOCK
 from tracekit.store import TensorData
+from tracekit.store.location import child_env
 
 
 class WriterFailed(TracekitError):
@@ -35,6 +36,7 @@ class WriterFailed(TracekitError):
 def _writer_env() -> dict[str, str]:
     env = dict(os.environ)
     env["TRACEKIT_BOOTSTRAP"] = "0"  # the writer never trains; keep zero-code out of it
+    env.update(child_env())  # storage options in force here (a URL store's endpoint, credentials)
     root = os.path.dirname(os.path.dirname(os.path.abspath(tracekit.__file__)))
     env["PYTHONPATH"] = os.pathsep.join([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + [root])
     return env
@@ -135,10 +137,11 @@ class Handoff:
             self._read(block=True)
             self._raise_if_failed()
 
-    def _write(self, seq: int, suffix: str, step: int, complete: bool, tensors: list[tuple[str, TensorData]]) -> int:
+    def _write(self, seq: int, suffix: str, step: int, complete: bool, tensors: list[tuple[str, TensorData]],
+               extra: dict | None = None) -> int:
         part = self._path(seq, PART)
         try:
-            size = write_entry(part, step, complete, tensors)
+            size = write_entry(part, step, complete, tensors, extra)
             os.rename(part, self._path(seq, suffix))  # the marker, written last
         except OSError as e:
             if self._proc.poll() is not None:
@@ -160,11 +163,15 @@ class Handoff:
         self.peak_pending = max(self.peak_pending, sum(self._pending.values()))
         self._notify()
 
-    def put(self, step: int, tensors: list[tuple[str, TensorData]], complete: bool) -> None:
+    def put(self, step: int, tensors: list[tuple[str, TensorData]], complete: bool, extra: dict | None = None) -> None:
         """Hand over a finished entry; durable when this returns."""
         self._make_room(sum(t.data.nbytes for _, t in tensors))
         self._seq += 1
-        self._sealed(self._seq, self._write(self._seq, STEP, step, complete, tensors))
+        self._sealed(self._seq, self._write(self._seq, STEP, step, complete, tensors, extra))
+
+    def put_trace(self, step: int, level: str, events: list[dict], full: list[TensorData]) -> None:
+        """Hand over a traced step's events and its --trace-full tensors."""
+        self.put(step, [("trace", t) for t in full], complete=False, extra={"trace": {"level": level, "events": events}})
 
     def provisional(self, step: int, tensors: list[tuple[str, TensorData]]) -> None:
         """Hand over the open step's capture; a later call replaces it until seal(). Durable on return:

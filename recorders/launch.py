@@ -25,6 +25,7 @@ from typing import Sequence
 from tracekit.environment import run_environment
 from tracekit.errors import UsageError
 from tracekit.store import create_store, finalize_store
+from tracekit.store.location import canonical, child_env
 from tracekit.recorders.config import RecordConfig, format_step_range
 from tracekit.recorders.spool import ENV_SPOOL, spool_root
 from tracekit.recorders.spool_writer import LOCK
@@ -48,7 +49,7 @@ def launch(command: Sequence[str], config: RecordConfig, force: bool = False, ex
         raise UsageError("no command to record; put it after --, e.g. tracekit record -o runs/ref -- torchrun ... train.py")
     if shutil.which(command[0]) is None:
         raise UsageError(f"command not found: {command[0]}")
-    store = os.path.abspath(config.store)
+    store = canonical(config.store)
     meta = {"launcher": "tracekit record", **run_environment(list(command)),
             "record_config": {"kinds": list(config.kinds), "params": list(config.params),
                               "ranks": sorted(config.ranks) if config.ranks is not None else None,
@@ -64,6 +65,7 @@ def launch(command: Sequence[str], config: RecordConfig, force: bool = False, ex
     spools = tempfile.mkdtemp(prefix="tracekit-spool-", dir=spool_root(config.queue_mb * 1024 * 1024))
     env = worker_env(config.with_store(store))
     env[ENV_SPOOL] = spools
+    env.update(child_env())  # --storage-option reaches the ranks this way, never through the store
     env.update(env_updates or {})
     read_fd, write_fd = os.pipe()  # the workers' exit codes are in torchrun's report on stderr
     try:

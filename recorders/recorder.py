@@ -22,6 +22,7 @@ import torch.distributed as dist
 
 from tracekit.errors import TracekitError
 from tracekit.store import create_store, is_store
+from tracekit.store.location import canonical
 from tracekit.store.format import INITIAL_STEP
 from tracekit.environment import numeric_env, package_versions, run_environment
 from tracekit.recorders import outcome
@@ -32,7 +33,6 @@ from tracekit.recorders.materialize import canonical_name, flatten_output, full_
 from tracekit.store.tensors import from_torch
 from tracekit.recorders.optim_state import state_tensors
 from tracekit.recorders.replay import Replay
-from tracekit.store.traces import trace_entry
 
 
 def _named_parameters(model=None, params=None) -> list[tuple[str, torch.nn.Parameter]]:
@@ -205,7 +205,7 @@ class Recorder:
         distributed = dist.is_available() and dist.is_initialized()
         rank = dist.get_rank() if distributed else int(os.environ.get("RANK", 0))
         if rank == 0 and not is_store(path):
-            replay = {"replay_of": os.path.abspath(self.config.replay_from)} if self.config.replay_from else {}
+            replay = {"replay_of": canonical(self.config.replay_from)} if self.config.replay_from else {}
             create_store(path, {"launcher": None, **run_environment(), **replay})
         if distributed:
             dist.barrier()
@@ -272,7 +272,7 @@ class Recorder:
             self._tracer.start(step, self._params)
 
     def _trace_end(self, step: int) -> None:
-        """Stop tracing `step` and queue its events for the writer (a step cut short is dropped)."""
+        """Stop tracing `step` and hand its events to the writer process (a step cut short is dropped)."""
         tracer = self._tracer
         if tracer is None or tracer.current is None:
             return
@@ -282,11 +282,7 @@ class Recorder:
             self._tracer = None
         if trace.step != step or not self._writes or self._closed:
             return
-        from tracekit.store.tensors import from_torch
-
-        # through the hand-off like the kinds: spooled now, stored by the writer process
-        kind, tensors = trace_entry(trace.level, trace.events, [from_torch(k, t) for k, t in trace.full])
-        self._handoff.put(step, [(kind, t) for t in tensors], complete=False)
+        self._handoff.put_trace(step, trace.level, trace.events, [from_torch(k, t) for k, t in trace.full])
 
     def forget_in_child(self) -> None:
         # A forked child (a DataLoader worker) must never close the parent's rank group, nor keep
@@ -348,7 +344,9 @@ class Recorder:
         return self._gather_all([(n, t) for n, t in tensors if n in self._recorded_names])
 
     def _gather_all(self, tensors: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        return gather_full_cpu(tensors, keep=self._writes)
+        # No copy of CPU tensors: every caller spools what it gathers before returning to the loop,
+        # and the spool file is the copy.
+        return gather_full_cpu(tensors, keep=self._writes, copy=False)
 
     def observe(self, output: Any = None, loss: torch.Tensor | float | None = None,
                 local_loss: torch.Tensor | float | None = None) -> None:

@@ -1,6 +1,5 @@
 """Commands that don't train never import torch; the group loads a command's module only when it is used."""
 
-import os
 import subprocess
 import sys
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 
@@ -10,6 +9,7 @@ from tracekit.inspect.coords import rank_columns
 from tracekit.inspect.lazy import packed_dask, require_dask, tensor_rows
 from tracekit.inspect.summary import run_metadata
 from tracekit.store import RunStore, open_store
+from tracekit.store.location import canonical
 from tracekit.store.format import kind_order
 
 
@@ -104,7 +104,7 @@ def _root_dataset(store, coords: dict, coord_attrs: dict):
         "steps_completed": ("rank", np.asarray([len(v.completed_steps) for v in views], dtype=np.int64)),
         "last_step": ("rank", np.asarray([max(v.completed_steps, default=-1) for v in views], dtype=np.int64)),
     }
-    attrs = {"store": os.path.abspath(store.path), **coord_attrs, **run_metadata(store)}
+    attrs = {"store": canonical(store.path), **coord_attrs, **run_metadata(store)}
     return xr.Dataset(data_vars, coords=coords, attrs=attrs)
 
 

@@ -13,6 +13,7 @@ from tracekit.errors import StoreError, UsageError
 from tracekit.dtypes import storage_dtype
 from tracekit.interchange import safetensors_io
 from tracekit.store import RankView, open_store
+from tracekit.store.location import canonical
 
 FORMAT = "tracekit"
 
@@ -22,7 +23,7 @@ def _metadata(view: RankView, step: int, kind: str, names: list[str]) -> dict[st
     # lists tensors sorted by name, so the recorded order (model order) travels in `names`.
     return {"names": json.dumps(names), "format": FORMAT, "run": json.dumps(view.attrs.get("run", {}), default=str, sort_keys=True),
             "coords": json.dumps(view.coords, default=str, sort_keys=True),
-            "rank": str(view.rank), "step": str(step), "kind": kind, "store": os.path.abspath(view.store.path)}
+            "rank": str(view.rank), "step": str(step), "kind": kind, "store": canonical(view.store.path)}
 
 
 def _write(view: RankView, step: int, kind: str, out: str) -> int:

@@ -23,14 +23,19 @@ def chunk_cols(start: int, stop: int, width: int) -> range:
 
 
 def first_missing_chunk(array: zarr.Array, rows: Iterable[int], cols: Iterable[int]) -> tuple[int, int] | None:
-    """The first (row, col) among rows x cols whose chunk file does not exist; None if all do.
-
-    Stores that are not local folders are not checked (None)."""
-    if getattr(array.store, "root", None) is None:
-        return None
+    """The first (row, col) among rows x cols whose chunk file (or object) does not exist; None if all do."""
     cols = list(cols)
+    local = getattr(array.store, "root", None) is not None
     for i in rows:
         for j in cols:
-            if not os.path.isfile(chunk_path(array, i, j)):
+            if not (os.path.isfile(chunk_path(array, i, j)) if local else _object_exists(array, i, j)):
                 return i, j
     return None
+
+
+def _object_exists(array: zarr.Array, row: int, col: int) -> bool:
+    """Whether a chunk object exists in a non-local store (an object store: one HEAD request)."""
+    from zarr.core.sync import sync
+
+    key = f"{array.path}/{array.metadata.encode_chunk_key((row, col))}" if array.path else array.metadata.encode_chunk_key((row, col))
+    return bool(sync(array.store.exists(key)))

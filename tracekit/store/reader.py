@@ -18,6 +18,7 @@ from tracekit.dtypes import to_numpy_values
 from tracekit.errors import StoreError
 from tracekit.store.chunks import chunk_cols, first_missing_chunk
 from tracekit.store.format import FORMAT_VERSION, RANK_PREFIX, ROOT_KEY, kind_order
+from tracekit.store.location import Location, resolve
 
 
 @dataclass(frozen=True)
@@ -36,18 +37,20 @@ class TensorInfo:
         return self.numel * storage_dtype(self.dtype).itemsize
 
 
-def _read_root_attrs(path: str) -> dict:
-    if not os.path.exists(path):
-        raise StoreError(f"{path}: no such store")
-    if not os.path.isdir(path):
-        raise StoreError(f"{path} is not a directory, so not a tracekit store")
-    meta_file = os.path.join(path, "zarr.json")
-    if not os.path.isfile(meta_file):
+def _read_root_attrs(path: str, location: Location) -> dict:
+    if location.is_local:
+        if not os.path.exists(path):
+            raise StoreError(f"{path}: no such store")
+        if not os.path.isdir(path):
+            raise StoreError(f"{path} is not a directory, so not a tracekit store")
+    raw = location.read_bytes("zarr.json")
+    if raw is None:
+        if not location.is_local and location.is_empty():
+            raise StoreError(f"{path}: no such store")
         raise StoreError(f"{path} is not a tracekit store (no zarr.json at its root)")
     try:
-        with open(meta_file) as f:
-            doc = json.load(f)
-    except (OSError, ValueError) as e:
+        doc = json.loads(raw)
+    except ValueError as e:
         raise StoreError(f"{path}: unreadable root metadata ({e.__class__.__name__})") from None
     attrs = doc.get("attributes", {}) if isinstance(doc, dict) else {}
     if ROOT_KEY not in attrs:
@@ -235,11 +238,13 @@ class RankView:
 class RunStore:
     """A recorded run, opened read-only."""
 
-    def __init__(self, path: str):
-        self.path = os.fspath(path)
-        self.meta = _read_root_attrs(self.path)
+    def __init__(self, path, storage_options=None):
+        self.location = resolve(path, storage_options)
+        # as given for local folders (messages name what the user typed), the URL otherwise
+        self.path = os.fspath(path) if self.location.is_local and not isinstance(path, Location) else str(self.location)
+        self.meta = _read_root_attrs(self.path, self.location)
         try:
-            self.root = zarr.open_group(self.path, mode="r", use_consolidated=False)
+            self.root = zarr.open_group(self.location.zarr_store(read_only=True), mode="r", use_consolidated=False)
         except Exception as e:
             raise StoreError(f"{self.path}: cannot open as zarr ({e.__class__.__name__}: {e})") from None
 
@@ -286,6 +291,7 @@ class RunStore:
         return f"RunStore({self.path!r}, ranks={self.ranks})"
 
 
-def open_store(path) -> RunStore:
-    """Open a tracekit store read-only; raises StoreError (one readable line) if it is not one."""
-    return RunStore(path)
+def open_store(path, storage_options=None) -> RunStore:
+    """Open a tracekit store (a folder or a URL such as s3://bucket/runs/ref) read-only; raises
+    StoreError (one readable line) if it is not one. `storage_options`: fsspec options for URLs."""
+    return RunStore(path, storage_options)

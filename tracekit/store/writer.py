@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import os
-import shutil
 import sys
 from dataclasses import dataclass
 from typing import Sequence
@@ -23,6 +22,7 @@ from tracekit.dtypes import storage_dtype
 from tracekit.errors import StoreError
 from tracekit.store.chunks import chunk_path
 from tracekit.store.format import FORMAT_VERSION, MAX_CHUNK_BYTES, ROOT_KEY, rank_group_name
+from tracekit.store.location import resolve
 
 
 def now_iso() -> str:
@@ -39,37 +39,38 @@ class TensorData:
     data: np.ndarray  # storage dtype (see tracekit.dtypes), any shape with prod(shape) elements
 
 
-def is_store(path: str) -> bool:
-    meta = os.path.join(path, "zarr.json")
-    if not os.path.isfile(meta):
+def is_store(path, storage_options=None) -> bool:
+    location = resolve(path, storage_options)
+    raw = location.read_bytes("zarr.json")
+    if raw is None:
         return False
     try:
         import json
 
-        with open(meta) as f:
-            return ROOT_KEY in json.load(f).get("attributes", {})
-    except (OSError, ValueError):
+        return ROOT_KEY in json.loads(raw).get("attributes", {})
+    except (ValueError, AttributeError):
         return False
 
 
-def create_store(path: str, meta: dict, force: bool = False) -> None:
+def create_store(path, meta: dict, force: bool = False, storage_options=None) -> None:
     """Create the root group with its metadata. Refuses to clobber anything not asked for."""
-    if os.path.exists(path):
-        if not os.path.isdir(path):
-            raise StoreError(f"{path} exists and is not a directory")
-        if os.listdir(path):
-            if not is_store(path):
-                raise StoreError(f"{path} is a non-empty directory that is not a tracekit store; refusing to touch it")
-            if not force:
-                raise StoreError(f"{path} already holds a tracekit store; pass --force to overwrite it")
-            shutil.rmtree(path)
+    location = resolve(path, storage_options)
+    if location.is_local and os.path.exists(location.path) and not os.path.isdir(location.path):
+        raise StoreError(f"{path} exists and is not a directory")
+    if not location.is_empty():
+        where = "directory" if location.is_local else "location"
+        if not is_store(location):
+            raise StoreError(f"{path} is a non-empty {where} that is not a tracekit store; refusing to touch it")
+        if not force:
+            raise StoreError(f"{path} already holds a tracekit store; pass --force to overwrite it")
+        location.clear()
     root_meta = {"format_version": FORMAT_VERSION, "start_time": now_iso(), **meta}
-    zarr.open_group(path, mode="w", attributes={ROOT_KEY: root_meta})
+    zarr.open_group(location.zarr_store(), mode="w", attributes={ROOT_KEY: root_meta})
 
 
-def update_root_meta(path: str, **fields) -> None:
+def update_root_meta(path, storage_options=None, **fields) -> None:
     """Merge fields into the root metadata (only while no rank writes: before start or after end)."""
-    root = zarr.open_group(path, mode="r+", use_consolidated=False)
+    root = zarr.open_group(resolve(path, storage_options).zarr_store(), mode="r+", use_consolidated=False)
     meta = dict(root.attrs[ROOT_KEY])
     meta.update(fields)
     root.attrs[ROOT_KEY] = meta
@@ -161,10 +162,11 @@ class _KindWriter:
 class RankWriter:
     """Writes rank R's group. Not thread-safe: one writer (thread) per rank."""
 
-    def __init__(self, store_path: str, rank: int, attrs: dict):
-        if not is_store(store_path):
+    def __init__(self, store_path, rank: int, attrs: dict, storage_options=None):
+        location = resolve(store_path, storage_options)
+        if not is_store(location):
             raise StoreError(f"{store_path} is not a tracekit store (create it first)")
-        root = zarr.open_group(store_path, mode="r+", use_consolidated=False)
+        root = zarr.open_group(location.zarr_store(), mode="r+", use_consolidated=False)
         name = rank_group_name(rank)
         if name in root:
             raise StoreError(f"{store_path} already holds data of rank {rank}")
