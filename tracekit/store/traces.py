@@ -27,16 +27,7 @@ LEVELS = ("modules", "ops")
 # Fields of one event, for readers and the schema (docs/FORMAT.md lists their meaning).
 EVENT_FIELDS = ("index", "phase", "module", "op", "call", "args", "inputs", "outputs", "src", "group")
 _STEP = re.compile(r"^step_(\d+)$")
-# In a rank's hand-off to its writer process, a traced step travels as the entry kind
-# "trace:<level>": a uint8 tensor "events" (the JSON) and the full tensors under their keys.
-TRACE_KIND_PREFIX = "trace:"
 EVENTS_NAME = "events"
-
-
-def trace_entry(level: str, events: list[dict], full: Sequence[TensorData] = ()) -> tuple[str, list[TensorData]]:
-    """(kind, tensors) carrying one traced step through a spool of TensorData."""
-    payload = np.frombuffer(json.dumps(events, separators=(",", ":")).encode(), dtype=np.uint8)
-    return TRACE_KIND_PREFIX + level, [TensorData(EVENTS_NAME, "uint8", (len(payload),), payload), *full]
 
 
 def _step_name(step: int) -> str:
@@ -61,20 +52,8 @@ class TraceWriter:
             self._steps[level] = []
         return g
 
-    def write_entry(self, kind: str, step: int, tensors: Sequence[TensorData]) -> None:
-        """Store what trace_entry() packed (the writer process's side of the hand-off)."""
-        level = kind[len(TRACE_KIND_PREFIX):]
-        events = next((t for t in tensors if t.name == EVENTS_NAME), None)
-        if events is None:
-            raise StoreError(f"trace of {level} at step {step}: the hand-off entry has no events")
-        self._write(level, step, np.asarray(events.data, dtype=np.uint8).reshape(-1),
-                    [t for t in tensors if t is not events])
-
     def write_step(self, level: str, step: int, events: list[dict], full: Sequence[TensorData] = ()) -> None:
-        kind, tensors = trace_entry(level, events, full)
-        self.write_entry(kind, step, tensors)
-
-    def _write(self, level: str, step: int, payload: np.ndarray, full: Sequence[TensorData]) -> None:
+        payload = np.frombuffer(json.dumps(events, separators=(",", ":")).encode(), dtype=np.uint8)
         g = self._level(level)
         if step in self._steps[level]:
             raise StoreError(f"trace of {level} at step {step} written twice")
