@@ -26,7 +26,7 @@ from tracekit.errors import TracekitError
 from tracekit.recorders.spool import PART, PROV, STEP, entry_name, spool_root, write_entry
 from tracekit.recorders.spool_writer import ATTRS, LOCK
 from tracekit.store import TensorData
-from tracekit.store.location import child_env
+from tracekit.store.location import canonical, child_env
 
 
 class WriterFailed(TracekitError):
@@ -65,7 +65,7 @@ class Handoff:
             fcntl.flock(lock, fcntl.LOCK_EX)
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "tracekit.recorders.spool_writer", "--spool", self.spool,
-                 "--store", os.path.abspath(store), "--rank", str(rank), "--rank-pid", str(os.getpid()),
+                 "--store", canonical(store), "--rank", str(rank), "--rank-pid", str(os.getpid()),
                  "--lock-fd", str(lock)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_writer_env(), start_new_session=True,
                 pass_fds=(lock,))
