@@ -137,10 +137,11 @@ class Handoff:
             self._read(block=True)
             self._raise_if_failed()
 
-    def _write(self, seq: int, suffix: str, step: int, complete: bool, tensors: list[tuple[str, TensorData]]) -> int:
+    def _write(self, seq: int, suffix: str, step: int, complete: bool, tensors: list[tuple[str, TensorData]],
+               extra: dict | None = None) -> int:
         part = self._path(seq, PART)
         try:
-            size = write_entry(part, step, complete, tensors)
+            size = write_entry(part, step, complete, tensors, extra)
             os.rename(part, self._path(seq, suffix))  # the marker, written last
         except OSError as e:
             if self._proc.poll() is not None:
@@ -162,11 +163,15 @@ class Handoff:
         self.peak_pending = max(self.peak_pending, sum(self._pending.values()))
         self._notify()
 
-    def put(self, step: int, tensors: list[tuple[str, TensorData]], complete: bool) -> None:
+    def put(self, step: int, tensors: list[tuple[str, TensorData]], complete: bool, extra: dict | None = None) -> None:
         """Hand over a finished entry; durable when this returns."""
         self._make_room(sum(t.data.nbytes for _, t in tensors))
         self._seq += 1
-        self._sealed(self._seq, self._write(self._seq, STEP, step, complete, tensors))
+        self._sealed(self._seq, self._write(self._seq, STEP, step, complete, tensors, extra))
+
+    def put_trace(self, step: int, level: str, events: list[dict], full: list[TensorData]) -> None:
+        """Hand over a traced step's events and its --trace-full tensors."""
+        self.put(step, [("trace", t) for t in full], complete=False, extra={"trace": {"level": level, "events": events}})
 
     def provisional(self, step: int, tensors: list[tuple[str, TensorData]]) -> None:
         """Hand over the open step's capture; a later call replaces it until seal(). Durable on return:

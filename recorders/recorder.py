@@ -33,7 +33,6 @@ from tracekit.recorders.materialize import canonical_name, flatten_output, full_
 from tracekit.store.tensors import from_torch
 from tracekit.recorders.optim_state import state_tensors
 from tracekit.recorders.replay import Replay
-from tracekit.store.traces import TraceWriter
 
 
 def _named_parameters(model=None, params=None) -> list[tuple[str, torch.nn.Parameter]]:
@@ -156,7 +155,6 @@ class Recorder:
         self.coords: dict = {}
         self._replay: Replay | None = None  # set in start() when config.replay_from names a reference
         self._tracer = None  # a recorders.tracing.Tracer while steps remain to be traced (--trace)
-        self._trace_writer: TraceWriter | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> "Recorder":
@@ -274,7 +272,7 @@ class Recorder:
             self._tracer.start(step, self._params)
 
     def _trace_end(self, step: int) -> None:
-        """Stop tracing `step` and queue its events for the writer (a step cut short is dropped)."""
+        """Stop tracing `step` and hand its events to the writer process (a step cut short is dropped)."""
         tracer = self._tracer
         if tracer is None or tracer.current is None:
             return
@@ -284,13 +282,7 @@ class Recorder:
             self._tracer = None
         if trace.step != step or not self._writes or self._closed:
             return
-        from tracekit.store.tensors import from_torch
-
-        events, full = trace.events, [from_torch(k, t) for k, t in trace.full]
-        if self._trace_writer is None:
-            self._trace_writer = TraceWriter(self._writer.group)
-        writer, level = self._trace_writer, trace.level
-        self._bg.submit(lambda: writer.write_step(level, step, events, full), trace.nbytes())
+        self._handoff.put_trace(step, trace.level, trace.events, [from_torch(k, t) for k, t in trace.full])
 
     def forget_in_child(self) -> None:
         # A forked child (a DataLoader worker) must never close the parent's rank group, nor keep
