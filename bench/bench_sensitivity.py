@@ -42,7 +42,8 @@ FAULT_STEP = 2  # grad_scale: the step, on rank 1
 def record(workdir: str, name: str, mode: str, ranks: int, steps: int, extra=()) -> str:
     """`tracekit record` of samples/tutorial (reused when the store is already complete)."""
     store = os.path.join(workdir, name)
-    if os.path.isfile(os.path.join(store, ".done")):
+    done = store + ".done"  # beside the store: a foreign file inside it would be a damaged store
+    if os.path.isfile(done):
         return store
     args = ["--parallelism", mode, "--device", "cpu", "--backend", "gloo", "--steps", str(steps)]
     if mode == "simplefsdp_tp":
@@ -53,7 +54,7 @@ def record(workdir: str, name: str, mode: str, ranks: int, steps: int, extra=())
     res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if res.returncode != 0:
         sys.exit(f"recording {name} failed ({res.returncode}):\n{res.stderr[-3000:]}")
-    open(os.path.join(store, ".done"), "w").close()
+    open(done, "w").close()
     return store
 
 

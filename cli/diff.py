@@ -7,7 +7,7 @@ import sys
 import click
 
 from tracekit.cli.common import (EXIT_USAGE, CommandError, check_writable, comparison_options, emit_json, json_option,
-                                 one_line_errors)
+                                 one_line_errors, storage_options)
 from tracekit.compare.options import DEFAULT_ORACLE_FACTOR
 
 
@@ -57,12 +57,17 @@ def environment_block(diffs: list[dict]) -> str:
 @click.option("--json-file", "json_file", metavar="FILE", type=click.Path(),
               help="Also write the JSON report to FILE, next to the text on stdout.")
 @click.option("--all-tensors", is_flag=True, help="List every compared tensor in the JSON report, not only violations.")
-@click.option("--max-rows", type=int, default=20, show_default=True, help="Violations listed in the human report.")
+@click.option("--max-rows", type=click.IntRange(min=0), default=20, show_default=True, help="Violations listed in the human report.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Worker threads (default: the CPUs available).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no tables: only the verdict line.")
+@click.option("--workers", type=click.IntRange(min=1), default=None,
+              help="Compare on a local Dask cluster of N worker processes (N > 1; 1: this process). See docs/CLUSTERS.md.")
+@click.option("--scheduler", metavar="ADDRESS", default=None,
+              help="Compare on an existing Dask cluster, e.g. tcp://10.0.0.5:8786; its workers must reach both stores.")
 @one_line_errors
+@storage_options
 def diff(ref, cand, align, rtol, atol, rel_l2, tol, config, exact, equal_nan, kinds, allow_missing, fail_fast, oracle,
-         oracle_factor, as_json, json_file, all_tensors, max_rows, jobs, quiet):
+         oracle_factor, as_json, json_file, all_tensors, max_rows, jobs, quiet, workers, scheduler):
     """Compare a candidate run CAND with a reference run REF, rank by rank and step by step.
 
     \b
@@ -86,7 +91,8 @@ def diff(ref, cand, align, rtol, atol, rel_l2, tol, config, exact, equal_nan, ki
             ref, cand, align=align, rtol=rtol, atol=atol, rel_l2=rel_l2, tol=list(tol), exact=exact, equal_nan=equal_nan,
             config=config, kinds=kinds,
             allow_missing=allow_missing, fail_fast=fail_fast, oracle=oracle, oracle_factor=oracle_factor,
-            details="all" if all_tensors else "violations", jobs=jobs, progress=progress)
+            details="all" if all_tensors else "violations", jobs=jobs, progress=progress, workers=workers,
+            scheduler=scheduler)
     finally:
         progress.close()
     if json_file:

@@ -2,7 +2,7 @@
 
 import click
 
-from tracekit.cli.common import one_line_errors
+from tracekit.cli.common import one_line_errors, storage_options
 from tracekit.errors import UsageError
 from tracekit.interchange import export_file, export_tree
 
@@ -17,6 +17,7 @@ from tracekit.interchange import export_file, export_tree
 @click.option("-o", "--output", "out", required=True, type=click.Path(),
               help="FILE.safetensors with --step; otherwise a folder laid out as rank_R/step_S/KIND.safetensors.")
 @one_line_errors
+@storage_options
 def export(store, rank, step, kind, out):
     """Write tensors of STORE as safetensors, under their recorded names.
 

@@ -2,7 +2,7 @@
 
 import click
 
-from tracekit.cli.common import one_line_errors
+from tracekit.cli.common import one_line_errors, storage_options
 from tracekit.interchange import import_dumps
 
 
@@ -18,6 +18,7 @@ from tracekit.interchange import import_dumps
               help="Keep tensor names as dumped; by default wrapper parts (module., _orig_mod., ...) are "
                    "dropped, as the recorder does, so names match recorded stores.")
 @one_line_errors
+@storage_options
 def import_(src, out, force, default_kind, step_offset, keep_names):
     """Build the store OUTPUT from the tensor files under SRC, so existing dumps can be diffed.
 

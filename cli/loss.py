@@ -8,7 +8,7 @@ import math
 
 import click
 
-from tracekit.cli.common import emit_json, json_option, one_line_errors, write_text
+from tracekit.cli.common import emit_json, json_option, one_line_errors, storage_options, write_text
 
 
 def _json_safe(v):
@@ -51,6 +51,7 @@ def to_csv(table: dict) -> str:
 @json_option("the table")
 @click.option("--csv", "as_csv", is_flag=True, help="Print the table as CSV on stdout instead of text.")
 @one_line_errors
+@storage_options
 def loss(stores, as_json, as_csv):
     """The loss per step of each STORE side by side, with |difference| and relative difference to the first.
 

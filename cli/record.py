@@ -4,7 +4,7 @@ import sys
 
 import click
 
-from tracekit.cli.common import CommandError, one_line_errors
+from tracekit.cli.common import CommandError, one_line_errors, storage_options
 from tracekit.errors import UsageError
 from tracekit.recorders.config import (RECORDABLE_KINDS, DEFAULT_QUEUE_MB, RecordConfig, parse_kinds, parse_ranks,
                                        parse_step_range)
@@ -44,7 +44,7 @@ def summary_line(done: dict, status: int) -> str:
 
 
 @click.command(cls=_RecordCommand, context_settings={"ignore_unknown_options": False})
-@click.option("-o", "--output", "store", required=True, type=click.Path(), help="Store to create (a directory).")
+@click.option("-o", "--output", "store", required=True, type=click.Path(), help="Store to create: a directory, or a URL such as s3://bucket/runs/ref.")
 @click.option("--force", is_flag=True, help="Overwrite an existing tracekit store at OUTPUT.")
 @click.option("--kinds", default=None, metavar="LIST",
               help=f"Kinds to record: a list replaces the defaults, +KIND/-KIND edits them. Known: {', '.join(RECORDABLE_KINDS)}.")
@@ -68,10 +68,19 @@ def summary_line(done: dict, status: int) -> str:
 @click.option("--strict", is_flag=True, help="Fail the job if zero-code recording cannot instrument it (default: warn once, go on).")
 @click.option("--optimizer", "optimizer_name", default=None, metavar="CLASS",
               help="Zero-code: the training optimizer's class name, when the first one stepped after backward() is not it.")
+@click.option("--trace", "trace", type=click.Choice(["modules", "ops"]), default=None,
+              help="Trace the chosen steps: every module's output and gradient (modules) or every dispatched aten op "
+                   "with its inputs, outputs and scalar arguments (ops). See docs/LOCATE.md.")
+@click.option("--trace-steps", default=None, metavar="K[:L]",
+              help="With --trace: the traced steps (default 1; zero-code recording traces from step 2).")
+@click.option("--trace-full", "trace_full", multiple=True, metavar="GLOB",
+              help="With --trace: keep whole tensors (not only summaries) of events whose label PHASE:MODULE:OP#CALL "
+                   "matches GLOB (repeatable), e.g. 'fwd:0:*'.")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @one_line_errors
+@storage_options
 def record(store, force, kinds, param_globs, ranks, every, queue_mb, flush_timeout, replay_from, replay_steps, zero_code, strict,
-           optimizer_name, command):
+           optimizer_name, trace, trace_steps, trace_full, command):
     """Run COMMAND (usually torchrun ...) and record what every rank computes into STORE.
 
     \b
@@ -85,7 +94,10 @@ def record(store, force, kinds, param_globs, ranks, every, queue_mb, flush_timeo
     """
     config = RecordConfig(store=store, kinds=parse_kinds(kinds), params=tuple(param_globs),
                           ranks=parse_ranks(ranks), every=every, queue_mb=queue_mb,
-                          replay_from=replay_from, replay_steps=parse_step_range(replay_steps))
+                          replay_from=replay_from, replay_steps=parse_step_range(replay_steps),
+                          trace=trace, trace_steps=parse_step_range(trace_steps or "1"), trace_full=tuple(trace_full))
+    if (trace_steps or trace_full) and not trace:
+        raise UsageError("--trace-steps and --trace-full need --trace modules|ops")
     if replay_steps and not replay_from:
         raise UsageError("--replay-steps needs --replay-from REF")
     env = bootstrap_env(strict=strict, optimizer=optimizer_name) if zero_code else None
@@ -96,7 +108,8 @@ def record(store, force, kinds, param_globs, ranks, every, queue_mb, flush_timeo
     done = recording_summary(store)
     click.echo(summary_line(done, status), err=True)
     if not done["steps"]:
-        why = ("no rank started recording (did the command run a training script?)" if not done["ranks"] else
+        why = (f"--ranks {ranks} matched no rank of the job" if config.ranks is not None and not done["ranks"] else
+               "no rank started recording (did the command run a training script?)" if not done["ranks"] else
                "no rank completed a step (steps are recorded when the training optimizer steps)")
         message = f"nothing was recorded in {store}: {why}; see docs/ZEROCODE.md"
         if status == 0:  # a run that "succeeded" with an empty store must not pass in CI

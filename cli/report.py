@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from tracekit.cli.common import comparison_options, one_line_errors
+from tracekit.cli.common import comparison_options, one_line_errors, storage_options
 
 
 @click.command("report")
@@ -18,6 +18,7 @@ from tracekit.cli.common import comparison_options, one_line_errors
               help="A replay of CAND's job (tracekit record --replay-from REF): plot its local error against "
                    "CAND's accumulated error per step (docs/REPLAY.md).")
 @one_line_errors
+@storage_options
 def report(ref, cand, output, align, rtol, atol, rel_l2, tol, config, exact, equal_nan, kinds, allow_missing, replay):
     """Compare CAND with REF (as `tracekit diff` does) and write the result as one HTML file.
 

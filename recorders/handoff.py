@@ -26,6 +26,7 @@ from tracekit.errors import TracekitError
 from tracekit.recorders.spool import PART, PROV, STEP, entry_name, spool_root, write_entry
 from tracekit.recorders.spool_writer import ATTRS, LOCK
 from tracekit.store import TensorData
+from tracekit.store.location import canonical, child_env
 
 
 class WriterFailed(TracekitError):
@@ -35,6 +36,7 @@ class WriterFailed(TracekitError):
 def _writer_env() -> dict[str, str]:
     env = dict(os.environ)
     env["TRACEKIT_BOOTSTRAP"] = "0"  # the writer never trains; keep zero-code out of it
+    env.update(child_env())  # storage options in force here (a URL store's endpoint, credentials)
     root = os.path.dirname(os.path.dirname(os.path.abspath(tracekit.__file__)))
     env["PYTHONPATH"] = os.pathsep.join([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + [root])
     return env
@@ -63,7 +65,7 @@ class Handoff:
             fcntl.flock(lock, fcntl.LOCK_EX)
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "tracekit.recorders.spool_writer", "--spool", self.spool,
-                 "--store", os.path.abspath(store), "--rank", str(rank), "--rank-pid", str(os.getpid()),
+                 "--store", canonical(store), "--rank", str(rank), "--rank-pid", str(os.getpid()),
                  "--lock-fd", str(lock)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_writer_env(), start_new_session=True,
                 pass_fds=(lock,))
@@ -135,10 +137,11 @@ class Handoff:
             self._read(block=True)
             self._raise_if_failed()
 
-    def _write(self, seq: int, suffix: str, step: int, complete: bool, tensors: list[tuple[str, TensorData]]) -> int:
+    def _write(self, seq: int, suffix: str, step: int, complete: bool, tensors: list[tuple[str, TensorData]],
+               extra: dict | None = None) -> int:
         part = self._path(seq, PART)
         try:
-            size = write_entry(part, step, complete, tensors)
+            size = write_entry(part, step, complete, tensors, extra)
             os.rename(part, self._path(seq, suffix))  # the marker, written last
         except OSError as e:
             if self._proc.poll() is not None:
@@ -149,22 +152,32 @@ class Handoff:
 
     def _notify(self) -> None:
         try:
-            self._in.write(b"sealed\n")
-            self._in.flush()
+            self._send(b"sealed\n")
         except (BrokenPipeError, ValueError):
             self._poll()
             raise WriterFailed("the writer process died") from None
+
+    def _send(self, data: bytes) -> None:
+        # os.write, not the buffered file: a signal handler that sends the close command while the
+        # training thread is sending must not meet a half-used buffer (a short line is atomic)
+        fd = self._in.fileno()
+        while data:
+            data = data[os.write(fd, data):]
 
     def _sealed(self, seq: int, size: int) -> None:
         self._pending[seq] = size
         self.peak_pending = max(self.peak_pending, sum(self._pending.values()))
         self._notify()
 
-    def put(self, step: int, tensors: list[tuple[str, TensorData]], complete: bool) -> None:
+    def put(self, step: int, tensors: list[tuple[str, TensorData]], complete: bool, extra: dict | None = None) -> None:
         """Hand over a finished entry; durable when this returns."""
         self._make_room(sum(t.data.nbytes for _, t in tensors))
         self._seq += 1
-        self._sealed(self._seq, self._write(self._seq, STEP, step, complete, tensors))
+        self._sealed(self._seq, self._write(self._seq, STEP, step, complete, tensors, extra))
+
+    def put_trace(self, step: int, level: str, events: list[dict], full: list[TensorData]) -> None:
+        """Hand over a traced step's events and its --trace-full tensors."""
+        self.put(step, [("trace", t) for t in full], complete=False, extra={"trace": {"level": level, "events": events}})
 
     def provisional(self, step: int, tensors: list[tuple[str, TensorData]]) -> None:
         """Hand over the open step's capture; a later call replaces it until seal(). Durable on return:
@@ -200,8 +213,7 @@ class Handoff:
             return
         self._close_sent = True
         try:
-            self._in.write(f"close {status} {json.dumps(attrs or {})}\n".encode())
-            self._in.flush()
+            self._send(f"close {status} {json.dumps(attrs or {})}\n".encode())
         except (BrokenPipeError, ValueError):
             pass
 

@@ -23,15 +23,18 @@ def select(names: list[str], globs: tuple[str, ...]) -> list[str]:
     return [n for n in names if any(fnmatch.fnmatchcase(n, g) for g in globs)]
 
 
-def full_cpu(t: torch.Tensor, keep: bool = True) -> torch.Tensor | None:
-    """A full, detached CPU copy; gathers DTensors. keep=False: gather if collective, copy nothing."""
+def full_cpu(t: torch.Tensor, keep: bool = True, copy: bool = True) -> torch.Tensor | None:
+    """A full, detached CPU copy; gathers DTensors. keep=False: gather if collective, copy nothing.
+    copy=False: a tensor already full, contiguous and on the CPU comes back as it is, for a caller
+    that writes its bytes away before the loop can change them (the spool hand-off)."""
     t = t.detach()
-    if is_dtensor(t):
+    gathered = is_dtensor(t)
+    if gathered:
         t = t.full_tensor()
     if not keep:
         return None
     if t.device.type == "cpu":
-        return t.clone(memory_format=torch.contiguous_format)
+        return t.contiguous() if gathered or not copy else t.clone(memory_format=torch.contiguous_format)
     return t.to("cpu").contiguous()
 
 
@@ -80,7 +83,8 @@ def _gather_row_shards(items: list[tuple[str, torch.Tensor]]) -> dict[str, torch
     return out
 
 
-def gather_full_cpu(items: list[tuple[str, torch.Tensor]], keep: bool = True) -> dict[str, torch.Tensor]:
+def gather_full_cpu(items: list[tuple[str, torch.Tensor]], keep: bool = True,
+                    copy: bool = True) -> dict[str, torch.Tensor]:
     """Full CPU copies of named tensors, in order; batches FSDP2-style gathers into one collective each.
 
     Every rank must call this with the same names in the same order (it runs collectives).
@@ -101,9 +105,9 @@ def gather_full_cpu(items: list[tuple[str, torch.Tensor]], keep: bool = True) ->
                 full = gathered[name]
                 out[name] = full if full.device.type == "cpu" else full.to("cpu")
         else:
-            copy = full_cpu(t, keep=keep)
-            if copy is not None:
-                out[name] = copy
+            full = full_cpu(t, keep=keep, copy=copy)
+            if full is not None:
+                out[name] = full
     return out
 
 

@@ -9,6 +9,7 @@ hooks, so both paths share this implementation.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import signal
 import sys
@@ -21,7 +22,10 @@ import torch.distributed as dist
 
 from tracekit.errors import TracekitError
 from tracekit.store import create_store, is_store
+from tracekit.store.location import canonical
 from tracekit.store.format import INITIAL_STEP
+from tracekit.store.ownership import new_run_id
+from tracekit.recorders.parent_death import die_with_parent
 from tracekit.environment import numeric_env, package_versions, run_environment
 from tracekit.recorders import outcome
 from tracekit.recorders.handoff import Handoff
@@ -152,6 +156,7 @@ class Recorder:
         self._prev_handlers: dict = {}  # signal -> the handler ours replaced
         self.coords: dict = {}
         self._replay: Replay | None = None  # set in start() when config.replay_from names a reference
+        self._tracer = None  # a recorders.tracing.Tracer while steps remain to be traced (--trace)
 
     # ---- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> "Recorder":
@@ -172,9 +177,16 @@ class Recorder:
         if not self.zero_code:
             global explicit_recorder_started
             explicit_recorder_started = True
+        if self.config.run_id is not None:  # started by `tracekit record`: die with the launcher
+            die_with_parent()
         self._ensure_root()
         self.coords = detect_coords((p for _, p in self._params), self._coord_overrides)
         self._writes = self.config.ranks is None or self.coords["rank"] in self.config.ranks
+        if self.config.ranks is not None and self.coords["rank"] == 0:
+            outside = sorted(r for r in self.config.ranks if r >= self.coords["world_size"])
+            if outside:
+                print(f"tracekit: warning: --ranks names rank(s) {', '.join(map(str, outside))}, outside this "
+                      f"{self.coords['world_size']}-rank job", file=sys.stderr, flush=True)
         if self.config.replay_from:
             self._replay = Replay.open(self.config, self.coords["rank"], self._params, lambda: self.optimizer)
         if self._writes:
@@ -184,6 +196,12 @@ class Recorder:
             # step 1 starts from the reference's initial parameters. (Zero-code starts us at the first
             # optimizer step, after step 1's backward: too late to load; its step 1 is its own.)
             self._replay.before_step(1)
+        if self.config.trace and self._writes:
+            from tracekit.recorders.tracing import Tracer  # torch dispatch machinery: only when tracing
+
+            self._tracer = Tracer(self.config.trace, self.model, self.config.trace_full)
+            if not self.zero_code:  # zero-code starts inside step 1: its first whole step is step 2
+                self._trace_begin(1)
         if self.optimizer is not None:
             self._hooks.append(self.optimizer.register_step_pre_hook(lambda *a: self.begin_step()))
             self._hooks.append(self.optimizer.register_step_post_hook(lambda *a: self.end_step()))
@@ -196,8 +214,8 @@ class Recorder:
         distributed = dist.is_available() and dist.is_initialized()
         rank = dist.get_rank() if distributed else int(os.environ.get("RANK", 0))
         if rank == 0 and not is_store(path):
-            replay = {"replay_of": os.path.abspath(self.config.replay_from)} if self.config.replay_from else {}
-            create_store(path, {"launcher": None, **run_environment(), **replay})
+            replay = {"replay_of": canonical(self.config.replay_from)} if self.config.replay_from else {}
+            create_store(path, {"launcher": None, "run_id": new_run_id(), **run_environment(), **replay})
         if distributed:
             dist.barrier()
         if not is_store(path):
@@ -253,6 +271,28 @@ class Recorder:
             if signal.getsignal(sig) == self._on_signal:
                 signal.signal(sig, prev)
 
+    # ---- traces ------------------------------------------------------------------------------
+    def untraced(self):
+        """A context in which tracekit's own tensor work stays out of the step's trace."""
+        return self._tracer.untraced() if self._tracer is not None else contextlib.nullcontext()
+
+    def _trace_begin(self, step: int) -> None:
+        if self._tracer is not None and self.config.traces_step(step) and not self._closed:
+            self._tracer.start(step, self._params)
+
+    def _trace_end(self, step: int) -> None:
+        """Stop tracing `step` and hand its events to the writer process (a step cut short is dropped)."""
+        tracer = self._tracer
+        if tracer is None or tracer.current is None:
+            return
+        trace = tracer.stop()
+        if not self.config.traces_after(step):
+            tracer.close()
+            self._tracer = None
+        if trace.step != step or not self._writes or self._closed:
+            return
+        self._handoff.put_trace(step, trace.level, trace.events, [from_torch(k, t) for k, t in trace.full])
+
     def forget_in_child(self) -> None:
         # A forked child (a DataLoader worker) must never close the parent's rank group, nor keep
         # the writer process from seeing the parent's death.
@@ -277,6 +317,10 @@ class Recorder:
         every spooled step kept."""
         if self._closed or not self._started:
             return
+        if self._tracer is not None:  # a step still being traced never finished: not written
+            self._tracer.stop()
+            self._tracer.close()
+            self._tracer = None
         self._closed = True
         for h in self._hooks:
             h.remove()
@@ -309,7 +353,9 @@ class Recorder:
         return self._gather_all([(n, t) for n, t in tensors if n in self._recorded_names])
 
     def _gather_all(self, tensors: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-        return gather_full_cpu(tensors, keep=self._writes)
+        # No copy of CPU tensors: every caller spools what it gathers before returning to the loop,
+        # and the spool file is the copy.
+        return gather_full_cpu(tensors, keep=self._writes, copy=False)
 
     def observe(self, output: Any = None, loss: torch.Tensor | float | None = None,
                 local_loss: torch.Tensor | float | None = None) -> None:
@@ -317,6 +363,10 @@ class Recorder:
         step = self.step + 1
         if not self._active(step):
             return
+        with self.untraced():
+            self._observe(output, loss, local_loss)
+
+    def _observe(self, output, loss, local_loss) -> None:
         kinds = self.config.kinds
         if output is not None and "outputs" in kinds:
             items = list(flatten_output(output))
@@ -334,6 +384,12 @@ class Recorder:
         self._in_step = True
         if not (self.enabled and self._started and not self._closed):
             return
+        with self.untraced():
+            self._begin_step(step)
+        if self._tracer is not None:
+            self._tracer.enter_optimizer(self._params)  # the update is traced: it is part of the step
+
+    def _begin_step(self, step: int) -> None:
         kinds = self.config.kinds
         recording = self.config.records_step(step)
         initial = "parameters" in kinds and not self._initial_done
@@ -359,6 +415,8 @@ class Recorder:
     def capture_after(self) -> None:
         """Gather the step's tensors as they are after the update (collectives on sharded tensors).
         Zero-code recording calls it again after each further optimizer of the same training step."""
+        if self._in_step:
+            self._trace_end(self.step + 1)  # the update is done: the traced step ends here
         if self._in_step and self._active(self.step + 1):
             captured = self._capture_after()
             if self._writes and self._handoff is not None:
@@ -370,6 +428,8 @@ class Recorder:
             # right after the update and its capture, before any next forward: the step taken is
             # the candidate's own; the next one restarts from the reference's state after it
             self._replay.before_step(self.step + 2)
+        if self._in_step:
+            self._trace_begin(self.step + 2)  # after any replay load: the next step starts now
 
     def finish_step(self) -> None:
         """Count the step and hand its capture to the writer; takes no collective."""

@@ -14,7 +14,6 @@ place, so the optimizer and FSDP keep their references to the same storage.
 
 from __future__ import annotations
 
-import os
 import sys
 
 import numpy as np
@@ -22,6 +21,7 @@ import torch
 
 from tracekit.errors import TracekitError, UsageError
 from tracekit.store import RunStore, open_store
+from tracekit.store.location import canonical, same_store
 from tracekit.store.format import INITIAL_STEP
 from tracekit.recorders.config import RecordConfig, format_step_range
 from tracekit.recorders.coords import is_dtensor
@@ -37,14 +37,13 @@ class ReplayError(TracekitError):
 
 def check_reference(ref_path: str, store_path: str | None) -> dict:
     """Launcher-side check of --replay-from before any worker starts; returns root metadata fields."""
-    ref_abs = os.path.realpath(ref_path)
-    if store_path is not None and os.path.realpath(store_path) == ref_abs:
+    if store_path is not None and same_store(store_path, ref_path):
         raise UsageError(f"--replay-from {ref_path} is the output store itself; record the replay into another store")
     ref = open_store(ref_path)
     if not any(PARAMETERS in ref.rank(r).kinds for r in ref.ranks):
         raise UsageError(f"{ref_path} has no recorded parameters, which a replay starts each step from; "
                          "record the reference with the default kinds")
-    return {"replay_of": os.path.abspath(ref_path)}
+    return {"replay_of": canonical(ref_path)}
 
 
 def _warn(msg: str) -> None:
@@ -124,7 +123,7 @@ class Replay:
     def attrs(self) -> dict:
         """What the rank group records about the replay."""
         return {
-            "replay_of": os.path.abspath(self.ref.path),
+            "replay_of": canonical(self.ref.path),
             "replay": {"steps": format_step_range(self.steps), "ref_rank": self.ref_rank,
                        "optimizer_state": self._has_state, "replayed_steps": list(self.replayed)},
         }

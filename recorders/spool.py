@@ -12,7 +12,8 @@ the kernel's page cache (tmpfs under /dev/shm, or a temp folder), which outlives
 it dies; a machine crash is not covered.
 
 Layout of one entry: MAGIC, an 8-byte little-endian header length, a JSON header
-{"step", "complete", "tensors": [{"kind", "name", "dtype", "shape", "offset", "nbytes"}]}, then
+{"step", "complete", "tensors": [{"kind", "name", "dtype", "shape", "offset", "nbytes"}], "extra"}
+(extra: {"trace": {"level", "events"}} for a traced step, whose tensors are its --trace-full ones), then
 each tensor's bytes in storage dtype, each starting on a 64-byte boundary. No torch here: the
 writer process never imports it.
 """
@@ -67,15 +68,17 @@ def _pad(n: int) -> int:
     return -n % ALIGN
 
 
-def write_entry(path: str, step: int, complete: bool, tensors: list[tuple[str, TensorData]]) -> int:
-    """Write one entry to `path` (a .part name); returns its size. `tensors` are (kind, TensorData)."""
+def write_entry(path: str, step: int, complete: bool, tensors: list[tuple[str, TensorData]],
+                extra: dict | None = None) -> int:
+    """Write one entry to `path` (a .part name); returns its size. `tensors` are (kind, TensorData);
+    `extra` (JSON) says what else the entry is, e.g. a step's trace."""
     entries, offset = [], 0
     for kind, t in tensors:
         nbytes = t.data.nbytes
         entries.append({"kind": kind, "name": t.name, "dtype": t.dtype, "shape": list(t.shape),
                         "offset": offset, "nbytes": nbytes})
         offset += nbytes + _pad(nbytes)
-    header = json.dumps({"step": step, "complete": complete, "tensors": entries}).encode()
+    header = json.dumps({"step": step, "complete": complete, "tensors": entries, "extra": extra or {}}).encode()
     head = MAGIC + struct.pack("<Q", len(header)) + header
     head += b"\0" * _pad(len(head))
     with open(path, "wb") as f:
@@ -95,6 +98,7 @@ class Entry:
     complete: bool
     kinds: dict[str, list[TensorData]]  # data are views of the mapped file: use before close()
     _map: mmap.mmap | None
+    extra: dict
 
     def close(self) -> None:
         self.kinds = {}
@@ -127,7 +131,7 @@ def read_entry(path: str) -> Entry:
             data = np.frombuffer(buf[lo:lo + e["nbytes"]], dtype=sdt)
             kinds.setdefault(e["kind"], []).append(TensorData(e["name"], e["dtype"], tuple(e["shape"]), data))
         del buf
-        return Entry(header["step"], header["complete"], kinds, mapped)
+        return Entry(header["step"], header["complete"], kinds, mapped, header.get("extra") or {})
     except Exception:
         if mapped is not None:
             try:

@@ -33,6 +33,8 @@ import time
 from tracekit.errors import TracekitError
 from tracekit.recorders.spool import PROV, STEP, entry_seq, read_entry
 from tracekit.store import RankWriter
+from tracekit.store.ownership import ENV_RUN_ID
+from tracekit.store.traces import TraceWriter
 
 LOCK = "writer.lock"  # held for the writer's life: `tracekit record` waits on it before finalizing
 ATTRS = "attrs.json"  # the rank group's attributes, written by the rank before it starts us
@@ -52,7 +54,9 @@ class _Writer:
         self.bytes_per_s = mbps * 1e6 if mbps > 0 else None
         with open(os.path.join(spool, ATTRS)) as f:
             attrs = json.load(f)
-        self.writer = RankWriter(store, rank, attrs)
+        # writes only while the store's root names the job this rank was started in
+        self.writer = RankWriter(store, rank, attrs, run_id=os.environ.get(ENV_RUN_ID) or None)
+        self.traces: TraceWriter | None = None  # created at the first traced step
         try:
             self.pidfd = os.pidfd_open(rank_pid)
         except (AttributeError, OSError):  # not Linux >= 5.3: stdin's EOF is the death signal
@@ -107,8 +111,15 @@ class _Writer:
         entry = read_entry(path)
         try:
             size = os.path.getsize(path)
-            for kind, tensors in entry.kinds.items():
-                self.writer.write(entry.step, kind, tensors)
+            trace = entry.extra.get("trace")
+            if trace is not None:
+                if self.traces is None:
+                    self.traces = TraceWriter(self.writer.group)
+                full = [t for ts in entry.kinds.values() for t in ts]
+                self.traces.write_step(trace["level"], entry.step, trace["events"], full)
+            else:
+                for kind, tensors in entry.kinds.items():
+                    self.writer.write(entry.step, kind, tensors)
             if entry.complete:
                 self.writer.complete_step(entry.step)
         finally:

@@ -222,7 +222,8 @@ class ZeroCode:
         kinds = rec.config.kinds
         global_loss = None
         if "loss" in kinds and rec.config.records_step(step):
-            global_loss = mean_over(local, self._loss_groups, self._loss_device)  # a collective
+            with rec.untraced():  # our collective, not the model's
+                global_loss = mean_over(local, self._loss_groups, self._loss_device)  # a collective
         rec.observe(output=output, loss=global_loss, local_loss=local)
         self._window = True
         rec.begin_step()
@@ -267,6 +268,7 @@ class ZeroCode:
         run_info = {"recorded_by": "zero-code", "optimizer": type(optimizer).__qualname__,
                     "model": type(model).__qualname__ if model is not None else None}
         rec = ZeroCodeRecorder(params=params, config=RecordConfig.from_env(self.env), run_info=run_info)
+        rec.model = model  # module paths for --trace (None: the ops of the step carry no module path)
         self.training = optimizer
         self.recorder = rec
         # The loss all-reduce's groups first: if start() fails on this rank only, the rank must

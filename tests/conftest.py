@@ -69,3 +69,52 @@ def divergence_runs(tmp_path_factory):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.make_runs(str(tmp_path_factory.mktemp("divergence")))
+
+
+# A secret that must never appear in a store, a report or a log (the object-store tests grep for it).
+S3_SECRET = "tracekit-s3-secret-7f3e9c1d"
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """An S3-compatible server (moto) on 127.0.0.1, one per test session, stopped at the end."""
+    from tracekit.testing_s3 import MotoServer
+
+    with MotoServer() as server:
+        yield server
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch, request):
+    """A fresh bucket on the loopback S3 server, with the AWS credential chain (environment variables,
+    this test only) pointed at it. Returns an object with .url(key), .endpoint, .secret, .fs (s3fs)."""
+    import re
+    import uuid
+
+    for k, v in s3_server.env(S3_SECRET).items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.delenv("TRACEKIT_STORAGE_OPTIONS", raising=False)
+    name = re.sub(r"[^a-z0-9-]", "-", request.node.name.lower())[:40].strip("-") + "-" + uuid.uuid4().hex[:8]
+    s3_server.make_bucket(name, S3_SECRET)
+
+    class Bucket:
+        bucket = name
+        endpoint = s3_server.endpoint
+        secret = S3_SECRET
+
+        @staticmethod
+        def url(key: str = "") -> str:
+            return f"s3://{name}/{key}".rstrip("/")
+
+        @property
+        def fs(self):
+            import s3fs
+
+            return s3fs.S3FileSystem(endpoint_url=s3_server.endpoint, key="x", secret=S3_SECRET)
+
+        def objects(self) -> dict[str, bytes]:
+            """Every object in the bucket, by key."""
+            fs = self.fs
+            return {k: fs.cat_file(k) for k in fs.find(name)}
+
+    return Bucket()

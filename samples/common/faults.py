@@ -12,6 +12,8 @@ Specs (repeatable flag):
   grad_scale=RANK:STEP:F     after backward (gradients already synchronized), every local gradient of
                              that rank is multiplied by F in that step (a one-rank, one-step
                              relative perturbation F - 1 of each gradient tensor)
+  op=KIND:RANK:STEP          one op of the model is wrong on that rank from that step on; KIND is
+                             act, matmul_bf16 or reduce_order (see op_faults.py)
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class Faults:
     reported_loss_scale: dict[int, float] = field(default_factory=dict)  # step -> F
     grad_scale: dict[tuple[int, int], float] = field(default_factory=dict)  # (rank, step) -> F
     crash: dict[tuple[int, int], str] = field(default_factory=dict)  # (rank, step) -> raise | exit | kill
+    op: tuple[str, int, int] | None = None  # (kind, rank, step): a planted op fault
 
     def local_loss_factor(self, rank: int, step: int) -> float:
         return self.loss_scale.get((rank, step), 1.0)
@@ -74,6 +77,7 @@ def parse_faults(specs: list[str]) -> Faults:
     reported: dict[int, float] = {}
     grad_scale: dict[tuple[int, int], float] = {}
     crash: dict[tuple[int, int], str] = {}
+    op = None
     for spec in specs:
         name, sep, value = spec.partition("=")
         name = name.strip()
@@ -100,8 +104,18 @@ def parse_faults(specs: list[str]) -> Faults:
                 raise ValueError(f"bad fault {spec!r}: the last field is one of {', '.join(CRASHES)}")
             rank, step = _numbers(spec, rank_step, (int, int))
             crash[(rank, step)] = how
+        elif name == "op":
+            from .op_faults import OP_FAULTS
+
+            kind, _, rest = value.partition(":")
+            if kind not in OP_FAULTS:
+                raise ValueError(f"bad fault {spec!r}: the op fault is one of {', '.join(OP_FAULTS)}")
+            if op is not None:
+                raise ValueError(f"bad fault {spec!r}: one op fault per run")
+            rank, step = _numbers(spec, rest, (int, int))
+            op = (kind, rank, step)
         else:
             raise ValueError(
-                f"unknown fault {name!r}: use lr_scale, loss_scale, nan_grad, reported_loss_scale, grad_scale or crash"
+                f"unknown fault {name!r}: use lr_scale, loss_scale, nan_grad, reported_loss_scale, grad_scale, crash or op"
             )
-    return Faults(lr_scale, loss_scale, frozenset(nan_grad), reported, grad_scale, crash)
+    return Faults(lr_scale, loss_scale, frozenset(nan_grad), reported, grad_scale, crash, op)

@@ -23,6 +23,7 @@ from .config import TrainConfig
 from .data import GLOBAL_BATCH, batch_slice, global_batch
 from .errors import WorkloadError
 from .model import build_model
+from .op_faults import FaultSwitch, install_op_fault
 from .parallel_model import ParallelModel
 from .parallelize import parallelize
 from .runtime import Runtime, start, stop
@@ -56,6 +57,9 @@ class Workload:
         self._check_batch_split()
         model = build_model(config.seed, self.dtype, bias=config.bias)
         model.to(runtime.device)
+        self.op_fault = FaultSwitch(*config.faults.op) if config.faults.op else None
+        if self.op_fault is not None:
+            install_op_fault(model, self.op_fault)
         self.parallel: ParallelModel = parallelize(
             config.parallelism, model, runtime, tp=config.tp, compile_backend=config.compile_backend
         )
@@ -93,6 +97,8 @@ class Workload:
         if faults.crash_at(rank, step):
             _crash(faults.crash_at(rank, step), rank, step)
         inputs, targets = self.batch(step)
+        if self.op_fault is not None:
+            self.op_fault.update(rank, step)
         output = self.parallel.module(inputs)
         local_loss = F.mse_loss(output, targets) * faults.local_loss_factor(rank, step)
         (local_loss / self.parallel.loss_divisor).backward()

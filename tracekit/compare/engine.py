@@ -22,6 +22,7 @@ from tracekit.compare.catalog import StoreCatalog, load_catalog
 from tracekit.compare.metrics import MetricsAccumulator
 from tracekit.compare.reading import Buffers, RowReader
 from tracekit.compare.report import DiffReport, Divergence, KindSummary, LossRow, TensorResult
+from tracekit.compare.traces import compare_store_traces
 from tracekit.compare.tolerances import DEFAULT_ORACLE_FACTOR, Tolerance, Tolerances, load_config, parse_tol_option
 from tracekit.dtypes import to_numpy_values
 from tracekit.errors import UsageError
@@ -182,8 +183,8 @@ def _resolve_options(rtol, atol, tol, exact, config, tolerances, equal_nan, orac
             oracle_factor = cfg.get("oracle_factor")
     if oracle_factor is None:
         oracle_factor = DEFAULT_ORACLE_FACTOR
-    if not (isinstance(oracle_factor, (int, float)) and oracle_factor >= 0 and not math.isnan(oracle_factor)):
-        raise UsageError(f"--oracle-factor must be a non-negative number, not {oracle_factor!r}")
+    if not (isinstance(oracle_factor, (int, float)) and oracle_factor >= 0 and math.isfinite(oracle_factor)):
+        raise UsageError(f"--oracle-factor must be a finite, non-negative number, not {oracle_factor!r}")
     return tolerances, bool(equal_nan), float(oracle_factor)
 
 
@@ -191,7 +192,8 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
          rel_l2: float | None = None, tol=None, exact: bool = False, equal_nan: bool | None = None, config: str | None = None,
          tolerances: Tolerances | None = None, kinds: list[str] | None = None, allow_missing: bool = False,
          fail_fast: bool = False, oracle=None, oracle_factor: float | None = None, details: str = "violations",
-         jobs: int | None = None, progress: Callable[[int, int], None] | None = None) -> DiffReport:
+         jobs: int | None = None, progress: Callable[[int, int], None] | None = None,
+         workers: int | None = None, scheduler: str | None = None) -> DiffReport:
     """Compare two stores of the same job (a reference and a candidate); return a DiffReport.
 
     ref, cand, oracle: store paths or opened RunStores. align: "rank" (default), "coords" or
@@ -205,7 +207,10 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
     `oracle`: a float64 recording of the same job for the three-way verdict, with `oracle_factor`.
     `details`: "violations" keeps only violating results per tensor, "all" keeps every one
     (summaries per step and kind are always complete). `progress(bytes_done, bytes_total)` is
-    called as data is compared. Raises StoreError/UsageError (one-line messages) on unusable input.
+    called as data is compared. `workers` > 1 runs the comparison on a local Dask cluster of that
+    many processes, `scheduler` ("tcp://host:8786") on an existing one (tracekit.compare.distributed);
+    the report is the same as in one process. Raises StoreError/UsageError (one-line messages) on
+    unusable input.
     """
     t0 = time.perf_counter()
     if details not in DETAILS:
@@ -231,12 +236,55 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
     total = sum(len(kp.steps) * sum(t.ref.nbytes + t.cand.nbytes + (t.oracle.nbytes if t.oracle else 0)
                                     for t in kp.tensors) for kp in plan.pairs)
     done = 0
+
+    def tick(nbytes: int) -> None:
+        nonlocal done
+        done += nbytes
+        if progress is not None:
+            progress(done, total)
+
+    if scheduler is not None or (workers is not None and workers > 1):
+        from tracekit.compare.distributed import DiffSpec, compare_steps
+
+        spec = DiffSpec.of(refc, candc, orac, align, kinds, tolerances, equal_nan, oracle_factor)
+        stepwise = compare_steps(spec, plan, steps, workers, scheduler, tick)
+    else:
+        stepwise = _compare_steps_here(engine, plan, steps, jobs, tick)
+    try:
+        for step, partial in stepwise:
+            pairs = [kp for kp in plan.pairs if step in kp.steps and kp.tensors]
+            results = _step_results(step, pairs, partial, engine)
+            _add_step(report, step, results, details)
+            if fail_fast and any(not r.passed for r in results):
+                report.stopped_early = step != steps[-1]
+                break
+    finally:
+        stepwise.close()  # stops work on the steps a fail-fast break left
+    report.bytes_compared = done
+    report.first_divergence = _first_divergence(report)
+    report.traces = compare_store_traces(refc, candc, _trace_rank_pairs(plan, candc, refc), tolerances)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def step_parts(engine: "_Engine", kp: KindPair, step: int) -> tuple[list[tuple[str, int, MetricsAccumulator]], int]:
+    """Every unit of one (rank pair, kind, step), compared one after the other: [(tensor, start, metrics)], bytes read."""
+    parts, nbytes = [], 0
+    for u in _units(kp, step, engine.ref.ranks[kp.ref_rank]):
+        p, n = engine.run_unit(u)
+        parts.extend(p)
+        nbytes += n
+    return parts, nbytes
+
+
+def _compare_steps_here(engine: "_Engine", plan, steps: list[int], jobs: int | None, tick):
+    """In this process, on a thread pool: yields (step, {(id(pair), tensor): [(start, metrics)]}) in step order."""
     if jobs is None:
         jobs = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=max(1, int(jobs)), thread_name_prefix="tracekit-diff") as pool:
         for step in steps:
             pairs = [kp for kp in plan.pairs if step in kp.steps and kp.tensors]
-            units = [u for kp in pairs for u in _units(kp, step, refc.ranks[kp.ref_rank])]
+            units = [u for kp in pairs for u in _units(kp, step, engine.ref.ranks[kp.ref_rank])]
             futures = [pool.submit(engine.run_unit, u) for u in units]
             partial: dict[tuple[int, str], list[tuple[int, MetricsAccumulator]]] = {}  # (pair, tensor) -> parts
             try:
@@ -244,22 +292,19 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
                     parts, nbytes = f.result()
                     for name, start, acc in parts:
                         partial.setdefault((id(u.pair), name), []).append((start, acc))
-                    done += nbytes
-                    if progress is not None:
-                        progress(done, total)
+                    tick(nbytes)
             except BaseException:
                 for f in futures:
                     f.cancel()
                 raise
-            results = _step_results(step, pairs, partial, engine)
-            _add_step(report, step, results, details)
-            if fail_fast and any(not r.passed for r in results):
-                report.stopped_early = step != steps[-1]
-                break
-    report.bytes_compared = done
-    report.first_divergence = _first_divergence(report)
-    report.seconds = time.perf_counter() - t0
-    return report
+            yield step, partial
+
+
+def _trace_rank_pairs(plan, cand: StoreCatalog, ref: StoreCatalog) -> dict[int, int]:
+    """Traces are of what a rank computed on its own data: pair ranks as the outputs were paired
+    (same data shard), else rank with rank."""
+    pairs = {kp.rank: kp.ref_rank for kp in plan.pairs if kp.kind == "outputs"}
+    return pairs or {r: r for r in cand.ranks if r in ref.ranks}
 
 
 def _check_tolerance_kinds(tolerances: Tolerances, *cats: StoreCatalog) -> None:

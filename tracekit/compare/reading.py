@@ -8,13 +8,15 @@ Two things zarr does not do for us here:
   slice. For the store's own layout - a local store, uncompressed little-endian chunks
   (docs/FORMAT.md) - a range is instead read straight from the chunk file (pread) into a small
   buffer the worker thread reuses, and compared while it is still in the CPU cache: the diff then
-  moves each byte from the page cache about once, like a plain read. Anything else (another
-  codec, a remote store) goes through zarr.
+  moves each byte from the page cache about once, like a plain read. On an object store (s3://)
+  the same range is one ranged GET of the chunk object through the zarr store, so a worker only
+  ever fetches the bytes it compares. Anything else (another codec) goes through zarr.
 """
 
 from __future__ import annotations
 
 import os
+import stat
 import sys
 
 import numpy as np
@@ -28,19 +30,24 @@ def _where(rc: RankCatalog, kind: str, step: int) -> str:
     return f"{rc.view.store.path}: rank {rc.rank} {kind} step {step}"
 
 
-def _direct_folder(arr) -> str | None:
-    """The array's folder when its chunks can be read as raw bytes, else None."""
-    root = getattr(arr.store_path.store, "root", None)
-    if root is None or not hasattr(os, "preadv"):
-        return None
+def _plain(arr) -> bool:
+    """Whether the array's chunks are raw little-endian elements under default keys (docs/FORMAT.md)."""
     try:
         codecs = arr.metadata.codecs
         plain = (len(codecs) == 1 and type(codecs[0]).__name__ == "BytesCodec"
                  and getattr(getattr(codecs[0], "endian", None), "value", sys.byteorder) == sys.byteorder
                  and type(arr.metadata.chunk_key_encoding).__name__ == "DefaultChunkKeyEncoding")
     except AttributeError:
+        return False
+    return plain
+
+
+def _direct_folder(arr) -> str | None:
+    """The array's folder when its chunks are local files readable as raw bytes, else None."""
+    root = getattr(arr.store_path.store, "root", None)
+    if root is None or not hasattr(os, "preadv") or not _plain(arr):
         return None
-    return os.path.join(os.fspath(root), arr.store_path.path) if plain else None
+    return os.path.join(os.fspath(root), arr.store_path.path)
 
 
 class Buffers:
@@ -70,30 +77,46 @@ class RowReader:
         self.width = self.arr.chunks[1]
         self.dtype = np.dtype(self.arr.dtype)
         self.folder = _direct_folder(self.arr)
+        # an object store: ranged GETs of chunk objects (the bytes compared, nothing more)
+        self.ranged = self.folder is None and getattr(self.arr.store_path.store, "root", None) is None and _plain(self.arr)
         self._fds: dict[int, int] = {}
 
-    def _path(self, c: int) -> str:
-        folder = self.folder or os.path.join(os.fspath(self.arr.store_path.store.root), self.arr.store_path.path)
-        return os.path.join(folder, self.arr.metadata.encode_chunk_key((self.row, c)))
+    def _key(self, c: int) -> str:
+        """The chunk's key relative to the store root (its file path below the store folder)."""
+        return f"{self.arr.store_path.path}/{self.arr.metadata.encode_chunk_key((self.row, c))}"
 
-    def _missing(self, path: str) -> StoreError:
-        rel = os.path.relpath(path, self.rc.view.store.path)
-        return StoreError(f"{_where(self.rc, self.kind, self.step)}: chunk file {rel} is missing (unreadable data)")
+    def _path(self, c: int) -> str:
+        return os.path.join(self.folder, self.arr.metadata.encode_chunk_key((self.row, c)))
+
+    def _missing(self, c: int) -> StoreError:
+        return StoreError(f"{_where(self.rc, self.kind, self.step)}: chunk file {self._key(c)} is missing (unreadable data)")
 
     def _fd(self, c: int) -> int:
         fd = self._fds.get(c)
         if fd is None:
             path = self._path(c)
             try:
-                fd = self._fds[c] = os.open(path, os.O_RDONLY)
+                # O_NONBLOCK: opening a FIFO left in a chunk's place must not wait for a writer
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+                info = os.fstat(fd)
+                expected = self.width * self.dtype.itemsize  # plain chunks: exactly one chunk's elements
+                if not stat.S_ISREG(info.st_mode) or info.st_size != expected:
+                    os.close(fd)
+                    rel = os.path.relpath(path, self.rc.view.store.path)
+                    what = ("is not a regular file" if not stat.S_ISREG(info.st_mode) else "is truncated"
+                            if info.st_size < expected else f"holds {info.st_size} bytes, not {expected}")
+                    raise StoreError(f"{_where(self.rc, self.kind, self.step)}: chunk file {rel} {what} (unreadable data)")
+                self._fds[c] = fd
             except FileNotFoundError:
-                raise self._missing(path) from None
+                raise self._missing(c) from None
             except OSError as e:
                 raise StoreError(f"{_where(self.rc, self.kind, self.step)}: unreadable chunk file ({e.strerror or e})") from None
         return fd
 
     def read(self, start: int, stop: int, out: np.ndarray) -> np.ndarray:
         """Elements [start, stop) in storage dtype, into `out` (length stop - start) when read directly."""
+        if self.ranged:
+            return self._read_ranged(start, stop, out)
         if self.folder is None:
             if self.span is None or not (self.span[0] <= start and stop <= self.span[1]):
                 return self._read_zarr(start, stop)
@@ -114,15 +137,45 @@ class RowReader:
             except OSError as err:
                 raise StoreError(f"{_where(self.rc, self.kind, self.step)}: unreadable chunk file ({err.strerror or err})") from None
             if got != want:
-                rel = os.path.relpath(self._path(c), self.rc.view.store.path)
-                raise StoreError(f"{_where(self.rc, self.kind, self.step)}: chunk file {rel} is truncated (unreadable data)")
+                raise self._truncated(c)
+            s = e
+        return out
+
+    def _truncated(self, c: int) -> StoreError:
+        return StoreError(f"{_where(self.rc, self.kind, self.step)}: chunk file {self._key(c)} is truncated (unreadable data)")
+
+    def _read_ranged(self, start: int, stop: int, out: np.ndarray) -> np.ndarray:
+        """Elements [start, stop) by ranged GETs of the chunk objects, into `out`."""
+        from zarr.abc.store import RangeByteRequest
+        from zarr.core.buffer import default_buffer_prototype
+        from zarr.core.sync import sync
+
+        store, item = self.arr.store_path.store, self.dtype.itemsize
+        dest = out.view(np.uint8)
+        s = start
+        while s < stop:
+            c = s // self.width
+            e = min(stop, (c + 1) * self.width)
+            lo = (s - c * self.width) * item
+            want = (e - s) * item
+            try:
+                buf = sync(store.get(self._key(c), default_buffer_prototype(), RangeByteRequest(lo, lo + want)))
+            except Exception as err:  # a refused or failed request: one line naming the place
+                raise StoreError(f"{_where(self.rc, self.kind, self.step)}: unreadable chunk object "
+                                 f"({err.__class__.__name__}: {err})") from None
+            if buf is None:
+                raise self._missing(c)
+            data = buf.as_numpy_array().view(np.uint8)
+            if data.size != want:
+                raise self._truncated(c)
+            dest[(s - start) * item : (e - start) * item] = data
             s = e
         return out
 
     def _read_zarr(self, start: int, stop: int) -> np.ndarray:
         missing = first_missing_chunk(self.arr, [self.row], chunk_cols(start, stop, self.width))
         if missing is not None:
-            raise self._missing(self._path(missing[1]))
+            raise self._missing(missing[1])
         try:
             return self.arr[self.row, start:stop]
         except Exception as e:  # a truncated or corrupt chunk: one line, not a zarr traceback

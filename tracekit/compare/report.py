@@ -140,8 +140,16 @@ class DiffReport:
     structural: list[StructuralProblem] = field(default_factory=list)
     not_comparable: list[NotComparable] = field(default_factory=list)
     stopped_early: bool = False  # --fail-fast stopped after the first violating step
+    traces: list = field(default_factory=list)  # rootcause.TraceComparison per (rank, step, level) both traced
     bytes_compared: int = 0
     seconds: float = 0.0
+
+    @property
+    def root_cause(self):
+        """The root-cause op named from the traces (tracekit.compare.rootcause.RootCause), or None."""
+        from tracekit.compare.rootcause import first_root_cause
+
+        return first_root_cause(self.traces)
 
     # ---- display: short, never every result (a report can hold thousands) -------------------
     def __repr__(self) -> str:
@@ -277,6 +285,8 @@ class DiffReport:
             "missing_counts": self.missing_counts,
             "not_comparable": [n.to_dict() for n in self.not_comparable],
             "stopped_early": self.stopped_early,
+            "traces": [t.to_dict() for t in self.traces],
+            "root_cause": rc.to_dict() if (rc := self.root_cause) is not None else None,
             "stats": {"bytes_compared": self.bytes_compared, "seconds": round(self.seconds, 3)},
         }
 

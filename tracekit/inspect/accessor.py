@@ -44,6 +44,38 @@ class TracekitDiffAccessor:
                 "index": tuple(worst.get("index") or ()), "ref": worst.get("ref"), "cand": worst.get("cand"),
                 "abs_err": worst.get("abs_err"), "ranks": fd["ranks"], "tensors": fd["tensors"]}
 
+    # ---- traces: the root-cause op -------------------------------------------------------------------
+    def root_cause(self) -> dict | None:
+        """The root-cause op `tracekit diff` names from the stores' traces (see docs/LOCATE.md):
+        {'step', 'rank', 'level', 'kind', 'phase', 'module', 'op', 'call', 'src', 'reason', 'inputs',
+        'outputs', 'metrics', 'chain', ...}; None when neither store traced a common step or no
+        paired event went wrong."""
+        self._need("root_cause")
+        return self._ds.attrs["root_cause"]
+
+    def events(self, rank: int | None = None, step: int | None = None, level: str = "ops") -> xr.Dataset:
+        """The candidate's traced events of one (rank, step) as a Dataset along `event` (execution
+        order): coordinates phase, module, op, call; variables paired, status (ok/bad/suspect/unknown),
+        rel_l2_err and max_stat_abs_err of the first output against the reference, root_cause (bool).
+        rank and step default to those of the root cause, else the first traced pair."""
+        self._need("traces")
+        traces = [t for t in self._ds.attrs["traces"] if t["level"] == level]
+        rc = self._ds.attrs.get("root_cause")
+        if rank is None and step is None and rc is not None and rc["level"] == level:
+            rank, step = rc["rank"], rc["step"]
+        chosen = [t for t in traces if (rank is None or t["rank"] == rank) and (step is None or t["step"] == step)]
+        if not chosen:
+            raise UsageError(f"no {level} traces of rank {rank} step {step} in both stores")
+        t = chosen[0]
+        ev = t["events"]
+        coords = {"event": [e["index"] for e in ev]}
+        for k in ("phase", "module", "op", "call"):
+            coords[k] = ("event", [e[k] for e in ev])
+        data = {k: ("event", np.array([e[k] for e in ev])) for k in ("paired", "status", "rel_l2_err",
+                                                                        "max_stat_abs_err", "root_cause")}
+        return xr.Dataset(data, coords=coords, attrs={"rank": t["rank"], "ref_rank": t["ref_rank"],
+                                                      "step": t["step"], "level": level})
+
     # ---- counts under any tolerance ---------------------------------------------------------------
     def violations(self, rtol: float | None = None, atol: float | None = None, **diff_kwargs) -> xr.DataArray:
         """Violating elements per (rank, step, tensor).

@@ -43,6 +43,9 @@ def _report_attrs(report, ref, cand, diff_kwargs) -> dict:
         "diff_kwargs": diff_kwargs,
         "tolerances": report.tolerances,
         "first_divergence": fd.to_dict() if fd is not None else None,
+        "root_cause": rc.to_dict() if (rc := report.root_cause) is not None else None,
+        # per (rank, step, level) both stores traced: alignment counts and each event's status
+        "traces": [{**t.to_dict(), "events": t.events} for t in report.traces],
     }
 
 

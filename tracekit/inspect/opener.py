@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 
@@ -10,7 +9,13 @@ from tracekit.inspect.coords import rank_columns
 from tracekit.inspect.lazy import packed_dask, require_dask, tensor_rows
 from tracekit.inspect.summary import run_metadata
 from tracekit.store import RunStore, open_store
+from tracekit.store.location import canonical
 from tracekit.store.format import kind_order
+
+
+def variable_name(name: str) -> str:
+    """A tensor's xarray variable name: '/' (legal in torch module names, not in a DataTree) becomes %2F."""
+    return name.replace("/", "%2F")
 
 
 def tensor_dims(name: str, ndim: int) -> tuple[str, ...]:
@@ -35,7 +40,12 @@ def _rank_coords(store) -> tuple[dict, dict]:
     """(coords along rank, run-wide attrs): the rank index plus dp_rank, tp_rank, mesh positions, ..."""
     columns, attrs = rank_columns({r: store.rank(r).coords for r in store.ranks})
     coords = {"rank": np.asarray(store.ranks, dtype=np.int64)}
-    coords.update({k: ("rank", np.asarray(v, dtype=np.int64)) for k, v in columns.items()})
+    try:
+        coords.update({k: ("rank", np.asarray(v, dtype=np.int64)) for k, v in columns.items()})
+    except (OverflowError, TypeError, ValueError) as e:
+        from tracekit.errors import StoreError
+
+        raise StoreError(f"{store.path}: rank coordinates that are not integers ({e}); damaged metadata") from None
     return coords, attrs
 
 
@@ -64,10 +74,17 @@ def _kind_dataset(store, kind: str, rank_coords: dict):
         return [row_maps[r].get(s) for s in steps]
 
     data_vars = {}
+    seen: dict[str, str] = {}
     for name, by_rank in infos.items():
+        tensor = name
+        name = variable_name(name)
+        if seen.setdefault(name, tensor) != tensor:
+            from tracekit.errors import StoreError
+
+            raise StoreError(f"{store.path}: {kind} tensors {seen[name]!r} and {tensor!r} have the same variable name {name!r}")
         shapes = {i.shape for i in by_rank.values()}
         dtypes = sorted({i.dtype for i in by_rank.values()})
-        attrs = {"kind": kind, "recorded_dtype": dtypes[0] if len(dtypes) == 1 else dtypes}
+        attrs = {"kind": kind, "tensor": tensor, "recorded_dtype": dtypes[0] if len(dtypes) == 1 else dtypes}
         if len(shapes) == 1:
             template = next(iter(by_rank.values()))
             per_rank = []
@@ -104,7 +121,7 @@ def _root_dataset(store, coords: dict, coord_attrs: dict):
         "steps_completed": ("rank", np.asarray([len(v.completed_steps) for v in views], dtype=np.int64)),
         "last_step": ("rank", np.asarray([max(v.completed_steps, default=-1) for v in views], dtype=np.int64)),
     }
-    attrs = {"store": os.path.abspath(store.path), **coord_attrs, **run_metadata(store)}
+    attrs = {"store": canonical(store.path), **coord_attrs, **run_metadata(store)}
     return xr.Dataset(data_vars, coords=coords, attrs=attrs)
 
 

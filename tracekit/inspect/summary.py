@@ -2,22 +2,10 @@
 
 from __future__ import annotations
 
-import os
-
 from tracekit.inspect.facts import common, differences, rank_facts
 from tracekit.store import open_store
+from tracekit.store.location import canonical
 from tracekit.store.format import RANK_PREFIX
-
-
-def _bytes_under(path: str) -> int:
-    total = 0
-    for root, _dirs, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.path.getsize(os.path.join(root, f))
-            except OSError:  # a file vanishing mid-walk (a run still writing) is not an error
-                pass
-    return total
 
 
 def _kinds(store) -> list[dict]:
@@ -68,6 +56,9 @@ def summarize(path) -> dict:
     for r in store.ranks:
         view = store.rank(r)
         done = view.completed_steps
+        for kind in view.kinds:  # sizes shown below come from the index: check its claims against the files
+            for key in {info.array for info in view.tensors(kind)}:
+                view.array(kind, key)
         ranks.append({
             "rank": r,
             "coords": view.coords,
@@ -79,21 +70,22 @@ def summarize(path) -> dict:
             "first_step": done[0] if done else None,
             "last_step": done[-1] if done else None,
             "kinds": view.kinds,
-            "bytes": _bytes_under(os.path.join(store.path, f"{RANK_PREFIX}{r}")),
+            "bytes": store.location.size_under(f"{RANK_PREFIX}{r}"),
         })
     return {
-        "store": os.path.abspath(store.path),
+        "store": canonical(store.path),
         "finished": store.finished,  # a launcher finalized it: end time and exit status known
         # recorded through TRACEKIT_STORE, without `tracekit record`: nobody finalizes the store
         "launcherless": "launcher" in store.meta and store.meta["launcher"] is None,
         "running_ranks": [r["rank"] for r in ranks if r["status"] == "running"],
         # versions and numeric env vars equal on every rank, and the watched ones that differ
         "environment": {"common": common(facts), "differs": differences(facts)},
+        "job_state": store.job_state,  # finished / recording / launcher died / no launcher
         "run": run_metadata(store),
         "world_size": len(store.ranks),
         "ranks": ranks,
         "kinds": _kinds(store),
-        "bytes_on_disk": _bytes_under(store.path),
+        "bytes_on_disk": store.location.size_under(),
     }
 
 
@@ -109,6 +101,6 @@ def recording_summary(path) -> dict:
         steps.update(view.completed_steps)
         kinds += [k for k in view.kinds if k not in kinds]
         statuses[view.status] = statuses.get(view.status, 0) + 1
-    return {"store": os.path.abspath(store.path), "ranks": len(store.ranks), "steps": sorted(steps), "kinds": kinds,
-            "bytes": _bytes_under(store.path), "statuses": statuses,
+    return {"store": canonical(store.path), "ranks": len(store.ranks), "steps": sorted(steps), "kinds": kinds,
+            "bytes": store.location.size_under(), "statuses": statuses,
             "exit_status": store.meta.get("exit_status")}

@@ -8,12 +8,12 @@ REPLAY is a step that computes something wrong. See docs/REPLAY.md.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import numpy as np
 
 from tracekit.store import RunStore, open_store
+from tracekit.store.location import same_store
 
 KIND = "parameters"
 
@@ -47,7 +47,7 @@ def replay_errors(ref, cand, replay) -> tuple[list[StepErrors], list[str]]:
         (replay.rank(r).attrs.get("replay_of") for r in replay.ranks if replay.rank(r).attrs.get("replay_of")), None)
     if of is None:
         notes.append(f"{replay.path} does not record being a replay (no replay_of); its errors may not be local.")
-    elif os.path.realpath(of) != os.path.realpath(ref.path):
+    elif not same_store(of, ref.path):
         notes.append(f"{replay.path} is a replay of {of}, not of the reference {ref.path}.")
     steps = sorted({s for st in (cand, replay) for r in st.ranks if KIND in st.rank(r).kinds
                     for s in st.rank(r).steps(KIND) if s > 0})

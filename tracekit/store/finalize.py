@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import os
 import warnings
 
 import zarr
 
+from tracekit.store.location import resolve
 from tracekit.store.reader import open_store
+from tracekit.store.format import ROOT_KEY
 from tracekit.store.writer import now_iso, update_root_meta
 
 
-def finalize_store(path: str, exit_status: int, worker_exits: dict[int, int] | None = None) -> dict:
+def finalize_store(path, exit_status: int, worker_exits: dict[int, int] | None = None,
+                   storage_options=None) -> dict:
     """Record end time, exit status and per-rank completion in the root metadata; return them.
 
     Per rank: its final status (a rank that never closed its recording becomes `killed` or `died`,
@@ -20,7 +25,8 @@ def finalize_store(path: str, exit_status: int, worker_exits: dict[int, int] | N
     """
     from tracekit.store.status import final_rank_status
 
-    store = open_store(path)
+    location = resolve(path, storage_options)
+    store = open_store(location)
     ranks = {}
     run: dict = {}
     exits = worker_exits or {}
@@ -39,12 +45,28 @@ def finalize_store(path: str, exit_status: int, worker_exits: dict[int, int] | N
         "run": run,
         "ranks": ranks,
     }
-    update_root_meta(path, **summary)
+    update_root_meta(location, **summary)
     try:
         # Consolidated metadata lets plain xarray/zarr open the finished store in one read.
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            zarr.consolidate_metadata(path)
+            zarr.consolidate_metadata(location.zarr_store())
     except Exception:  # an optimisation only; the store is complete without it
         pass
     return summary
+
+
+def mark_writers_outlived(path: str, exit_status: int) -> None:
+    """The launcher gives up while ranks still write: note it, without finalizing or consolidating.
+
+    The root gets no end_time or exit_status, so readers report it as left by a dead launcher. Written
+    with an atomic rename: the ranks still running read the root once per step.
+    """
+    meta_file = os.path.join(path, "zarr.json")
+    with open(meta_file) as f:
+        doc = json.load(f)
+    doc["attributes"][ROOT_KEY]["writers_outlived_launcher"] = {"command_exit_status": exit_status, "time": now_iso()}
+    tmp = f"{meta_file}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=2)
+    os.replace(tmp, meta_file)

@@ -8,6 +8,8 @@ RANK_PREFIX = "rank_"
 # Kinds in compute order: the diff reports the first divergence in this order within a step.
 KINDS = ("outputs", "loss", "local_loss", "gradients", "parameters", "deltas")
 DEFAULT_KINDS = ("outputs", "loss", "gradients", "parameters", "deltas")
+# Steps beyond this are damage or a hostile file, not a run (JSON's largest exact integer).
+MAX_STEP = 2**53 - 1
 # parameters hold step 0: the initial parameters, before the first optimizer step.
 INITIAL_STEP = 0
 

@@ -7,6 +7,7 @@ so a store left behind by a crash reads as exactly the steps that were fully wri
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from functools import cached_property
@@ -16,8 +17,9 @@ import zarr
 
 from tracekit.dtypes import to_numpy_values
 from tracekit.errors import StoreError
-from tracekit.store.chunks import chunk_cols, first_missing_chunk
-from tracekit.store.format import FORMAT_VERSION, RANK_PREFIX, ROOT_KEY, kind_order
+from tracekit.store.chunks import check_size_claims, chunk_cols, first_missing_chunk, irregular_metadata
+from tracekit.store.format import FORMAT_VERSION, MAX_STEP, RANK_PREFIX, ROOT_KEY, kind_order
+from tracekit.store.location import Location, resolve
 
 
 @dataclass(frozen=True)
@@ -36,25 +38,31 @@ class TensorInfo:
         return self.numel * storage_dtype(self.dtype).itemsize
 
 
-def _read_root_attrs(path: str) -> dict:
-    if not os.path.exists(path):
-        raise StoreError(f"{path}: no such store")
-    if not os.path.isdir(path):
-        raise StoreError(f"{path} is not a directory, so not a tracekit store")
-    meta_file = os.path.join(path, "zarr.json")
-    if not os.path.isfile(meta_file):
+def _read_root_attrs(path: str, location: Location) -> dict:
+    if location.is_local:
+        if not os.path.exists(path):
+            raise StoreError(f"{path}: no such store")
+        if not os.path.isdir(path):
+            raise StoreError(f"{path} is not a directory, so not a tracekit store")
+        meta_file = os.path.join(location.path, "zarr.json")
+        if os.path.lexists(meta_file) and not os.path.isfile(meta_file):  # a FIFO would block the read forever
+            raise StoreError(f"{path}: its zarr.json is not a regular file (damaged store?)")
+    raw = location.read_bytes("zarr.json")
+    if raw is None:
+        if not location.is_local and location.is_empty():
+            raise StoreError(f"{path}: no such store")
         raise StoreError(f"{path} is not a tracekit store (no zarr.json at its root)")
     try:
-        with open(meta_file) as f:
-            doc = json.load(f)
-    except (OSError, ValueError) as e:
+        doc = json.loads(raw)
+    except ValueError as e:
         raise StoreError(f"{path}: unreadable root metadata ({e.__class__.__name__})") from None
     attrs = doc.get("attributes", {}) if isinstance(doc, dict) else {}
-    if ROOT_KEY not in attrs:
+    if not isinstance(attrs, dict) or ROOT_KEY not in attrs:
         raise StoreError(f"{path} is a zarr store but not a tracekit store (no '{ROOT_KEY}' metadata)")
     meta = attrs[ROOT_KEY]
     if not isinstance(meta, dict):
         raise StoreError(f"{path}: the '{ROOT_KEY}' metadata is not an object (damaged store?)")
+    _check_types(meta, _ROOT_TYPES, f"{path}: root")
     version = meta.get("format_version")
     if not isinstance(version, int):
         raise StoreError(f"{path}: tracekit metadata has no format version (half-written store?)")
@@ -65,8 +73,24 @@ def _read_root_attrs(path: str) -> dict:
     return meta
 
 
+# Metadata fields readers use as containers: a damaged or hostile value of another type is one
+# StoreError here, not an AttributeError wherever it is first used.
+_ROOT_TYPES = {"run": dict, "ranks": dict, "record_config": dict, "command": list, "world_size": (int, type(None))}
+_RANK_TYPES = {"run": dict, "coords": dict, "completed_steps": list, "status": str, "fallback_ops": list,
+               "env": dict, "versions": dict, "config": dict}
+
+
+def _check_types(attrs: dict, types: dict, where: str) -> None:
+    for key, kind in types.items():
+        if key in attrs and not isinstance(attrs[key], kind):
+            raise StoreError(f"{where} metadata: {key!r} is a {type(attrs[key]).__name__} (damaged store?)")
+
+
 def _members(group: zarr.Group, where: str) -> list:
     """A group's children; damaged child metadata is a StoreError naming the place, not a zarr traceback."""
+    odd = irregular_metadata(group)
+    if odd is not None:
+        raise StoreError(f"{where}: {odd} is not a regular file (damaged store?)")
     try:
         return list(group.members())
     except Exception as e:
@@ -76,6 +100,9 @@ def _members(group: zarr.Group, where: str) -> list:
 def _step_list(value, where: str) -> list[int]:
     if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         raise StoreError(f"{where}: malformed step list in its metadata (damaged store?)")
+    bad = next((v for v in value if not 0 <= v <= MAX_STEP), None)
+    if bad is not None:
+        raise StoreError(f"{where}: impossible step {bad} in its metadata (damaged store?)")
     return value
 
 
@@ -83,10 +110,17 @@ def _tensor_info(entry: dict) -> TensorInfo:
     """One entry of a kind's tensor index, checked (a dtype tracekit cannot store is damage too)."""
     from tracekit.dtypes import storage_dtype
 
-    info = TensorInfo(str(entry["name"]), str(entry["dtype"]), tuple(int(d) for d in entry["shape"]),
-                      str(entry["array"]), int(entry["offset"]), int(entry["numel"]))
+    def integer(v):
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ValueError(f"{v!r} is not an integer")
+        return v
+
+    if not isinstance(entry["name"], str) or not isinstance(entry["array"], str) or not isinstance(entry["shape"], list):
+        raise ValueError("name, array and shape must be two strings and a list")
+    info = TensorInfo(entry["name"], str(entry["dtype"]), tuple(integer(d) for d in entry["shape"]),
+                      entry["array"], integer(entry["offset"]), integer(entry["numel"]))
     storage_dtype(info.dtype)  # raises ValueError for an unknown dtype
-    if info.offset < 0 or info.numel != int(np.prod(info.shape, dtype=np.int64)):
+    if any(d < 0 for d in info.shape) or info.offset < 0 or info.numel != math.prod(info.shape):
         raise ValueError(f"tensor {info.name!r}: offset/numel do not match its shape")
     return info
 
@@ -99,6 +133,7 @@ class RankView:
         self.rank = rank
         self.group = group
         self.attrs = dict(group.attrs)
+        _check_types(self.attrs, _RANK_TYPES, f"{store.path}: rank {rank}")
 
     @property
     def coords(self) -> dict:
@@ -158,7 +193,7 @@ class RankView:
         for kind, g in self._kind_groups.items():
             try:
                 infos = [_tensor_info(e) for e in g.attrs["tensors"]]
-            except (TypeError, KeyError, ValueError) as e:
+            except (TypeError, KeyError, ValueError, OverflowError) as e:
                 raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: malformed tensor index "
                                  f"({e.__class__.__name__}: {e})") from None
             out[kind] = {info.name: info for info in infos}
@@ -190,7 +225,27 @@ class RankView:
         return rows.index(step)
 
     def array(self, kind: str, key: str) -> zarr.Array:
-        return self._kind(kind)[key]
+        """A packed array, opened once, its size claims checked against the files (StoreError if they lie)."""
+        cache = self.__dict__.setdefault("_arrays", {})
+        if (kind, key) not in cache:
+            where = f"{self.store.path}: rank {self.rank} {kind}/{key}"
+            odd = irregular_metadata(self._kind(kind), [key])
+            if odd is not None:
+                raise StoreError(f"{where}: {odd} is not a regular file (damaged store?)")
+            try:
+                arr = self._kind(kind)[key]
+            except StoreError:
+                raise
+            except Exception as e:  # damaged array metadata (bad JSON, bad codec): one line
+                raise StoreError(f"{where}: unreadable array metadata ({e.__class__.__name__}: {e})") from None
+            if not isinstance(arr, zarr.Array):
+                raise StoreError(f"{where}: is not an array (damaged store?)")
+            extents = [(i.name, i.offset, i.numel) for i in self.tensors(kind) if i.array == key]
+            problem = check_size_claims(arr, len(self._rows(kind)), extents)
+            if problem:
+                raise StoreError(f"{where}: damaged metadata: it {problem}")
+            cache[(kind, key)] = arr
+        return cache[(kind, key)]
 
     def _require_chunks(self, kind: str, key: str, row: int, start: int, stop: int) -> None:
         """zarr 3.1 silently returns fill values for a missing chunk; a store must never do that."""
@@ -235,11 +290,13 @@ class RankView:
 class RunStore:
     """A recorded run, opened read-only."""
 
-    def __init__(self, path: str):
-        self.path = os.fspath(path)
-        self.meta = _read_root_attrs(self.path)
+    def __init__(self, path, storage_options=None):
+        self.location = resolve(path, storage_options)
+        # as given for local folders (messages name what the user typed), the URL otherwise
+        self.path = os.fspath(path) if self.location.is_local and not isinstance(path, Location) else str(self.location)
+        self.meta = _read_root_attrs(self.path, self.location)
         try:
-            self.root = zarr.open_group(self.path, mode="r", use_consolidated=False)
+            self.root = zarr.open_group(self.location.zarr_store(read_only=True), mode="r", use_consolidated=False)
         except Exception as e:
             raise StoreError(f"{self.path}: cannot open as zarr ({e.__class__.__name__}: {e})") from None
 
@@ -282,10 +339,27 @@ class RunStore:
         """True once the launcher finalized the store (end time and exit status known)."""
         return "exit_status" in self.meta
 
+    @property
+    def job_state(self) -> str:
+        """'finished' (finalized), 'recording' (its launcher still holds the store), 'launcher died'
+        (a `tracekit record` job ended without finalizing), or 'no launcher' (written by Recorders alone)."""
+        from tracekit.store.ownership import job_alive
+
+        if self.finished:
+            return "finished"
+        if self.meta.get("launcher") != "tracekit record":
+            return "no launcher"
+        if self.meta.get("writers_outlived_launcher"):
+            return "launcher died"
+        if not self.location.is_local:
+            return "unfinished"  # object stores hold no locks: a live job and a dead one look alike
+        return "recording" if job_alive(self.location.path) else "launcher died"
+
     def __repr__(self) -> str:
         return f"RunStore({self.path!r}, ranks={self.ranks})"
 
 
-def open_store(path) -> RunStore:
-    """Open a tracekit store read-only; raises StoreError (one readable line) if it is not one."""
-    return RunStore(path)
+def open_store(path, storage_options=None) -> RunStore:
+    """Open a tracekit store (a folder or a URL such as s3://bucket/runs/ref) read-only; raises
+    StoreError (one readable line) if it is not one. `storage_options`: fsspec options for URLs."""
+    return RunStore(path, storage_options)

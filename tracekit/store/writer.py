@@ -9,9 +9,11 @@ write per kind and step instead of one per tensor (zarr spends ~2 ms per chunk w
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
 import shutil
 import sys
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -23,6 +25,7 @@ from tracekit.dtypes import storage_dtype
 from tracekit.errors import StoreError
 from tracekit.store.chunks import chunk_path
 from tracekit.store.format import FORMAT_VERSION, MAX_CHUNK_BYTES, ROOT_KEY, rank_group_name
+from tracekit.store.location import resolve
 
 
 def now_iso() -> str:
@@ -39,37 +42,92 @@ class TensorData:
     data: np.ndarray  # storage dtype (see tracekit.dtypes), any shape with prod(shape) elements
 
 
-def is_store(path: str) -> bool:
-    meta = os.path.join(path, "zarr.json")
-    if not os.path.isfile(meta):
+def is_store(path, storage_options=None) -> bool:
+    location = resolve(path, storage_options)
+    raw = location.read_bytes("zarr.json")
+    if raw is None:
         return False
     try:
-        import json
-
-        with open(meta) as f:
-            return ROOT_KEY in json.load(f).get("attributes", {})
-    except (OSError, ValueError):
+        return ROOT_KEY in json.loads(raw).get("attributes", {})
+    except (ValueError, AttributeError):
         return False
 
 
-def create_store(path: str, meta: dict, force: bool = False) -> None:
-    """Create the root group with its metadata. Refuses to clobber anything not asked for."""
+def _lock_files() -> tuple[str, ...]:
+    from tracekit.store.ownership import LOCK_ENTRIES
+
+    return LOCK_ENTRIES
+
+
+def check_target(path: str, force: bool = False) -> None:
+    """Refuse, before anything is touched, a local target that create_store would refuse."""
     if os.path.exists(path):
         if not os.path.isdir(path):
             raise StoreError(f"{path} exists and is not a directory")
-        if os.listdir(path):
+        try:
+            names = os.listdir(path)
+        except OSError as e:
+            raise StoreError(f"{path}: cannot list it ({e.strerror or e})") from None
+        if [n for n in names if n not in _lock_files()]:
             if not is_store(path):
                 raise StoreError(f"{path} is a non-empty directory that is not a tracekit store; refusing to touch it")
             if not force:
-                raise StoreError(f"{path} already holds a tracekit store; pass --force to overwrite it")
-            shutil.rmtree(path)
+                raise StoreError(f"{path} already holds a tracekit store{_left_by(path)}; pass --force to overwrite it")
+
+
+def _left_by(path: str) -> str:
+    """' left unfinished by run X, whose launcher died' for a store no launcher finalized (refusal message)."""
+    try:
+        with open(os.path.join(path, "zarr.json")) as f:
+            meta = json.load(f)["attributes"][ROOT_KEY]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    if isinstance(meta, dict) and meta.get("launcher") == "tracekit record" and "end_time" not in meta:
+        return f" left unfinished by run {meta.get('run_id', '?')}, whose launcher died"
+    return ""
+
+
+def _create_local(path: str, meta: dict, force: bool) -> None:
+    """A local folder: with force, an old store's contents go, except its lock files (the caller may hold one)."""
+    check_target(path, force)
+    if os.path.isdir(path):
+        for name in os.listdir(path):
+            if name in _lock_files():
+                continue
+            full = os.path.join(path, name)
+            try:
+                if os.path.isdir(full) and not os.path.islink(full):
+                    shutil.rmtree(full)
+                else:
+                    os.unlink(full)
+            except OSError as e:
+                raise StoreError(f"{path}: cannot remove the old store's {name} ({e.strerror or e})") from None
     root_meta = {"format_version": FORMAT_VERSION, "start_time": now_iso(), **meta}
-    zarr.open_group(path, mode="w", attributes={ROOT_KEY: root_meta})
+    try:
+        zarr.open_group(path, mode="a" if os.path.isdir(path) else "w", attributes={ROOT_KEY: root_meta})
+    except OSError as e:
+        raise StoreError(f"{path}: cannot create the store ({e.strerror or e})") from None
 
 
-def update_root_meta(path: str, **fields) -> None:
+def create_store(path, meta: dict, force: bool = False, storage_options=None) -> None:
+    """Create the root group with its metadata. Refuses to clobber anything not asked for."""
+    location = resolve(path, storage_options)
+    if location.is_local:
+        _create_local(location.path, meta, force)
+        return
+    if not location.is_empty():
+        if not is_store(location):
+            raise StoreError(f"{path} is a non-empty location that is not a tracekit store; refusing to touch it")
+        if not force:
+            raise StoreError(f"{path} already holds a tracekit store; pass --force to overwrite it")
+        location.clear()
+    root_meta = {"format_version": FORMAT_VERSION, "start_time": now_iso(), **meta}
+    zarr.open_group(location.zarr_store(), mode="w", attributes={ROOT_KEY: root_meta})
+
+
+def update_root_meta(path, storage_options=None, **fields) -> None:
     """Merge fields into the root metadata (only while no rank writes: before start or after end)."""
-    root = zarr.open_group(path, mode="r+", use_consolidated=False)
+    root = zarr.open_group(resolve(path, storage_options).zarr_store(), mode="r+", use_consolidated=False)
     meta = dict(root.attrs[ROOT_KEY])
     meta.update(fields)
     root.attrs[ROOT_KEY] = meta
@@ -161,22 +219,61 @@ class _KindWriter:
 class RankWriter:
     """Writes rank R's group. Not thread-safe: one writer (thread) per rank."""
 
-    def __init__(self, store_path: str, rank: int, attrs: dict):
-        if not is_store(store_path):
+    def __init__(self, store_path, rank: int, attrs: dict, storage_options=None, run_id: str | None = None):
+        """run_id: the job this rank belongs to; the rank refuses a store that names another (None: adopt it)."""
+        from tracekit.store.ownership import WriterClaim
+
+        location = resolve(store_path, storage_options)
+        if not is_store(location):
             raise StoreError(f"{store_path} is not a tracekit store (create it first)")
-        root = zarr.open_group(store_path, mode="r+", use_consolidated=False)
-        name = rank_group_name(rank)
-        if name in root:
-            raise StoreError(f"{store_path} already holds data of rank {rank}")
-        self.group = root.create_group(
-            name, attributes={**attrs, "completed_steps": [], "status": "running", "start_time": now_iso()}
-        )
+        self.path = str(store_path)
+        self.location = location
+        # Held while the group is open: the launcher finalizes only once every writer let go (local stores).
+        self._claim = WriterClaim(location.path if location.is_local else None)
+        try:
+            root = zarr.open_group(location.zarr_store(), mode="r+", use_consolidated=False)
+            self.run_id = self._check_owner(dict(root.attrs[ROOT_KEY]), run_id)
+            name = rank_group_name(rank)
+            if name in root:
+                raise StoreError(f"{store_path} already holds data of rank {rank}")
+            self.group = root.create_group(
+                name, attributes={**attrs, "run_id": self.run_id, "completed_steps": [], "status": "running",
+                                  "start_time": now_iso()}
+            )
+        except BaseException:
+            self._claim.release()
+            raise
         self.kinds: dict[str, _KindWriter] = {}
         self.completed: list[int] = []
+        self._checked_step: int | None = None
+
+    def _check_owner(self, meta: dict, run_id: str | None) -> str | None:
+        from tracekit.store.ownership import check_run_id
+
+        check_run_id(self.path, meta, run_id)
+        if "end_time" in meta:
+            raise StoreError(f"{self.path} was already finalized by its launcher; this rank does not write to it")
+        return meta.get("run_id")
+
+    def _still_ours(self, step: int) -> None:
+        """Once per step: stop if another job took the store over (its root names another run)."""
+        if step == self._checked_step or self.run_id is None:
+            return
+        for attempt in range(3):
+            try:
+                meta = json.loads(self.location.read_bytes("zarr.json") or b"")["attributes"][ROOT_KEY]
+                break
+            except (OSError, ValueError, KeyError, TypeError):
+                if attempt == 2:
+                    raise StoreError(f"{self.path}: its root metadata is gone or unreadable; this rank stops writing") from None
+                time.sleep(0.05)  # a root being rewritten (not atomic through zarr): read it again
+        self._check_owner(meta, self.run_id)
+        self._checked_step = step
 
     def write(self, step: int, kind: str, tensors: Sequence[TensorData]) -> None:
         if not tensors:
             return
+        self._still_ours(step)
         kw = self.kinds.get(kind)
         if kw is None:
             kw = self.kinds[kind] = _KindWriter(self.group.create_group(kind), kind)
@@ -191,4 +288,11 @@ class RankWriter:
         self.group.attrs.update(fields)
 
     def close(self, status: str = "finished", cause: str | None = None) -> None:
-        self.group.attrs.update({"status": status, "end_time": now_iso(), **({"cause": cause} if cause else {})})
+        try:
+            self.group.attrs.update({"status": status, "end_time": now_iso(), **({"cause": cause} if cause else {})})
+        finally:
+            self._claim.release()
+
+    def forget_in_child(self) -> None:
+        """In a forked child (a DataLoader worker): let the writers lock end with the rank itself."""
+        self._claim.forget_in_child()

@@ -1,0 +1,503 @@
+"""Op- and module-level traces of chosen steps (`tracekit record --trace ops|modules`).
+
+ops: a TorchDispatchMode sees every aten op this rank dispatches while the step runs: forward,
+backward (the autograd engine dispatches in the same thread-local state), the optimizer's update
+and the c10d collectives. Each op becomes one event with its non-tensor arguments (scalars such as
+`alpha`, dims, dtypes), and for each input and output tensor its shape, dtype, device,
+summaries (min, max, mean, L2, NaN and Inf counts), a CRC-32 of its bytes, and the event that
+produced it (the data flow the root-cause search follows).
+
+modules: forward hooks on the model's modules record each module's output, and a hook on that
+output its gradient in backward. Only the traced steps pay: hooks and the mode are installed at
+the start of the step and removed at its end.
+
+We write our own mode rather than use torch.utils._debug_mode.DebugMode (torch 2.13): DebugMode
+logs op strings with a norm or hash per tensor, but not float64 summaries, the producer of each
+input, or scalar arguments as values we can compare, which the root-cause search needs.
+
+Why the module path in backward comes from sequence numbers: an op runs below autograd, so its
+grad_fn does not exist yet when the mode sees it; the autograd node created for it has already
+taken the thread's sequence number, though, and in backward the engine's current node carries it.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fnmatch
+import functools
+import math
+import zlib
+import os
+import re
+import sys
+from contextlib import contextmanager
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
+from torch.utils._pytree import tree_flatten
+from torch.utils.weak import WeakTensorKeyDictionary
+
+from tracekit.recorders.materialize import canonical_name
+
+TRACE_LEVELS = ("modules", "ops")
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_OWN_DIRS = tuple(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + d for d in ("tracekit", "recorders"))
+_OWN_DIRS += (os.path.dirname(os.path.abspath(__file__)) + os.sep,)
+_COLLECTIVE_NAMESPACES = ("c10d.", "_c10d_functional.", "c10d_functional.", "_dtensor.")
+# ops whose output shows exactly the input's values under another shape or strides: its summary
+# and hash are the input's (the output is a function of the input alone), so none is computed
+_RELABEL = frozenset(f"aten.{n}" for n in (
+    "t.default", "transpose.int", "permute.default", "view.default", "_unsafe_view.default", "reshape.default",
+    "detach.default", "alias.default", "squeeze.dim", "squeeze.default", "unsqueeze.default", "view_as.default",
+    "_reshape_alias.default", "numpy_T.default", "clone.default", "contiguous.default"))
+# ops whose outputs hold uninitialized memory: their values mean nothing and are never compared
+_UNINITIALIZED = ("aten.empty", "aten.new_empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty_strided")
+
+
+def _plain_dtype(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def _hash(x: torch.Tensor) -> str:
+    c = x.contiguous()
+    if c.device.type != "cpu":
+        c = c.cpu()
+    nbytes = c.numel() * c.element_size()
+    if nbytes == 0:
+        return f"crc32:{zlib.crc32(b''):08x}"
+    # the bytes in place, through ctypes: .numpy() would mark the storage non-resizable, and FSDP2
+    # frees its unsharded parameters by resizing their storage to 0. CRC-32, not a cryptographic
+    # hash: it only tells equal bytes from unequal ones, at ~10x blake2b's speed (measured here)
+    raw = (ctypes.c_ubyte * nbytes).from_address(c.data_ptr())
+    return f"crc32:{zlib.crc32(raw):08x}"  # named: traces hashed otherwise are never called equal
+
+
+@torch.no_grad()
+def summarize(t: torch.Tensor) -> dict:
+    """Shape, dtype, device, summaries [min, max, mean, l2, nan, inf] and a hash of one tensor."""
+    x = t  # no detach: the summaries run under no_grad, and each detach is one more dispatch
+    out = {"shape": list(x.shape), "dtype": _plain_dtype(x.dtype), "device": str(x.device)}
+    if is_traceable_wrapper_subclass(x):
+        # a DTensor (or other wrapper): any op on it here would dispatch to the subclass, maybe a
+        # collective. Its local tensors show up in the ops the subclass runs next.
+        out["stats"], out["hash"], out["subclass"] = None, None, type(x).__name__
+        return out
+    if x.layout != torch.strided or x.is_complex() or x.is_quantized or x.device.type == "meta":
+        out["stats"], out["hash"] = None, None
+        return out
+    n = x.numel()
+    if n == 0:
+        out["stats"], out["hash"] = None, _hash(x)
+        return out
+    with torch.no_grad():
+        # reductions in the tensor's own precision (16-bit floats in float32): vectorized, where a
+        # float64 accumulation of float32 data takes a slow casting path (~100x, measured on CPU);
+        # equal tensors still get equal summaries, and the hash decides bitwise equality
+        if x.dtype in (torch.float32, torch.float64):
+            v = x
+        elif x.is_floating_point():
+            v = x.float()
+        else:
+            v = x.to(torch.float64)
+        lo, hi = torch.aminmax(v)
+        total = torch.sum(v)
+        l2 = torch.linalg.vector_norm(v)
+        mn, mx, s, norm = torch.stack([lo, hi, total, l2]).tolist()
+        nan = inf = 0
+        if not (math.isfinite(s) and math.isfinite(norm)):  # a finite sum and norm rule both out
+            nan, inf = int(torch.isnan(v).sum()), int(torch.isinf(v).sum())
+    out["stats"] = [mn, mx, s / n, norm, nan, inf]
+    out["hash"] = _hash(x)
+    return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _short(path: str) -> str:
+    try:
+        return os.path.relpath(path)
+    except ValueError:
+        return path
+
+
+def _user_line() -> str | None:
+    """file:line of the innermost frame outside torch and tracekit (the user's code), cheaply."""
+    site = _site()
+    return site[1] if site is not None else None
+
+
+_GRAPH_CODE = "<eval_with_key>"
+_FQN_ROOT = re.compile(r"^L\['[^']*'\]\.?")
+_FQN_PART = re.compile(r"\[['\"]?([^'\"\]]+)['\"]?\]")
+_NODE_SITES: dict = {}  # (graph code file, line) -> (module path relative to the compiled root, src)
+
+
+def _site():
+    """(module, src) of the running op: inside a compiled graph (aot_eager runs fx GraphModules as
+    Python code), module is the path from the graph node's nn_module_stack, relative to the compiled
+    root; else module is None and src the user's innermost frame outside torch and tracekit."""
+    f = sys._getframe(3)
+    while f is not None:
+        name = f.f_code.co_filename
+        if name.startswith(_GRAPH_CODE):
+            key = (name, f.f_lineno)
+            hit = _NODE_SITES.get(key)
+            if hit is None:
+                hit = _NODE_SITES[key] = _graph_node_site(f)
+            return hit
+        if not (name.startswith(_TORCH_DIR) or name.startswith(_OWN_DIRS) or name.startswith("<")):
+            return None, f"{_short(name)}:{f.f_lineno}"
+        f = f.f_back
+    return None
+
+
+def _graph_node_site(frame) -> tuple[str, str | None]:
+    import linecache
+
+    gm = frame.f_locals.get("self")
+    line = linecache.getline(frame.f_code.co_filename, frame.f_lineno)
+    target = line.strip().split(" = ", 1)[0].split(",")[0].strip()
+    node = None
+    graph = getattr(gm, "graph", None)
+    if graph is not None and target:
+        node = next((n for n in graph.nodes if n.name == target), None)
+    if node is None:
+        return "", None
+    stack = node.meta.get("nn_module_stack") or node.meta.get("fwd_nn_module_stack") or {}
+    path = ""
+    if stack:
+        fqn = list(stack.values())[-1][0]
+        path = canonical_name(_FQN_PART.sub(r".\1", _FQN_ROOT.sub("", fqn)).strip(".")) if fqn else ""
+    src = None
+    trace = node.meta.get("stack_trace") or ""
+    m = re.findall(r'File "([^"]+)", line (\d+)', trace)
+    if m:
+        src = f"{_short(m[-1][0])}:{m[-1][1]}"
+    return path, src
+
+
+def _group_ranks(value) -> list[int] | None:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    try:
+        if isinstance(value, str):  # functional collectives name their group
+            from torch.distributed.distributed_c10d import _resolve_process_group
+
+            value = _resolve_process_group(value)
+        elif "ScriptObject" in type(value).__name__:  # c10d ops carry the group boxed
+            value = dist.ProcessGroup.unbox(value)
+        return list(dist.get_process_group_ranks(value))
+    except Exception:
+        return None
+
+
+class _Encoder:
+    """Turns an op's arguments into JSON: tensors become {"t": k} (k-th input), the rest values."""
+
+    def __init__(self, summarize_input, collective: bool):
+        self.summarize_input = summarize_input
+        self.collective = collective
+        self.inputs: list[dict] = []
+        self.group: list[int] | None = None
+
+    def __call__(self, v):
+        if isinstance(v, torch.Tensor):
+            self.inputs.append(self.summarize_input(v))
+            return {"t": len(self.inputs) - 1}
+        if v is None or isinstance(v, (bool, int, str)):
+            if self.collective and isinstance(v, str) and self.group is None:
+                self.group = _group_ranks(v)
+            return v
+        if isinstance(v, float):
+            return v if math.isfinite(v) else {"float": repr(v)}
+        if isinstance(v, (list, tuple)):
+            return [self(x) for x in v]
+        if isinstance(v, torch.device):
+            return {"device": str(v)}  # compared as equal across devices
+        if isinstance(v, torch.dtype):
+            return {"dtype": _plain_dtype(v)}
+        if isinstance(v, (torch.layout, torch.memory_format)):
+            return str(v)
+        if isinstance(v, complex):
+            return {"complex": repr(v)}
+        if "ProcessGroup" in type(v).__name__ or (self.collective and "ScriptObject" in type(v).__name__):
+            ranks = _group_ranks(v)
+            if ranks is not None:
+                self.group = ranks
+                return {"group": ranks}
+        return {"object": type(v).__name__}
+
+
+class StepTrace:
+    """One traced step of one rank: the events, and the full tensors asked for with --trace-full."""
+
+    def __init__(self, level: str, step: int, full_globs: tuple[str, ...]):
+        self.level = level
+        self.step = step
+        self.full_globs = full_globs
+        self.events: list[dict] = []
+        self.full: list[tuple[str, torch.Tensor]] = []
+        self._calls: dict[tuple, int] = {}
+        # per live tensor, one entry (one weak-dict lookup per use): [version, summary of that
+        # version (unchanged inputs are summarized once), (producing event, output position), name]
+        self._info = WeakTensorKeyDictionary()
+
+    def _entry(self, t: torch.Tensor) -> list:
+        e = self._info.get(t)
+        if e is None:
+            e = self._info[t] = [None, None, None, None]
+        return e
+
+    def name_tensor(self, t: torch.Tensor, name: str) -> None:
+        e = self._entry(getattr(t, "_local_tensor", t))
+        e[3] = name
+        if e[2] is not None:  # the event that computed it: the chain's end names the step-level tensor
+            self.events[e[2][0]]["outputs"][e[2][1]]["name"] = name
+
+    def _summary(self, t: torch.Tensor, fresh: bool = False) -> dict:
+        # fresh: an op's output. An in-place op's version bump happens above this mode, after the
+        # op returns, so the cached entry of its output would still look current.
+        e = self._entry(t)
+        version = t._version
+        if fresh or e[0] != version or e[1] is None:
+            e[0], e[1] = version, summarize(t)
+        s = dict(e[1])
+        if e[2] is not None:
+            s["producer"] = list(e[2])
+        if e[3] is not None:
+            s["name"] = e[3]
+        return s
+
+    def wants_full(self, label: str) -> bool:
+        return any(fnmatch.fnmatchcase(label, g) for g in self.full_globs)
+
+    def add(self, phase: str, module: str, op: str, args, kwargs, run, src: str | None, view: bool = False) -> object:
+        """Record one call: summarize the inputs, run it, summarize the outputs; returns its result."""
+        key = (phase, module, op)
+        call = self._calls.get(key, 0)
+        self._calls[key] = call + 1
+        index = len(self.events)
+        collective = op.startswith(_COLLECTIVE_NAMESPACES)
+        enc = _Encoder(self._summary, collective)
+        enc_args = enc(list(args))
+        enc_kwargs = {k: enc(v) for k, v in kwargs.items()}
+        label = f"{phase}:{module}:{op}#{call}"
+        full = self.wants_full(label)
+        in_tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)] if full else []
+        if full:  # inputs before the op: an in-place op overwrites them
+            self._keep(index, "in", in_tensors, enc.inputs)
+        result = run()
+        outs = [x for x in tree_flatten(result)[0] if isinstance(x, torch.Tensor)]
+        outputs = []
+        uninitialized = op.startswith(_UNINITIALIZED)
+        relabel = op in _RELABEL and len(outs) == 1 and len(enc.inputs) >= 1 and "subclass" not in enc.inputs[0]
+        for k, o in enumerate(outs):
+            if relabel:
+                shown = enc.inputs[0]
+                s = {"shape": list(o.shape), "dtype": shown["dtype"], "device": shown["device"],
+                     "stats": shown.get("stats"), "hash": shown.get("hash")}
+                if shown.get("pending") or shown.get("uninitialized"):
+                    s["pending" if shown.get("pending") else "uninitialized"] = True
+                entry = self._entry(o)
+                entry[0], entry[1] = o._version, s
+            elif collective or uninitialized:
+                # the collective may still be in flight (async work): no values yet; its consumers
+                # summarize what arrived once they run
+                s = {"shape": list(o.shape), "dtype": _plain_dtype(o.dtype), "device": str(o.device),
+                     "stats": None, "hash": None, "pending": True}
+                if uninitialized:
+                    s["uninitialized"] = s.pop("pending")
+            else:
+                s = self._summary(o, fresh=True)
+                s.pop("producer", None)
+            outputs.append(s)
+            self._entry(o)[2] = (index, k)
+        if full and not collective:
+            self._keep(index, "out", outs, outputs)
+        event = {"index": index, "phase": phase, "module": module, "op": op, "call": call,
+                 "args": enc_args, "kwargs": enc_kwargs, "inputs": enc.inputs, "outputs": outputs, "src": src}
+        if enc.group is not None:
+            event["group"] = enc.group
+        if view:
+            event["view"] = True
+        self.events.append(event)
+        return result
+
+    def _keep(self, index: int, side: str, tensors, refs) -> None:
+        for k, (t, ref) in enumerate(zip(tensors, refs)):
+            if t.layout == torch.strided and t.device.type != "meta" and not is_traceable_wrapper_subclass(t):
+                key = f"{index}.{side}{k}"
+                ref["full"] = key
+                self.full.append((key, t.detach().to("cpu", copy=True)))
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for _, t in self.full) + 256 * len(self.events)
+
+
+_VIEWS: dict = {}
+
+
+def _is_view(func) -> bool:
+    """Whether the op returns a view of an input (as_strided, slice, view, ...): it computes
+    nothing, and may show memory its input's summary never covered (a window of a larger buffer)."""
+    v = _VIEWS.get(func)
+    if v is None:
+        try:
+            v = any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
+        except Exception:
+            v = False
+        _VIEWS[func] = v
+    return v
+
+
+class _OpMode(TorchDispatchMode):
+    @classmethod
+    def ignore_compile_internals(cls) -> bool:
+        # Without this, dynamo refuses to compile while the mode is active and the traced step
+        # would run eagerly: not the code the user runs. With it, compiled code runs and the mode
+        # sees the ops that code dispatches at run time (all of them under aot_eager; under
+        # inductor only the ops its kernels fall back to).
+        return True
+
+    def __init__(self, tracer: "Tracer"):
+        super().__init__()
+        self.tracer = tracer
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        tr = self.tracer
+        trace = tr.current
+        if trace is None or tr.paused or func.namespace == "profiler":
+            return func(*args, **kwargs)
+        phase, module, src = tr.where()
+        return trace.add(phase, module, str(func), args, kwargs, lambda: func(*args, **kwargs), src, _is_view(func))
+
+
+class Tracer:
+    """Traces the chosen steps of one rank at one level; the recorder starts and stops each step."""
+
+    def __init__(self, level: str, model: torch.nn.Module | None, full_globs: tuple[str, ...] = ()):
+        if level not in TRACE_LEVELS:
+            raise ValueError(f"unknown trace level {level!r}; use one of {', '.join(TRACE_LEVELS)}")
+        self.level = level
+        self.model = model
+        self.full_globs = full_globs
+        self.current: StepTrace | None = None
+        self.paused = False
+        self.phase = "fwd"
+        self._stack: list[str] = []
+        self._seq_module: dict[int, tuple[str, str | None]] = {}
+        self._handles: list = []
+        self._mode: _OpMode | None = None
+
+    # ---- where an op runs -------------------------------------------------------------------
+    def where(self) -> tuple[str, str, str | None]:
+        site = _site()
+        if self.phase == "opt":
+            return "opt", "", site[1] if site else None
+        node = torch._C._current_autograd_node()
+        base = self._stack[-1] if self._stack else ""
+        if site is not None and site[0] is not None:  # inside a compiled graph: its node knows the module
+            module = ".".join(p for p in (base, site[0]) if p)
+            return ("bwd" if node is not None else "fwd"), module, site[1]
+        if node is not None:
+            module, src = self._seq_module.get(node._sequence_nr(), ("", None))
+            return "bwd", module, src
+        module = base
+        src = site[1] if site else None
+        # the node autograd made for this op (if any) took the latest sequence number: remember
+        # where it ran, for its backward (first writer wins: ops with no node see a stale number)
+        self._seq_module.setdefault(torch.autograd._get_sequence_nr() - 1, (module, src))
+        return "fwd", module, src
+
+    # ---- lifecycle ----------------------------------------------------------------------------
+    def start(self, step: int, named_params=()) -> None:
+        self.current = StepTrace(self.level, step, self.full_globs)
+        self.phase = "fwd"
+        self._stack.clear()
+        self._seq_module.clear()
+        if not self._handles:
+            # kept until close(): re-registering hooks each step would make torch.compile recompile
+            self._install_module_hooks()
+        for name, p in named_params:  # leaves the trace meets by name: the chain can end at them
+            self.current.name_tensor(p, f"param:{name}")
+        if self.level == "ops":
+            self._mode = _OpMode(self)
+            self._mode.__enter__()
+
+    def stop(self) -> StepTrace | None:
+        trace, self.current = self.current, None
+        if self._mode is not None:
+            self._mode.__exit__(None, None, None)
+            self._mode = None
+        self._seq_module.clear()
+        return trace
+
+    def close(self) -> None:
+        """No more steps to trace: remove the module hooks (they cost every forward)."""
+        for h in self._handles:
+            h.remove()
+        self._handles.clear()
+
+    def enter_optimizer(self, named_params) -> None:
+        """The update starts: name parameters and gradients so the chain ends at a recorded tensor."""
+        if self.current is None:
+            return
+        self.phase = "opt"
+        for name, p in named_params:
+            self.current.name_tensor(p, f"param:{name}")
+            if p.grad is not None:
+                self.current.name_tensor(p.grad, f"grad:{name}")
+
+    @contextmanager
+    def untraced(self):
+        """tracekit's own work (copies, gathers) inside a traced step is not the model's."""
+        old, self.paused = self.paused, True
+        try:
+            yield
+        finally:
+            self.paused = old
+
+    # ---- module hooks -------------------------------------------------------------------------
+    def _install_module_hooks(self) -> None:
+        if self.model is None:
+            return
+        for name, mod in self.model.named_modules():
+            path = canonical_name(name) if name else ""
+            self._handles.append(mod.register_forward_pre_hook(self._pre(path)))
+            self._handles.append(mod.register_forward_hook(self._post(path), always_call=True))
+
+    def _pre(self, path: str):
+        def hook(module, args):
+            if torch.compiler.is_compiling():
+                return
+            self._stack.append(path)
+        return hook
+
+    def _post(self, path: str):
+        def hook(module, args, output):
+            if torch.compiler.is_compiling():
+                return
+            if self._stack and self._stack[-1] == path:
+                self._stack.pop()
+            trace = self.current
+            if self.level != "modules" or trace is None or self.paused:
+                return
+            self.paused = True
+            try:
+                src = _user_line()
+                trace.add("fwd", path, "forward", args, {}, lambda: output, src)
+                for t in tree_flatten(output)[0]:
+                    if isinstance(t, torch.Tensor) and t.requires_grad:
+                        t.register_hook(self._grad_hook(path, src))
+            finally:
+                self.paused = False
+        return hook
+
+    def _grad_hook(self, path: str, src: str | None):
+        def hook(grad):
+            trace = self.current
+            if trace is not None and not self.paused:
+                trace.add("bwd", path, "backward", (), {}, lambda: grad, src)
+        return hook

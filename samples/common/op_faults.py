@@ -1,0 +1,67 @@
+"""Planted op faults (--fault op=KIND:RANK:STEP): one op of the model computed wrongly on one rank
+from step STEP on, the kind of fault a device port produces. The root-cause search of
+`tracekit diff` must name the op and its module (tests/tracekit/test_root_cause_faults.py).
+
+  act          module 1 (the ReLU) computes leaky_relu(x, 0.01): a slightly wrong activation
+  matmul_bf16  module 0 (the first Linear) computes its matmul in bfloat16 (inputs cast, output cast back)
+  reduce_order module 2 (the second Linear) sums its inner products in reversed order (inputs flipped
+               along the reduced dimension): the same math, rounded differently
+
+The module's parameters, names and call structure stay as they are; only its forward changes.
+"""
+
+from __future__ import annotations
+
+import types
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+OP_FAULTS = ("act", "matmul_bf16", "reduce_order")
+_MODULE_OF = {"act": 1, "matmul_bf16": 0, "reduce_order": 2}
+
+
+class FaultSwitch:
+    """On while the planted fault applies (this rank, from its step on); the loop sets it each step."""
+
+    def __init__(self, kind: str, rank: int, step: int):
+        self.kind, self.rank, self.step = kind, rank, step
+        self.on = False
+
+    def update(self, rank: int, step: int) -> None:
+        self.on = rank == self.rank and step >= self.step
+
+
+def _act(switch: FaultSwitch, original):
+    def forward(self, x):
+        if switch.on:
+            return F.leaky_relu(x, 0.01)
+        return original(x)
+    return forward
+
+
+def _matmul_bf16(switch: FaultSwitch, original):
+    def forward(self, x):
+        if switch.on:
+            bias = None if self.bias is None else self.bias.to(torch.bfloat16)
+            return F.linear(x.to(torch.bfloat16), self.weight.to(torch.bfloat16), bias).to(x.dtype)
+        return original(x)
+    return forward
+
+
+def _reduce_order(switch: FaultSwitch, original):
+    def forward(self, x):
+        if switch.on:
+            return F.linear(x.flip(-1), self.weight.flip(-1), self.bias)
+        return original(x)
+    return forward
+
+
+_FORWARDS = {"act": _act, "matmul_bf16": _matmul_bf16, "reduce_order": _reduce_order}
+
+
+def install_op_fault(model: nn.Sequential, switch: FaultSwitch) -> None:
+    """Replace the forward of the fault's module (before the model is wrapped or compiled)."""
+    module = model[_MODULE_OF[switch.kind]]
+    module.forward = types.MethodType(_FORWARDS[switch.kind](switch, module.forward), module)

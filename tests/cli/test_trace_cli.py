@@ -1,0 +1,55 @@
+"""`tracekit record --trace` end to end (real torchrun ranks) and its flag checks."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from tracekit.cli.main import main
+from tracekit.store import open_store
+from tracekit.store.traces import read_events, trace_steps
+
+TRACE = ["--trace", "ops", "--trace-steps", "2"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--trace-steps", "2"], "--trace-steps and --trace-full need --trace"),
+    (["--trace", "bogus"], "bogus"),
+    (["--trace", "ops", "--trace-steps", "0"], "steps count from 1"),
+])
+def test_bad_trace_flags_are_one_line_usage_errors(tmp_path, args, message):
+    result = CliRunner().invoke(main, ["record", "-o", str(tmp_path / "s"), *args, "--", "true"])
+    assert result.exit_code == 2 and message in result.output
+    assert "Traceback" not in result.output and not (tmp_path / "s").exists()
+
+
+@pytest.mark.torchrun
+def test_zero_code_traces_name_the_planted_op_on_its_rank(recorded_sample, tmp_path):
+    """samples/plain never imports tracekit: zero-code recording traces step 2 of both runs; the
+    candidate's rank 1 computes module 0's matmul in bfloat16 from step 2 on."""
+    ref, _ = recorded_sample("ddp", script="plain", record_args=TRACE)
+    cand, _ = recorded_sample("ddp", script="plain", record_args=TRACE, extra=["--fault", "op=matmul_bf16:1:2"])
+    for r in (0, 1):
+        events = read_events(open_store(ref).rank(r).group, "ops", 2)
+        collectives = [e for e in events if e.get("group") is not None]
+        assert collectives and all(e["group"] == [0, 1] for e in collectives)  # DDP's gradient all-reduce
+        assert {e["phase"] for e in events} == {"fwd", "bwd", "opt"}
+    out = tmp_path / "report.json"
+    result = CliRunner().invoke(main, ["diff", ref, cand, "--json-file", str(out)])
+    assert result.exit_code == 1, result.output
+    assert "Root cause: step 2, rank 1, module 0, aten._to_copy.default [fwd, call 0] (extra op)" in result.output
+    rc = json.loads(out.read_text())["root_cause"]
+    assert (rc["rank"], rc["module"], rc["op"], rc["outputs"][0]["dtype"]) == (1, "0", "aten._to_copy.default", "bfloat16")
+
+
+@pytest.mark.torchrun
+def test_ddp_against_fsdp_traces_name_no_root_cause(recorded_sample):
+    """Same model and data, other sharding: the op streams differ (gathers, reduce-scatters, shard
+    shapes) and are reported, but no op is blamed."""
+    ddp, _ = recorded_sample("ddp", record_args=TRACE)
+    fsdp, _ = recorded_sample("fsdp", record_args=TRACE)
+    assert trace_steps(open_store(fsdp).rank(1).group, "ops") == [2]
+    result = CliRunner().invoke(main, ["diff", ddp, fsdp, "--align", "global"])
+    assert result.exit_code == 0, result.output
+    assert "no root cause" in result.output and "Root cause:" not in result.output
+    assert "missing from candidate" in result.output  # the all-reduce ddp runs and fsdp does not

@@ -1,0 +1,233 @@
+"""Root cause to the op: planted op faults are named with their op and module, eager and compiled
+(aot_eager), and clean pairs name nothing. In-process, one rank: the sample model and its
+planted faults (samples/common/op_faults.py) recorded with tracekit's Recorder and --trace ops."""
+
+import json
+import os
+import sys
+
+import jsonschema
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tracekit
+from tracekit.recorders import RecordConfig, Recorder
+from tracekit.schemas import load
+from tracekit.store import open_store
+from tracekit.store.traces import read_events, trace_steps
+
+SAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "samples")
+sys.path.insert(0, SAMPLES)
+from common.model import build_model  # noqa: E402
+from common.op_faults import FaultSwitch, install_op_fault  # noqa: E402
+
+FAULT_STEP = 2
+
+
+def record(path, fault=None, compiled=False, lr=0.01, steps=3, trace_steps=(FAULT_STEP, FAULT_STEP), level="ops",
+           fault_step=FAULT_STEP, replay_from=None, replay_steps=(1, None)):
+    model = build_model(0)
+    switch = None
+    if fault is not None:
+        switch = FaultSwitch(fault, 0, fault_step)
+        install_op_fault(model, switch)
+    run = torch.compile(model, backend="aot_eager") if compiled else model
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    config = RecordConfig(store=str(path), trace=level, trace_steps=trace_steps, replay_from=replay_from,
+                          replay_steps=replay_steps)
+    with Recorder(model, opt, config=config) as rec:
+        for step in range(1, steps + 1):
+            if switch is not None:
+                switch.update(0, step)
+            g = torch.Generator().manual_seed(step)
+            x, y = torch.randn(64, 128, generator=g), torch.randn(64, 128, generator=g)
+            out = run(x)
+            loss = F.mse_loss(out, y)
+            loss.backward()
+            rec.observe(output=out, loss=loss)
+            opt.step()
+            opt.zero_grad()
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    cache = {}
+
+    def get(fault=None, compiled=False, **kw):
+        key = (fault, compiled, tuple(sorted(kw.items())))
+        if key not in cache:
+            name = f"{fault or 'clean'}-{'compiled' if compiled else 'eager'}-{len(cache)}"
+            cache[key] = record(tmp_path_factory.mktemp(name) / "s", fault, compiled, **kw)
+        return cache[key]
+
+    return get
+
+
+# (fault, exact comparison, expected root cause: kind, module, op)
+EXPECTED = {
+    "act": (False, "extra op", "1", "aten.leaky_relu.default"),
+    "matmul_bf16": (False, "extra op", "0", "aten._to_copy.default"),
+    # the same math rounded differently: only an exact comparison can see it
+    "reduce_order": (True, "extra op", "2", "aten.flip.default"),
+}
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "aot_eager"])
+@pytest.mark.parametrize("fault", sorted(EXPECTED))
+def test_planted_op_fault_is_named(runs, fault, compiled):
+    exact, kind, module, op = EXPECTED[fault]
+    report = tracekit.diff(runs(None, compiled), runs(fault, compiled), exact=exact)
+    rc = report.root_cause
+    assert rc is not None, f"no root cause for {fault}"
+    assert (rc.step, rc.kind, rc.event["module"], rc.event["op"], rc.event["phase"]) == (FAULT_STEP, kind, module, op, "fwd")
+    # the error is carried on to the step-level tensors the diff compares
+    named = {n for c in rc.chain for n in c.get("names", [])}
+    assert {"grad:0.weight", "param:0.weight"} <= named or {"grad:2.weight", "param:2.weight"} <= named
+    if fault == "matmul_bf16":
+        assert rc.event["outputs"][0]["dtype"] == "bfloat16"
+    assert not report.passed or exact  # the faults are visible at step level under default tolerances
+
+
+def test_reduce_order_is_no_root_cause_within_tolerance(runs):
+    """Rounding differences are within the default tolerances: no op is blamed for them."""
+    report = tracekit.diff(runs(None), runs("reduce_order"))
+    assert report.traces and report.root_cause is None
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "aot_eager"])
+def test_clean_pairs_name_no_root_cause(runs, tmp_path, compiled):
+    ref = runs(None, compiled)
+    again = record(tmp_path / "again", None, compiled)
+    report = tracekit.diff(ref, again, exact=True)
+    assert report.passed and report.traces
+    assert report.root_cause is None
+    for tc in report.traces:
+        assert tc.matched > 0 and not tc.extra and not tc.missing
+
+
+def test_eager_against_compiled_names_nothing(runs):
+    """aot_eager runs the same aten ops as eager (differently arranged): no false root cause."""
+    report = tracekit.diff(runs(None, False), runs(None, True))
+    assert report.traces and report.root_cause is None
+
+
+def test_learning_rate_error_is_a_scalar_argument_of_the_update(runs, tmp_path):
+    cand = record(tmp_path / "lr", lr=0.0101, trace_steps=(1, 1))
+    ref = runs(None, False, trace_steps=(1, 1))
+    rc = tracekit.diff(ref, cand).root_cause
+    assert rc is not None and (rc.step, rc.kind, rc.event["phase"]) == (1, "argument", "opt")
+    assert "-0.0101" in rc.reason and "-0.01" in rc.reason
+
+
+def test_root_cause_in_json_report_and_accessor(runs):
+    ref, cand = runs(None), runs("act")
+    report = tracekit.diff(ref, cand)
+    doc = json.loads(json.dumps(report.to_dict()))
+    jsonschema.validate(doc, load("diff-report"))
+    assert doc["root_cause"]["op"] == "aten.leaky_relu.default" and doc["root_cause"]["module"] == "1"
+    assert [t["step"] for t in doc["traces"]] == [FAULT_STEP]
+    ds = tracekit.open_diff(ref, cand)
+    assert ds.tracekit.root_cause()["op"] == "aten.leaky_relu.default"
+    ev = ds.tracekit.events()
+    root = ev.where(ev.root_cause, drop=True)
+    assert list(root.op.values) == ["aten.leaky_relu.default"] and list(root.module.values) == ["1"]
+    # everything before the root cause matches the reference
+    before = ev.sel(event=ev.event < int(root.event[0]))
+    assert set(before.status.values) <= {"ok", "unknown"}
+
+
+def test_trace_stream_content(runs):
+    rank = open_store(runs(None)).rank(0)
+    assert trace_steps(rank.group, "ops") == [FAULT_STEP]
+    assert "traces" not in rank.kinds  # traces are not a tensor kind: the tensor diff never sees them
+    events = read_events(rank.group, "ops", FAULT_STEP)
+    phases = [e["phase"] for e in events]
+    assert phases.index("bwd") > phases.index("fwd") and phases.index("opt") > phases.index("bwd")
+    assert phases == sorted(phases, key=["fwd", "bwd", "opt"].index)  # forward, backward, update in order
+    addmm = [e for e in events if e["op"] == "aten.addmm.default" and e["phase"] == "fwd"]
+    assert [e["module"] for e in addmm] == ["0", "2"]
+    x = addmm[0]["inputs"][1]
+    assert x["shape"] == [64, 128] and x["dtype"] == "float32" and len(x["stats"]) == 6 and x["hash"]
+    updates = [e for e in events if e["phase"] == "opt" and e["op"].startswith("aten.add_")]
+    assert {e["outputs"][0].get("name") for e in updates} == {f"param:{n}" for n in ("0.weight", "0.bias", "2.weight", "2.bias")}
+    assert all(e["kwargs"].get("alpha") == -0.01 for e in updates)
+    # a tensor's producer is an earlier event
+    assert all(t["producer"][0] < e["index"] for e in events for t in e["inputs"] if "producer" in t)
+
+
+def test_summaries_are_the_tensor_values(runs):
+    """min/max/mean/L2 of a traced output are those of the tensor the model computed."""
+    rank = open_store(runs(None)).rank(0)
+    events = read_events(rank.group, "ops", FAULT_STEP)
+    model = build_model(0)
+    g = torch.Generator().manual_seed(1)
+    x1, y1 = torch.randn(64, 128, generator=g), torch.randn(64, 128, generator=g)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    F.mse_loss(model(x1), y1).backward()
+    opt.step()
+    g = torch.Generator().manual_seed(2)
+    x2 = torch.randn(64, 128, generator=g)
+    h = model[0](x2).detach().double()
+    first = next(e for e in events if e["op"] == "aten.addmm.default")
+    mn, mx, mean, l2, nan, inf = first["outputs"][0]["stats"]
+    assert (mn, mx, nan, inf) == (h.min().item(), h.max().item(), 0, 0)
+    # sums accumulate in float32 (see recorders/tracing.py): float32 rounding of a float64 reference
+    assert mean == pytest.approx(h.mean().item(), rel=1e-5) and l2 == pytest.approx(h.norm().item(), rel=1e-6)
+
+
+def test_module_level_trace_names_the_module(runs):
+    report = tracekit.diff(runs(None, level="modules"), runs("act", level="modules"))
+    rc = report.root_cause
+    assert rc is not None and (rc.level, rc.kind, rc.event["module"], rc.event["op"]) == ("modules", "op", "1", "forward")
+    events = read_events(open_store(runs(None, level="modules")).rank(0).group, "modules", FAULT_STEP)
+    assert [(e["phase"], e["module"]) for e in events if e["op"] == "forward"] == [("fwd", "0"), ("fwd", "1"), ("fwd", "2"), ("fwd", "")]
+    assert {e["module"] for e in events if e["op"] == "backward"} == {"", "0", "1", "2"}
+
+
+def test_unlisted_trace_step_is_ignored(runs, tmp_path):
+    """A step whose events were written but never listed (a crash in between) does not exist."""
+    import shutil
+
+    import zarr
+
+    path = tmp_path / "copy"
+    shutil.copytree(runs(None), path)
+    g = zarr.open_group(str(path / "rank_0" / "traces" / "ops"), mode="r+")
+    g.attrs["steps"] = []
+    rank = open_store(path).rank(0)
+    assert trace_steps(rank.group, "ops") == []
+    assert tracekit.diff(runs(None), str(path)).traces == []
+
+
+def test_replayed_step_starts_from_the_reference_state(runs, tmp_path):
+    """The fault acts from step 1, so step 2 of the candidate starts from other parameters. Replayed
+    from the reference (--replay-from REF --replay-steps 2:2), step 2 starts from REF's state: every
+    event before the faulty op is bitwise equal, and the op is still named."""
+    ref = runs(None)
+    plain = record(tmp_path / "plain", "act", fault_step=1)
+    replayed = record(tmp_path / "replayed", "act", fault_step=1, replay_from=ref, replay_steps=(2, 2))
+    for cand, clean_start in ((plain, False), (replayed, True)):
+        report = tracekit.diff(ref, cand, allow_missing=True)
+        rc = report.root_cause
+        assert (rc.step, rc.event["module"], rc.event["op"]) == (2, "1", "aten.leaky_relu.default")
+        ds = tracekit.open_diff(ref, cand, allow_missing=True)
+        ev = ds.tracekit.events()
+        addmm = ev.where((ev.op == "aten.addmm.default") & (ev.module == "0"), drop=True)
+        assert float(addmm.max_stat_abs_err[0]) == 0.0 if clean_start else float(addmm.max_stat_abs_err[0]) > 0.0
+
+
+def test_report_has_the_root_cause_and_a_per_module_error_plot(runs):
+    pytest.importorskip("matplotlib")
+    from tracekit.report import build_report
+    from tracekit.report.traces import module_errors
+
+    report, html, _ = build_report(runs(None), runs("act"))
+    assert "Traces: the root-cause op" in html and "Root cause: step 2, rank 0, module 1" in html
+    assert 'alt="error per module"' in html
+    order, errs = module_errors(report.traces[0])
+    assert order[:3] == ["(top)", "0", "1"] or order[:3] == ["0", "1", "2"]
+    fwd = dict(zip(order, errs["fwd"]))
+    # forward: module 0 computes as the reference does; the error appears at module 1, the fault
+    assert fwd["0"] == 0.0 and fwd["1"] > 0.0 and fwd["2"] > 0.0

@@ -1,0 +1,129 @@
+"""The diff on dask.distributed: the same units of work, dispatched to worker processes.
+
+Work is split by (rank pair, kind, step range): one task compares every unit of one KindPair over
+a run of consecutive steps. A worker opens the stores itself (from their Location: a folder all
+workers see, or a URL with its storage options) and reads only the bytes of its task, piece by
+piece as the one-process engine does, so its memory is a few read buffers plus one small metrics
+accumulator per tensor part, whatever the store size. It sends back those accumulators; this process
+merges them exactly as the one-process diff merges its threads' (same units, same order), so the
+report is the same.
+
+Storage options (credentials included) travel to the workers inside the task, as Dask pickles
+it; on a shared cluster prefer credentials the workers get from their own AWS chain.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+
+from tracekit.errors import UsageError
+
+# Tasks per worker: enough to even out uneven pairs, few enough that scheduling costs little.
+TASKS_PER_WORKER = 4
+_STATE: dict[str, tuple] = {}  # per worker process: spec token -> (engine, plan), the last few diffs
+
+
+@dataclass(frozen=True)
+class DiffSpec:
+    """What a worker needs to rebuild the engine and plan of one diff."""
+
+    token: str
+    ref: object  # Location
+    cand: object
+    oracle: object | None
+    align: str
+    kinds: list[str] | None
+    tolerances: object  # Tolerances
+    equal_nan: bool
+    oracle_factor: float | None
+
+    @classmethod
+    def of(cls, refc, candc, orac, align, kinds, tolerances, equal_nan, oracle_factor) -> "DiffSpec":
+        return cls(uuid.uuid4().hex, refc.store.location, candc.store.location,
+                   orac.store.location if orac is not None else None, align, list(kinds) if kinds else None,
+                   tolerances, equal_nan, oracle_factor)
+
+
+def _worker_state(spec: DiffSpec):
+    state = _STATE.get(spec.token)
+    if state is None:
+        from tracekit.compare import alignment
+        from tracekit.compare.catalog import load_catalog
+        from tracekit.compare.engine import _Engine
+
+        refc, candc = load_catalog(spec.ref), load_catalog(spec.cand)
+        orac = load_catalog(spec.oracle) if spec.oracle is not None else None
+        plan = alignment.plan(refc, candc, orac, spec.align, spec.kinds)
+        state = (_Engine(refc, candc, orac, spec.tolerances, spec.equal_nan, spec.oracle_factor), plan)
+        while len(_STATE) >= 4:
+            _STATE.pop(next(iter(_STATE)))
+        _STATE[spec.token] = state
+    return state
+
+
+def run_task(spec: DiffSpec, pair_index: int, steps: list[int]) -> dict[int, tuple[list, int]]:
+    """On a worker: {step: ([(tensor, start, metrics)], bytes read)} of one pair over `steps`."""
+    from tracekit.compare.engine import step_parts
+
+    engine, plan = _worker_state(spec)
+    kp = plan.pairs[pair_index]
+    return {step: step_parts(engine, kp, step) for step in steps if step in kp.steps}
+
+
+def step_ranges(steps: list[int], n_pairs: int, slots: int) -> list[list[int]]:
+    """Consecutive runs of steps, so that about TASKS_PER_WORKER tasks per slot exist in all."""
+    per_range = max(1, -(-len(steps) * n_pairs // max(1, slots * TASKS_PER_WORKER)))
+    return [steps[i : i + per_range] for i in range(0, len(steps), per_range)]
+
+
+def _client(workers: int | None, scheduler: str | None):
+    try:
+        from distributed import Client, LocalCluster
+    except ImportError:
+        raise UsageError("--workers/--scheduler need dask.distributed: pip install 'tracekit[cluster]'") from None
+    if scheduler is not None:
+        try:
+            return Client(scheduler, timeout="10s"), None
+        except (OSError, TimeoutError) as e:
+            raise UsageError(f"--scheduler {scheduler}: cannot connect ({e.__class__.__name__}: {e})") from None
+    # one thread per worker process: one task, so one task's buffers, in memory per worker at a time
+    cluster = LocalCluster(n_workers=int(workers), threads_per_worker=1, processes=True, host="127.0.0.1",
+                           dashboard_address="127.0.0.1:0", silence_logs=50)
+    return Client(cluster), cluster
+
+
+def compare_steps(spec: DiffSpec, plan, steps: list[int], workers: int | None, scheduler: str | None,
+                  tick: Callable[[int], None]):
+    """Yields (step, {(id(pair), tensor): [(start, metrics)]}) in step order, like the one-process engine."""
+    client, cluster = _client(workers, scheduler)
+    futures = []
+    try:
+        pairs = [(i, kp) for i, kp in enumerate(plan.pairs) if kp.tensors]
+        slots = sum(client.nthreads().values()) or 1
+        ranges = step_ranges(steps, len(pairs), slots)
+        by_range = []
+        for rng in ranges:
+            batch = [(kp, client.submit(run_task, spec, i, rng, pure=False, key=f"tracekit-diff-{spec.token}-{i}-{rng[0]}"))
+                     for i, kp in pairs if set(rng) & set(kp.steps)]
+            futures += [f for _, f in batch]
+            by_range.append((rng, batch))
+        for rng, batch in by_range:
+            done = [(kp, f.result()) for kp, f in batch]
+            for step in rng:
+                partial: dict[tuple[int, str], list] = {}
+                nbytes = 0
+                for kp, result in done:
+                    parts, n = result.get(step, ([], 0))
+                    for name, start, acc in parts:
+                        partial.setdefault((id(kp), name), []).append((start, acc))
+                    nbytes += n
+                tick(nbytes)
+                yield step, partial
+    finally:
+        for f in futures:
+            f.cancel()
+        client.close()
+        if cluster is not None:
+            cluster.close()

@@ -1,0 +1,447 @@
+"""The root-cause op: where, inside one traced step, the candidate first computes differently.
+
+Two traces of the same step (tracekit record --trace ops|modules) are aligned event by event on
+(phase, module path, op, call index within that module and op): robust to an extra or missing op,
+which only shifts the call indices of its own op in its own module. Unpaired events are reported
+(`extra` in the candidate, `missing` from it), never a failure by themselves.
+
+Then the candidate's events are walked in execution order, following the data flow each event
+recorded (the event that produced each input):
+  - a paired event whose inputs all match the reference within tolerance and whose output does
+    not is a root cause: the op itself computes differently;
+  - a paired event whose non-tensor arguments differ (a scalar such as alpha, a dim, a dtype) is a
+    root cause on its own, whatever its tensors say;
+  - an unpaired event (or a collective, whose outputs are not summarized while in flight) whose
+    inputs match has no reference output to compare; it is judged through its consumers: when a
+    paired consumer's input that it produced differs from the reference's, it is the root cause;
+  - a paired event reading a tensor from before the step (a parameter, the batch) that already
+    differs means the step started from a different state (`kind: "state"`): trace an earlier
+    step, or replay this one from the reference (tracekit record --replay-from).
+The first root cause in execution order is reported, then the chain of events that carried its
+error on, down to the named tensors (gradients, parameters) the step-level diff compares.
+
+Tensors are compared through their summaries (min, max, mean, L2 norm, NaN and Inf counts) and
+hashes; with full tensors on both sides (--trace-full), elementwise. No torch import here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from tracekit.compare.tolerances import Tolerances
+
+OK, BAD, UNKNOWN, SUSPECT = "ok", "bad", "unknown", "suspect"
+CHAIN_LIMIT = 200  # events kept in a chain (the JSON says how many there were)
+
+
+def event_key(e: dict) -> tuple:
+    return (e.get("phase"), e.get("module"), e.get("op"), e.get("call"))
+
+
+def event_label(e: dict) -> str:
+    return f"{e.get('phase')}:{e.get('module')}:{e.get('op')}#{e.get('call')}"
+
+
+@dataclass
+class TensorCheck:
+    status: str  # ok, bad, unknown (not comparable)
+    reason: str = ""
+    metrics: dict = field(default_factory=dict)
+
+
+def _close(a: float, b: float, bound: float) -> bool:
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    if math.isinf(a) or math.isinf(b):
+        return a == b
+    return abs(a - b) <= bound
+
+
+def compare_tensor_refs(ref: dict, cand: dict, rtol: float, atol: float) -> TensorCheck:
+    """Judge one traced tensor of the candidate against the reference's, from summaries and hashes."""
+    if ref.get("pending") or cand.get("pending"):
+        return TensorCheck(UNKNOWN, "a collective's output (values not summarized in flight)")
+    if ref.get("uninitialized") or cand.get("uninitialized"):
+        return TensorCheck(UNKNOWN, "uninitialized memory (torch.empty and kin)")
+    if list(ref.get("shape", [])) != list(cand.get("shape", [])):
+        return TensorCheck(UNKNOWN, f"shape {cand.get('shape')} vs {ref.get('shape')}")
+    rs, cs = ref.get("stats"), cand.get("stats")
+    dtype_differs = ref.get("dtype") != cand.get("dtype")
+    rh, ch = ref.get("hash"), cand.get("hash")
+    if not dtype_differs and rh is not None and rh == cand.get("hash") and ":" in rh:
+        return TensorCheck(OK, "bitwise equal", {"max_stat_abs_err": 0.0, "rel_l2_err": 0.0})
+    # hashes of one algorithm that differ: the bytes differ (else: no hash to go by, summaries decide)
+    bytes_differ = rh is not None and ch is not None and ":" in rh and rh.split(":")[0] == ch.split(":")[0]
+    if ref.get("subclass") or cand.get("subclass"):
+        return TensorCheck(UNKNOWN, "a tensor subclass (DTensor): judged through the local ops it runs")
+    if rs is None or cs is None:
+        status = BAD if (dtype_differs or rtol == atol == 0.0) else UNKNOWN
+        return TensorCheck(status, "no summaries (empty or unsupported tensor)")
+    rmin, rmax, rmean, rl2, rnan, rinf = rs
+    cmin, cmax, cmean, cl2, cnan, cinf = cs
+    n = 1
+    for d in ref.get("shape", []):
+        n *= int(d)
+    diffs = [abs(a - b) for a, b in ((cmin, rmin), (cmax, rmax), (cmean, rmean), (cl2, rl2))
+             if math.isfinite(a) and math.isfinite(b)]
+    metrics = {
+        "max_stat_abs_err": max(diffs) if diffs else math.nan,
+        "rel_l2_err": abs(cl2 - rl2) / rl2 if rl2 else (0.0 if cl2 == rl2 else math.inf),
+        "ref": {"min": rmin, "max": rmax, "mean": rmean, "l2": rl2, "nan": rnan, "inf": rinf},
+        "cand": {"min": cmin, "max": cmax, "mean": cmean, "l2": cl2, "nan": cnan, "inf": cinf},
+    }
+    if dtype_differs:
+        return TensorCheck(BAD, f"dtype {cand.get('dtype')} vs {ref.get('dtype')}", metrics)
+    if (rnan, rinf) != (cnan, cinf):
+        return TensorCheck(BAD, f"NaN/Inf counts {cnan}/{cinf} vs {rnan}/{rinf}", metrics)
+    if rtol == 0.0 and atol == 0.0 and (bytes_differ or rs != cs):
+        return TensorCheck(BAD, "bytes differ (exact comparison)", metrics)
+    # Summaries are aggregates: an elementwise atol would swamp them (1e-5 hides any error in
+    # gradients of 1e-4). Each statistic may move by rtol of the tensor's scale (its RMS, or the
+    # statistic itself when larger); atol applies only to tensors whose whole scale is below it.
+    rms = abs(rl2) / math.sqrt(n) if n else 0.0
+    floor = atol if rms < atol else 0.0
+    ok = (_close(cmin, rmin, floor + rtol * max(abs(rmin), rms)) and _close(cmax, rmax, floor + rtol * max(abs(rmax), rms))
+          and _close(cmean, rmean, floor + rtol * rms) and _close(cl2, rl2, floor * math.sqrt(n) + rtol * abs(rl2)))
+    return TensorCheck(OK if ok else BAD, "within tolerance" if ok else "summaries differ beyond tolerance", metrics)
+
+
+def _strip(v):
+    """Non-tensor arguments as compared: devices and process groups never differ meaningfully."""
+    if isinstance(v, list):
+        return [_strip(x) for x in v]
+    if isinstance(v, dict):
+        if len(v) == 1 and set(v) & {"device", "group", "object"}:  # encoded values, see recorders/tracing.py
+            return None
+        return {k: _strip(x) for k, x in v.items()}
+    return v
+
+
+def argument_difference(ref: dict, cand: dict) -> str | None:
+    """A description of the first differing non-tensor argument, or None."""
+    ra, ca = _strip(ref.get("args", [])), _strip(cand.get("args", []))
+    for i, (r, c) in enumerate(zip(ra, ca)):
+        if r != c:
+            return f"argument {i}: {_show(c)} vs {_show(r)}"
+    if len(ra) != len(ca):
+        return f"{len(ca)} arguments vs {len(ra)}"
+    rk = {k: _strip(v) for k, v in ref.get("kwargs", {}).items()}
+    ck = {k: _strip(v) for k, v in cand.get("kwargs", {}).items()}
+    for k in sorted(set(rk) | set(ck)):
+        if rk.get(k) != ck.get(k):
+            return f"{k}={_show(ck.get(k))} vs {_show(rk.get(k))}"
+    return None
+
+
+def _show(v) -> str:
+    if isinstance(v, dict) and "t" in v and len(v) == 1:
+        return f"<tensor {v['t']}>"
+    return repr(v)
+
+
+@dataclass
+class RootCause:
+    rank: int
+    ref_rank: int
+    step: int
+    level: str
+    kind: str  # "op", "argument", "extra op", "collective", "state"
+    event: dict  # the candidate's event (the one named)
+    ref_event: dict | None  # its reference counterpart (None for an extra op)
+    reason: str
+    check: TensorCheck | None  # the comparison that showed the error
+    seen_at: dict | None = None  # extra op / collective / state: the paired event where it showed
+    chain: list[dict] = field(default_factory=list)
+    chain_length: int = 0
+
+    def to_dict(self) -> dict:
+        e = self.event
+        return {
+            "rank": self.rank, "ref_rank": self.ref_rank, "step": self.step, "level": self.level, "kind": self.kind,
+            "phase": e.get("phase"), "module": e.get("module"), "op": e.get("op"), "call": e.get("call"),
+            "index": e.get("index"), "src": e.get("src"), "reason": self.reason,
+            "inputs": [_tensor_brief(t) for t in e.get("inputs", [])],
+            "outputs": [_tensor_brief(t) for t in e.get("outputs", [])],
+            "metrics": _plain_metrics(self.check.metrics) if self.check else {},
+            "seen_at": _event_brief(self.seen_at) if self.seen_at else None,
+            "chain": self.chain, "chain_length": self.chain_length,
+        }
+
+
+def _plain_metrics(m: dict) -> dict:
+    def fix(v):
+        if isinstance(v, float) and not math.isfinite(v):
+            return repr(v)
+        if isinstance(v, dict):
+            return {k: fix(x) for k, x in v.items()}
+        return v
+    return fix(m)
+
+
+def _tensor_brief(t: dict) -> dict:
+    out = {"shape": t.get("shape"), "dtype": t.get("dtype"), "device": t.get("device")}
+    if t.get("name"):
+        out["name"] = t["name"]
+    return out
+
+
+def _event_brief(e: dict) -> dict:
+    out = {"index": e.get("index"), "phase": e.get("phase"), "module": e.get("module"), "op": e.get("op"),
+           "call": e.get("call"), "src": e.get("src")}
+    names = [t["name"] for t in e.get("outputs", []) if t.get("name")]
+    if names:
+        out["names"] = names
+    return out
+
+
+@dataclass
+class TraceComparison:
+    """One (rank, step, level): the alignment and, if found, the root cause."""
+
+    rank: int
+    ref_rank: int
+    step: int
+    level: str
+    matched: int
+    extra: dict[str, int]  # op -> count, in the candidate only
+    missing: dict[str, int]  # op -> count, in the reference only
+    not_comparable: int  # paired events with differing shapes (other sharding: ddp vs fsdp)
+    root_cause: RootCause | None
+    events: list[dict] = field(default_factory=list)  # per candidate event: where, paired, status, error
+
+    def to_dict(self) -> dict:
+        return {"rank": self.rank, "ref_rank": self.ref_rank, "step": self.step, "level": self.level,
+                "matched": self.matched, "extra": self.extra, "missing": self.missing,
+                "not_comparable": self.not_comparable,
+                "root_cause": self.root_cause.to_dict() if self.root_cause else None}
+
+
+def _count(events) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for e in events:
+        out[e.get("op")] = out.get(e.get("op"), 0) + 1
+    return dict(sorted(out.items()))
+
+
+def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: Tolerances | None = None, *,
+                   rank: int = 0, ref_rank: int = 0, step: int = 0, level: str = "ops") -> TraceComparison:
+    """Align two event streams of one step and search the root cause (see the module docstring)."""
+    tolerances = tolerances or Tolerances()
+    by_key = {event_key(e): e for e in ref_events}
+    pairs: dict[int, dict] = {}
+    for c in cand_events:
+        r = by_key.get(event_key(c))
+        if r is not None:
+            pairs[c["index"]] = r
+    paired_ref = {id(r) for r in pairs.values()}
+    extra = [c for c in cand_events if c["index"] not in pairs]
+    missing = [r for r in ref_events if id(r) not in paired_ref]
+
+    def check(r: dict, c: dict) -> TensorCheck:
+        tol = tolerances.resolve("traces", r.get("dtype") or "float32")
+        return compare_tensor_refs(r, c, tol.rtol, tol.atol)
+
+    status: dict[int, str] = {}  # candidate event index -> status of its outputs
+    by_index = {c["index"]: c for c in cand_events}
+    # the reference's tensors from before the step, by name: what an unpaired op's named leaf is judged against
+    ref_leaves = {t["name"]: t for r in ref_events for t in r.get("inputs", []) if t.get("name") and "producer" not in t}
+    candidates: list[RootCause] = []
+    not_comparable = 0
+    first_out: dict[int, TensorCheck] = {}
+    same: set[int] = set()  # paired events whose outputs equal the reference's bit for bit
+
+    def found(kind, event, ref_event, reason, chk, seen_at=None):
+        candidates.append(RootCause(rank, ref_rank, step, level, kind, event, ref_event, reason, chk, seen_at))
+
+    def leaf_status(t: dict) -> str:
+        ref_leaf = ref_leaves.get(t.get("name")) if t.get("name") else None
+        return check(ref_leaf, t).status if ref_leaf is not None else OK  # an unnamed leaf: assumed as given
+
+    for c in cand_events:
+        i = c["index"]
+        r = pairs.get(i)
+        inputs = c.get("inputs", [])
+        if r is None or c.get("group") is not None:
+            # an unpaired op or a collective: no output to compare; judged by its inputs here and
+            # by its consumers later
+            states = []
+            for t in inputs:
+                p = t.get("producer")
+                states.append(status.get(p[0], UNKNOWN) if p else leaf_status(t))
+            if r is not None and c.get("group") is not None:
+                checks = [check(rt, ct) for rt, ct in zip(r.get("inputs", []), inputs)]
+                states = [ch.status if ch.status != UNKNOWN else s for ch, s in zip(checks, states)]
+            status[i] = BAD if BAD in states else (SUSPECT if all(s in (OK, SUSPECT) for s in states) else UNKNOWN)
+            continue
+        rin = r.get("inputs", [])
+        if len(rin) != len(inputs):
+            status[i] = UNKNOWN
+            not_comparable += 1
+            continue
+        in_states = []
+        for k, (rt, ct) in enumerate(zip(rin, inputs)):
+            chk = check(rt, ct)
+            p = ct.get("producer")
+            pstat = status.get(p[0], UNKNOWN) if p else None
+            if chk.status == BAD:
+                if p is None:
+                    found("state", c, r, f"input {k}{_named(ct)} differs already at the start of the step: "
+                                         f"{chk.reason}", chk, seen_at=c)
+                elif pstat == SUSPECT:
+                    producer = by_index[p[0]]
+                    kind = "collective" if producer.get("group") is not None else "extra op"
+                    found(kind, producer, pairs.get(p[0]), f"its output differs where {event_label(c)} reads it as "
+                                                             f"input {k}: {chk.reason}", chk, seen_at=c)
+                    status[p[0]] = BAD
+            elif chk.status == OK and pstat == SUSPECT:
+                status[p[0]] = OK  # what it produced matches: the unpaired op did no harm
+            in_states.append(chk.status)
+        out_checks = [check(rt, ct) for rt, ct in zip(r.get("outputs", []), c.get("outputs", []))]
+        out_states = [ch.status for ch in out_checks]
+        if out_checks:
+            first_out[i] = out_checks[0]
+        if all(ch.reason == "bitwise equal" for ch in out_checks):
+            same.add(i)
+        if UNKNOWN in in_states or UNKNOWN in out_states or len(r.get("outputs", [])) != len(c.get("outputs", [])):
+            not_comparable += 1
+        inputs_ok = all(s == OK for s in in_states)
+        # arguments are compared where the event computes the same shapes from the same shapes: a
+        # size argument of a differently sharded run (ddp vs fsdp) is layout, not numerics
+        same_shapes = len(r.get("outputs", [])) == len(c.get("outputs", [])) and all(
+            list(rt.get("shape", [])) == list(ct.get("shape", [])) for rt, ct in zip(r.get("outputs", []), c.get("outputs", [])))
+        arg = argument_difference(r, c) if UNKNOWN not in in_states and same_shapes else None
+        if arg is not None:
+            bad_out = next((ch for ch in out_checks if ch.status == BAD), None)
+            found("argument", c, r, f"non-tensor {arg}", bad_out)
+        elif inputs_ok and BAD in out_states and c.get("view"):
+            # a view computes nothing: it shows memory its input's summary did not cover (a window
+            # of a larger buffer, allocated but not yet written): no verdict on what it shows
+            out_states = [UNKNOWN if st == BAD else st for st in out_states]
+        elif inputs_ok and BAD in out_states:
+            k = out_states.index(BAD)
+            found("op", c, r, f"inputs match, output {k} does not: {out_checks[k].reason}", out_checks[k])
+        if BAD in out_states:
+            status[i] = BAD
+        elif out_states and all(s == OK for s in out_states):
+            status[i] = OK
+        else:
+            status[i] = UNKNOWN if UNKNOWN in out_states or UNKNOWN in in_states else OK
+
+    root = min(candidates, key=lambda rc: rc.event["index"]) if candidates else None
+    if root is not None:
+        root.chain, root.chain_length = _chain(root.event, cand_events, same)
+    rows = []
+    for c in cand_events:
+        chk = first_out.get(c["index"])
+        if chk is None and root is not None and root.event is c and root.check is not None:
+            chk = root.check  # an unpaired root cause: its error as its consumer saw it
+        m = chk.metrics if chk is not None else {}
+        rows.append({"index": c["index"], "phase": c.get("phase"), "module": c.get("module"), "op": c.get("op"),
+                     "call": c.get("call"), "paired": c["index"] in pairs, "status": status.get(c["index"], UNKNOWN),
+                     "rel_l2_err": m.get("rel_l2_err", math.nan), "max_stat_abs_err": m.get("max_stat_abs_err", math.nan),
+                     "root_cause": root is not None and root.event is c})
+    return TraceComparison(rank, ref_rank, step, level, len(pairs), _count(extra), _count(missing),
+                           not_comparable, root, rows)
+
+
+def _named(t: dict) -> str:
+    return f" ({t['name']})" if t.get("name") else ""
+
+
+def _chain(root: dict, events: list[dict], same: set[int]) -> tuple[list[dict], int]:
+    """The events downstream of the root (by data flow) whose outputs differ from the reference's at
+    all (within tolerance or not): the path the error took to the step's named tensors."""
+    tainted = {root["index"]}
+    chain = []
+    for e in events:
+        if e["index"] <= root["index"]:
+            continue
+        if any(t.get("producer") and t["producer"][0] in tainted for t in e.get("inputs", [])):
+            if e["index"] not in same:
+                tainted.add(e["index"])
+                chain.append(_event_brief(e))
+    return chain[:CHAIN_LIMIT], len(chain)
+
+
+def first_root_cause(comparisons: list[TraceComparison]) -> RootCause | None:
+    """The root cause to name: the earliest traced step; there, an op's own error before a state
+    difference, then execution order, then rank."""
+    found = [tc.root_cause for tc in comparisons if tc.root_cause is not None]
+    if not found:
+        return None
+    return min(found, key=lambda rc: (rc.step, rc.kind == "state", rc.level != "ops", rc.event.get("index", 0), rc.rank))
+
+
+def render_root_cause(comparisons: list[TraceComparison], max_chain: int = 8) -> list[str]:
+    """The human report's lines about traces: what was aligned, and the root cause."""
+    if not comparisons:
+        return []
+    steps = sorted({tc.step for tc in comparisons})
+    levels = sorted({tc.level for tc in comparisons})
+    out = ["", f"Traces ({', '.join(levels)}) of step{'s' if len(steps) > 1 else ''} {', '.join(map(str, steps))}:"]
+    for tc in comparisons:
+        line = f"  step {tc.step} rank {tc.rank}: {tc.matched} events paired"
+        if tc.extra:
+            line += f", extra in candidate: {_ops(tc.extra)}"
+        if tc.missing:
+            line += f", missing from candidate: {_ops(tc.missing)}"
+        if tc.not_comparable:
+            line += f", {tc.not_comparable} not comparable (in-flight collective, uninitialized memory or other shapes)"
+        out.append(line)
+    rc = first_root_cause(comparisons)
+    if rc is None:
+        out.append("  no root cause: every paired event whose inputs match has matching outputs and arguments")
+        return out
+    e = rc.event
+    where = f"rank {rc.rank}" + (f" (ref rank {rc.ref_rank})" if rc.ref_rank != rc.rank else "")
+    out += ["", f"Root cause: step {rc.step}, {where}, module {e.get('module') or '(top level)'!s}, "
+                f"{e.get('op')} [{e.get('phase')}, call {e.get('call')}] ({rc.kind})"]
+    out.append(f"  {rc.reason}")
+    ins = ", ".join(_brief(t) for t in e.get("inputs", [])) or "-"
+    outs = ", ".join(_brief(t) for t in e.get("outputs", [])) or "-"
+    out.append(f"  inputs: {ins}")
+    out.append(f"  outputs: {outs}")
+    if rc.check is not None and rc.check.metrics:
+        m = rc.check.metrics
+        ref, cand = m.get("ref", {}), m.get("cand", {})
+        out.append(f"  error: max |stat diff| {_g(m.get('max_stat_abs_err'))}, rel L2 diff {_g(m.get('rel_l2_err'))}; "
+                   f"L2 {_g(ref.get('l2'))} -> {_g(cand.get('l2'))}, max {_g(ref.get('max'))} -> {_g(cand.get('max'))}")
+    if e.get("src"):
+        out.append(f"  source: {e['src']}")
+    if rc.seen_at is not None and rc.seen_at is not e:
+        out.append(f"  seen at: {event_label(rc.seen_at)}")
+    if rc.chain_length:
+        shown = rc.chain[:max_chain]
+        named = [c for c in rc.chain[max_chain:] if c.get("names")]
+        steps_ = [_chain_item(c) for c in shown]
+        if named:
+            steps_.append("...")
+            steps_ += [_chain_item(c) for c in named[-4:]]
+        out.append(f"  carried on by {rc.chain_length} event{'s' if rc.chain_length > 1 else ''}: " + " -> ".join(steps_))
+    return out
+
+
+def _ops(counts: dict[str, int]) -> str:
+    items = [f"{op} x{n}" if n > 1 else op for op, n in counts.items()]
+    return ", ".join(items[:4]) + (f", ... ({len(items)} ops)" if len(items) > 4 else "")
+
+
+def _brief(t: dict) -> str:
+    s = f"{t.get('dtype')}{list(t.get('shape') or [])}"
+    return s + (f" {t['name']}" if t.get("name") else "")
+
+
+def _chain_item(c: dict) -> str:
+    s = f"{c.get('module') or '.'}:{str(c.get('op')).removeprefix('aten.')}"
+    if c.get("names"):
+        s += f" => {', '.join(c['names'])}"
+    return s
+
+
+def _g(v) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, str):
+        return v
+    return f"{v:.4g}"

@@ -1,0 +1,31 @@
+"""Root causes from the traces two stores hold (`tracekit diff` calls this after the tensor diff).
+
+Reads the event streams through tracekit.store.traces and hands each (rank, step, level) pair to
+tracekit.compare.rootcause. Ranks pair as the tensor diff paired them; steps and levels are those
+both stores traced.
+"""
+
+from __future__ import annotations
+
+from tracekit.compare.catalog import StoreCatalog
+from tracekit.compare.rootcause import TraceComparison, compare_traces
+from tracekit.compare.tolerances import Tolerances
+from tracekit.store.traces import LEVELS, read_events, trace_steps
+
+
+def compare_store_traces(ref: StoreCatalog, cand: StoreCatalog, rank_pairs: dict[int, int],
+                         tolerances: Tolerances, steps: set[int] | None = None) -> list[TraceComparison]:
+    """Every (rank, step, level) both stores traced (restricted to `steps` if given), compared."""
+    out = []
+    for rank, ref_rank in sorted(rank_pairs.items()):
+        if rank not in cand.ranks or ref_rank not in ref.ranks:
+            continue
+        cg, rg = cand.ranks[rank].view.group, ref.ranks[ref_rank].view.group
+        for level in LEVELS:
+            common = sorted(set(trace_steps(cg, level)) & set(trace_steps(rg, level)))
+            for step in common:
+                if steps is not None and step not in steps:
+                    continue
+                out.append(compare_traces(read_events(rg, level, step), read_events(cg, level, step), tolerances,
+                                          rank=rank, ref_rank=ref_rank, step=step, level=level))
+    return out
