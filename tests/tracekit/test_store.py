@@ -84,7 +84,7 @@ def test_finalize_records_exit_status_and_ranks(tmp_path):
     summary = finalize_store(path, 137)
     meta = open_store(path).meta
     assert meta["exit_status"] == 137 == summary["exit_status"]
-    assert meta["ranks"]["0"] == {"completed_steps": [1], "status": "finished"}
+    assert meta["ranks"]["0"] == {"completed_steps": [1], "status": "finished", "cause": None, "exit_code": None}
     assert meta["format_version"] == FORMAT_VERSION
 
 
