@@ -15,6 +15,7 @@ import os
 
 import click
 
+from tracekit.display import terminal_safe
 from tracekit.errors import TracekitError, UsageError
 
 # Exit codes shared by all commands: 0 success, 1 a verdict of failure (diff violations), 2 unusable input.
@@ -36,9 +37,19 @@ def one_line_errors(fn):
         try:
             return fn(*args, **kwargs)
         except TracekitError as e:
-            raise CommandError(str(e)) from None
+            # one line, always: names and paths in messages are data, never control sequences
+            raise CommandError(terminal_safe(str(e)).replace("\n", "|")) from None
 
     return wrapper
+
+
+def _kind_list(ctx, param, value):
+    if value is None:
+        return None
+    kinds = [k.strip() for k in value.split(",") if k.strip()]
+    if not kinds:
+        raise click.BadParameter(f"{value!r} names no kind", ctx=ctx, param=param)
+    return kinds
 
 
 def storage_options(fn):
@@ -88,7 +99,7 @@ def comparison_options(fn):
         click.option("--config", type=click.Path(), help="TOML file of tolerances (see docs/DIFF.md)."),
         click.option("--exact", is_flag=True, help="Require equal values (rtol = atol = 0)."),
         click.option("--equal-nan", is_flag=True, default=None, help="Count NaNs on both sides as equal."),
-        click.option("--kinds", callback=lambda ctx, param, v: [k.strip() for k in v.split(",") if k.strip()] if v else None,
+        click.option("--kinds", callback=_kind_list,
                      help="Comma-separated kinds to compare (default: every recorded kind)."),
         click.option("--allow-missing", is_flag=True, help="Compare the common part when the stores differ in structure."),
     ]

@@ -57,7 +57,7 @@ def environment_block(diffs: list[dict]) -> str:
 @click.option("--json-file", "json_file", metavar="FILE", type=click.Path(),
               help="Also write the JSON report to FILE, next to the text on stdout.")
 @click.option("--all-tensors", is_flag=True, help="List every compared tensor in the JSON report, not only violations.")
-@click.option("--max-rows", type=int, default=20, show_default=True, help="Violations listed in the human report.")
+@click.option("--max-rows", type=click.IntRange(min=0), default=20, show_default=True, help="Violations listed in the human report.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), help="Worker threads (default: the CPUs available).")
 @click.option("--quiet", "-q", is_flag=True, help="No progress bar and no tables: only the verdict line.")
 @click.option("--workers", type=click.IntRange(min=1), default=None,

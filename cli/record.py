@@ -108,7 +108,8 @@ def record(store, force, kinds, param_globs, ranks, every, queue_mb, flush_timeo
     done = recording_summary(store)
     click.echo(summary_line(done, status), err=True)
     if not done["steps"]:
-        why = ("no rank started recording (did the command run a training script?)" if not done["ranks"] else
+        why = (f"--ranks {ranks} matched no rank of the job" if config.ranks is not None and not done["ranks"] else
+               "no rank started recording (did the command run a training script?)" if not done["ranks"] else
                "no rank completed a step (steps are recorded when the training optimizer steps)")
         message = f"nothing was recorded in {store}: {why}; see docs/ZEROCODE.md"
         if status == 0:  # a run that "succeeded" with an empty store must not pass in CI

@@ -7,6 +7,7 @@ import shlex
 import click
 
 from tracekit.cli.common import emit_json, json_option, one_line_errors, storage_options
+from tracekit.display import shown, terminal_safe
 
 # Run facts in the order a reader looks for them; anything else recorded follows.
 _FIRST = ("command", "mode", "device", "backend", "compile_backend", "seed", "world_size", "versions", "env",
@@ -86,7 +87,7 @@ def _kind_lines(kinds: list[dict]) -> list[str]:
         span = f"steps {steps[0]}-{steps[-1]}" if steps else "no completed steps"
         per_step = sum(t["bytes_per_step"] for t in k["tensors"])
         lines.append(f"  {k['kind']}: {len(k['tensors'])} tensors, {span}, {human_bytes(per_step)} per rank and step")
-        rows = [[t["name"], t["dtype"], "x".join(map(str, t["shape"])) or "scalar",
+        rows = [[shown(t["name"]), t["dtype"], "x".join(map(str, t["shape"])) or "scalar",
                  human_bytes(t["bytes_per_step"]), "shape differs over ranks" if t["shapes_differ"] else ""]
                 for t in k["tensors"]]
         lines += ["  " + line for line in _table(["tensor", "dtype", "shape", "bytes/step", ""], rows)]
@@ -98,6 +99,11 @@ def _finished(summary: dict) -> str:
     launcherless = summary.get("launcherless")  # recorded through TRACEKIT_STORE: nobody finalizes the store
     if summary["finished"]:
         return f"yes (exit status {summary['run'].get('exit_status')})"
+    state = summary.get("job_state")  # from the store's job lock (tracekit.store.ownership)
+    if state == "launcher died":
+        return "no: launcher died (the job ended without finalizing; ranks keep their completed steps)"
+    if state == "recording":
+        return "no: still recording (its launcher holds the store)"
     if running:
         return (f"no: rank(s) {_ranges(running)} still running, or died without closing"
                 + (" (no launcher)" if launcherless else "; or the launcher died"))
@@ -152,7 +158,7 @@ def render(summary: dict) -> str:
                if per_rank else []),
              "", f"ranks ({summary['world_size']}{'; ' + common if common else ''}):", *rank_table,
              "", "kinds:", *_kind_lines(summary["kinds"])]
-    return "\n".join(lines)
+    return terminal_safe("\n".join(lines))
 
 
 @click.command()

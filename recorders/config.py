@@ -8,6 +8,7 @@ from dataclasses import dataclass, field, replace
 from tracekit.store.location import canonical
 from tracekit.errors import UsageError
 from tracekit.store.kinds import DEFAULT_KINDS, KINDS
+from tracekit.store.ownership import ENV_RUN_ID
 
 ENV_STORE = "TRACEKIT_STORE"
 ENV_KINDS = "TRACEKIT_KINDS"
@@ -31,6 +32,8 @@ def parse_kinds(spec: str | None) -> tuple[str, ...]:
     if not spec:
         return DEFAULT_KINDS
     items = [s.strip() for s in spec.split(",") if s.strip()]
+    if not items:
+        raise UsageError(f"kinds {spec!r}: names no kind; known kinds: {', '.join(RECORDABLE_KINDS)}")
     if all(s[0] in "+-" for s in items):
         kinds = list(DEFAULT_KINDS)
         for s in items:
@@ -54,20 +57,19 @@ def _check_kind(name: str) -> None:
 
 
 def parse_ranks(spec: str | None) -> frozenset[int] | None:
-    """'0,2-3' -> {0, 2, 3}; empty -> None (all ranks)."""
-    if not spec:
+    """'0,2-3' -> {0, 2, 3}; empty -> None (all ranks). Ranges go up (3-1 is refused, not empty)."""
+    if spec is None or spec == "":
         return None
     ranks: set[int] = set()
-    try:
-        for part in spec.split(","):
-            part = part.strip()
-            if "-" in part:
-                lo, hi = part.split("-", 1)
-                ranks.update(range(int(lo), int(hi) + 1))
-            elif part:
-                ranks.add(int(part))
-    except ValueError:
-        raise UsageError(f"ranks {spec!r}: expected a list like 0,2-3") from None
+    for part in spec.split(","):
+        part = part.strip()
+        lo, sep, hi = part.partition("-")
+        if not (lo.strip().isdigit() and (not sep or hi.strip().isdigit())):
+            raise UsageError(f"ranks {spec!r}: expected a list of ranks and ranges like 0,2-3 (ranks count from 0)")
+        first, last = int(lo), int(hi) if sep else int(lo)
+        if last < first:
+            raise UsageError(f"ranks {spec!r}: range {part} goes down; write {last}-{first}")
+        ranks.update(range(first, last + 1))
     return frozenset(ranks)
 
 
@@ -105,9 +107,10 @@ class RecordConfig:
     params: tuple[str, ...] = ()  # fnmatch globs over parameter names; empty: all
     ranks: frozenset[int] | None = None  # None: every rank writes
     every: int = 1  # record steps k, 2k, 3k, ... (the initial parameters always)
-    queue_mb: int = DEFAULT_QUEUE_MB  # cap on tensor bytes waiting for the background writer
+    queue_mb: int = DEFAULT_QUEUE_MB  # cap on sealed steps spooled for the rank's writer process
     replay_from: str | None = None  # a reference store: each replayed step starts from its state
     replay_steps: tuple[int, int | None] = (1, None)  # replayed steps, inclusive (None: to the end)
+    run_id: str | None = None  # the job's run id, set by `tracekit record`; ranks write only under it
     trace: str | None = None  # "modules" or "ops": trace the chosen steps at that level
     trace_steps: tuple[int, int | None] = (1, 1)  # traced steps, inclusive
     trace_full: tuple[str, ...] = ()  # fnmatch globs over event labels whose tensors are kept whole
@@ -136,6 +139,7 @@ class RecordConfig:
             queue_mb=queue_mb,
             replay_from=env.get(ENV_REPLAY_FROM) or None,
             replay_steps=parse_step_range(env.get(ENV_REPLAY_STEPS)),
+            run_id=env.get(ENV_RUN_ID) or None,
             trace=parse_trace_level(env.get(ENV_TRACE)),
             trace_steps=parse_step_range(env.get(ENV_TRACE_STEPS) or "1"),
             trace_full=tuple(g for g in env.get(ENV_TRACE_FULL, "").split("\n") if g),
@@ -149,6 +153,8 @@ class RecordConfig:
             env[ENV_PARAMS] = ",".join(self.params)
         if self.ranks is not None:
             env[ENV_RANKS] = ",".join(str(r) for r in sorted(self.ranks))
+        if self.run_id:
+            env[ENV_RUN_ID] = self.run_id
         if self.replay_from:
             env[ENV_REPLAY_FROM] = canonical(self.replay_from)
             env[ENV_REPLAY_STEPS] = format_step_range(self.replay_steps)

@@ -26,7 +26,7 @@ from tracekit.errors import TracekitError
 from tracekit.recorders.spool import PART, PROV, STEP, entry_name, spool_root, write_entry
 from tracekit.recorders.spool_writer import ATTRS, LOCK
 from tracekit.store import TensorData
-from tracekit.store.location import child_env
+from tracekit.store.location import canonical, child_env
 
 
 class WriterFailed(TracekitError):
@@ -65,7 +65,7 @@ class Handoff:
             fcntl.flock(lock, fcntl.LOCK_EX)
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "tracekit.recorders.spool_writer", "--spool", self.spool,
-                 "--store", os.path.abspath(store), "--rank", str(rank), "--rank-pid", str(os.getpid()),
+                 "--store", canonical(store), "--rank", str(rank), "--rank-pid", str(os.getpid()),
                  "--lock-fd", str(lock)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_writer_env(), start_new_session=True,
                 pass_fds=(lock,))
@@ -152,11 +152,17 @@ class Handoff:
 
     def _notify(self) -> None:
         try:
-            self._in.write(b"sealed\n")
-            self._in.flush()
+            self._send(b"sealed\n")
         except (BrokenPipeError, ValueError):
             self._poll()
             raise WriterFailed("the writer process died") from None
+
+    def _send(self, data: bytes) -> None:
+        # os.write, not the buffered file: a signal handler that sends the close command while the
+        # training thread is sending must not meet a half-used buffer (a short line is atomic)
+        fd = self._in.fileno()
+        while data:
+            data = data[os.write(fd, data):]
 
     def _sealed(self, seq: int, size: int) -> None:
         self._pending[seq] = size
@@ -207,8 +213,7 @@ class Handoff:
             return
         self._close_sent = True
         try:
-            self._in.write(f"close {status} {json.dumps(attrs or {})}\n".encode())
-            self._in.flush()
+            self._send(f"close {status} {json.dumps(attrs or {})}\n".encode())
         except (BrokenPipeError, ValueError):
             pass
 

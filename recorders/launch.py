@@ -25,7 +25,10 @@ from typing import Sequence
 from tracekit.environment import run_environment
 from tracekit.errors import UsageError
 from tracekit.store import create_store, finalize_store
-from tracekit.store.location import canonical, child_env
+from tracekit.store.finalize import mark_writers_outlived
+from tracekit.store.ownership import ENV_RUN_ID, JobClaim, new_run_id
+from tracekit.store.writer import check_target
+from tracekit.store.location import canonical, child_env, resolve
 from tracekit.recorders.config import RecordConfig, format_step_range
 from tracekit.recorders.spool import ENV_SPOOL, spool_root
 from tracekit.recorders.spool_writer import LOCK
@@ -34,6 +37,22 @@ from tracekit.recorders.exits import StderrTail, worker_exits
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)  # start the flush clock
 DEFAULT_FLUSH_TIMEOUT = 60.0
+
+
+def _claim(store: str, force: bool) -> JobClaim:
+    """Exclusive ownership of `store` for this job (refused while another job holds it, --force or not)."""
+    check_target(store, force=True)  # a foreign folder is refused before we put a lock file in it
+    try:
+        os.makedirs(store, exist_ok=True)
+    except OSError as e:
+        raise UsageError(f"-o {store}: cannot create it ({e.strerror or e})") from None
+    claim = JobClaim.acquire(store, new_run_id())  # a live job is named first, --force or not
+    try:
+        check_target(store, force)
+    except BaseException:
+        claim.release()
+        raise
+    return claim
 
 
 def worker_env(config: RecordConfig, base: dict | None = None) -> dict[str, str]:
@@ -61,10 +80,20 @@ def launch(command: Sequence[str], config: RecordConfig, force: bool = False, ex
         from tracekit.recorders.replay import check_reference  # imports torch: only when replaying
 
         meta.update(check_reference(config.replay_from, store), replay_steps=format_step_range(config.replay_steps))
-    create_store(store, meta, force=force)
+    # Object stores have no file locks: there the run id alone says whose the data is.
+    claim = _claim(store, force) if resolve(store).is_local else JobClaim(None, new_run_id(), None)
+    try:
+        create_store(store, {**meta, "run_id": claim.run_id}, force=force)
+        return _launch(command, config, store, claim, env_updates, flush_timeout)
+    finally:
+        claim.release()
+
+
+def _launch(command, config: RecordConfig, store: str, claim: JobClaim, env_updates, flush_timeout: float) -> int:
     spools = tempfile.mkdtemp(prefix="tracekit-spool-", dir=spool_root(config.queue_mb * 1024 * 1024))
     env = worker_env(config.with_store(store))
     env[ENV_SPOOL] = spools
+    env[ENV_RUN_ID] = claim.run_id
     env.update(child_env())  # --storage-option reaches the ranks this way, never through the store
     env.update(env_updates or {})
     read_fd, write_fd = os.pipe()  # the workers' exit codes are in torchrun's report on stderr
@@ -96,6 +125,13 @@ def launch(command: Sequence[str], config: RecordConfig, force: bool = False, ex
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         status = rc if rc >= 0 else 128 - rc  # killed by signal N: report 128+N, as shells do
+        # Any process still holding the store's writers lock (an orphan of a killed agent, a writer
+        # outside our spools) would change metadata that finalizing consolidates: wait for it too.
+        if not claim.wait_for_writers(max(0.0, deadline[0] - time.monotonic())):
+            mark_writers_outlived(store, status)
+            print(f"tracekit: ranks still write to {store} at --flush-timeout; left it unfinalized "
+                  "(readers report it as 'launcher died')", file=sys.stderr, flush=True)
+            return status
         finalize_store(store, status, worker_exits(tail.text()) if rc != 0 else {})
         return status
     finally:

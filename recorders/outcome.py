@@ -1,8 +1,10 @@
 """How this process is ending, for the status a recorder closes with at exit.
 
 Exit hooks cannot see why the interpreter is exiting. So, once per process, sys.excepthook is
-wrapped to note an uncaught exception (Python calls it before the exit hooks run) and sys.exit to
-note a non-zero exit code; `exit_status()` then says `finished` only when neither happened.
+wrapped to note an uncaught exception (Python calls it before the exit hooks run); `exit_status()`
+then says `finished` only when none happened. A non-zero sys.exit is not seen here (a program, a
+test runner, may catch SystemExit and go on): the launcher learns the worker's exit code and
+finalization turns `finished` with a non-zero exit into `failed` (tracekit/store/status.py).
 """
 
 from __future__ import annotations
@@ -26,19 +28,13 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    previous_hook, previous_exit = sys.excepthook, sys.exit
+    previous_hook = sys.excepthook
 
     def excepthook(exc_type, exc, tb):
         _state["cause"] = one_line(exc) if exc is not None else exc_type.__name__
         previous_hook(exc_type, exc, tb)
 
-    def exit(code=0):
-        if code not in (0, None):
-            _state["cause"] = f"exit status {code}" if isinstance(code, int) else f"exit: {str(code).splitlines()[0][:MAX_CAUSE]}"
-        previous_exit(code)
-
     sys.excepthook = excepthook
-    sys.exit = exit
 
 
 def exit_status() -> tuple[str, str | None]:

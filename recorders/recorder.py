@@ -24,6 +24,8 @@ from tracekit.errors import TracekitError
 from tracekit.store import create_store, is_store
 from tracekit.store.location import canonical
 from tracekit.store.kinds import INITIAL_STEP
+from tracekit.store.ownership import new_run_id
+from tracekit.recorders.parent_death import die_with_parent
 from tracekit.environment import numeric_env, package_versions, run_environment
 from tracekit.recorders import outcome
 from tracekit.recorders.handoff import Handoff
@@ -175,9 +177,16 @@ class Recorder:
         if not self.zero_code:
             global explicit_recorder_started
             explicit_recorder_started = True
+        if self.config.run_id is not None:  # started by `tracekit record`: die with the launcher
+            die_with_parent()
         self._ensure_root()
         self.coords = detect_coords((p for _, p in self._params), self._coord_overrides)
         self._writes = self.config.ranks is None or self.coords["rank"] in self.config.ranks
+        if self.config.ranks is not None and self.coords["rank"] == 0:
+            outside = sorted(r for r in self.config.ranks if r >= self.coords["world_size"])
+            if outside:
+                print(f"tracekit: warning: --ranks names rank(s) {', '.join(map(str, outside))}, outside this "
+                      f"{self.coords['world_size']}-rank job", file=sys.stderr, flush=True)
         if self.config.replay_from:
             self._replay = Replay.open(self.config, self.coords["rank"], self._params, lambda: self.optimizer)
         if self._writes:
@@ -206,7 +215,7 @@ class Recorder:
         rank = dist.get_rank() if distributed else int(os.environ.get("RANK", 0))
         if rank == 0 and not is_store(path):
             replay = {"replay_of": canonical(self.config.replay_from)} if self.config.replay_from else {}
-            create_store(path, {"launcher": None, **run_environment(), **replay})
+            create_store(path, {"launcher": None, "run_id": new_run_id(), **run_environment(), **replay})
         if distributed:
             dist.barrier()
         if not is_store(path):

@@ -33,6 +33,7 @@ import time
 from tracekit.errors import TracekitError
 from tracekit.recorders.spool import PROV, STEP, entry_seq, read_entry
 from tracekit.store import RankWriter
+from tracekit.store.ownership import ENV_RUN_ID
 from tracekit.store.traces import TraceWriter
 
 LOCK = "writer.lock"  # held for the writer's life: `tracekit record` waits on it before finalizing
@@ -53,7 +54,8 @@ class _Writer:
         self.bytes_per_s = mbps * 1e6 if mbps > 0 else None
         with open(os.path.join(spool, ATTRS)) as f:
             attrs = json.load(f)
-        self.writer = RankWriter(store, rank, attrs)
+        # writes only while the store's root names the job this rank was started in
+        self.writer = RankWriter(store, rank, attrs, run_id=os.environ.get(ENV_RUN_ID) or None)
         self.traces: TraceWriter | None = None  # created at the first traced step
         try:
             self.pidfd = os.pidfd_open(rank_pid)

@@ -94,7 +94,8 @@ def test_a_rank_killed_mid_run_against_the_bucket_leaves_its_completed_steps(s3)
     store = open_store(url)
     assert store.meta["exit_status"] == result.returncode
     dead = store.rank(1)
-    assert dead.completed_steps == [1, 2] and dead.status == "running"
+    assert dead.completed_steps == [1, 2]
+    assert dead.status == "killed" and dead.cause == "killed by SIGKILL"  # its writer process stored steps 1-2
     assert dead.read("loss", 2, "loss").shape == ()
     code, out = cli("diff", "--allow-missing", url, url)
     assert code == 0, out

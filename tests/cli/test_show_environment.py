@@ -56,10 +56,9 @@ def test_launcherless_store_is_not_called_running_when_every_rank_closed(tmp_pat
     assert "finished: every rank closed (no launcher, so no exit status)" in done
     half = invoke("show", write(tmp_path / "half", [BASE, BASE], root=root, finalize=False, close={0})).output
     assert "finished: no: rank(s) 1 still running, or died without closing (no launcher)" in half
+    # a store that names a launcher which no longer holds it (the store's job lock says so)
     launched = invoke("show", write(tmp_path / "l", [BASE, BASE], finalize=False, close={1})).output
-    assert "finished: no: rank(s) 0 still running, or died without closing; or the launcher died" in launched
-    closed = invoke("show", write(tmp_path / "c", [BASE], finalize=False)).output
-    assert "finished: every rank closed, but no launcher finalized the store" in closed
+    assert "finished: no: launcher died" in launched
     assert "finished: yes (exit status 0)" in invoke("show", write(tmp_path / "f", [BASE])).output
 
 

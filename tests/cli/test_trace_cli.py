@@ -35,7 +35,7 @@ def test_zero_code_traces_name_the_planted_op_on_its_rank(recorded_sample, tmp_p
         assert collectives and all(e["group"] == [0, 1] for e in collectives)  # DDP's gradient all-reduce
         assert {e["phase"] for e in events} == {"fwd", "bwd", "opt"}
     out = tmp_path / "report.json"
-    result = CliRunner().invoke(main, ["diff", ref, cand, "--json", str(out)])
+    result = CliRunner().invoke(main, ["diff", ref, cand, "--json-file", str(out)])
     assert result.exit_code == 1, result.output
     assert "Root cause: step 2, rank 1, module 0, aten._to_copy.default [fwd, call 0] (extra op)" in result.output
     rc = json.loads(out.read_text())["root_cause"]

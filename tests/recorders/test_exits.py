@@ -40,3 +40,4 @@ def test_final_status():
     assert final_rank_status("failed", "RuntimeError: x", 1) == ("failed", "RuntimeError: x")
     assert final_rank_status("terminated", None, -15) == ("terminated", "killed by SIGTERM")
     assert final_rank_status("finished", None, -15) == ("finished", None)  # stopped after its loop ended
+    assert final_rank_status("finished", None, 1) == ("failed", "exit status 1 after its recording closed")

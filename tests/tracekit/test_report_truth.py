@@ -74,7 +74,7 @@ def test_heatmap_cells_match_open_diff(ds):
             for j, step in enumerate(hm.steps):
                 sub = ds.sel(rank=rank, step=step).where(ds["kind"] == kind, drop=True)
                 compared = bool(sub["compared"].any())
-                failed = bool((sub["violations"].fillna(0) > 0).any())
+                failed = bool((sub["compared"].astype(bool) & ~sub["passed"].astype(bool)).any())  # either rule
                 nonfinite = bool((sub["nonfinite"].fillna(0) > 0).any())
                 cell = rgba[i, j]
                 assert np.allclose(cell, grey) == (not compared), (kind, rank, step)
@@ -107,14 +107,15 @@ def test_worst_tensor_bars_match_open_diff(ds):
     from tracekit.report import cells, plots
 
     items = cells.worst_tensors(ds)
-    failing = {str(t) for t in ds["tensor"].values if float(ds["violations"].sel(tensor=t).sum()) > 0}
+    failing = {str(t) for t in ds["tensor"].values
+               if bool((ds["compared"] & ~ds["passed"]).sel(tensor=t).any())}
     assert failing == {"gradients/w", "deltas/d"}
     assert [w.tensor for w in items[:len(failing)]] == ["gradients/w", "deltas/d"]  # non-finite first
     assert {w.tensor for w in items} == {str(t) for t in ds["tensor"].values}
     lengths = plots.bar_lengths([w.margin for w in items])
     assert np.isfinite(lengths).all() and (lengths > 0).all()  # every tensor has a bar, infinite ones too
-    fail_len = [length for w, length in zip(items, lengths) if w.violations]
-    pass_len = [length for w, length in zip(items, lengths) if not w.violations]
+    fail_len = [length for w, length in zip(items, lengths) if w.failing_pairs]
+    pass_len = [length for w, length in zip(items, lengths) if not w.failing_pairs]
     assert min(fail_len) > max(pass_len)  # no passing tensor outgrows a failing one
     assert np.isinf(items[0].margin) and lengths[0] == lengths.max()
 

@@ -216,3 +216,18 @@ def test_replayed_step_starts_from_the_reference_state(runs, tmp_path):
         ev = ds.tracekit.events()
         addmm = ev.where((ev.op == "aten.addmm.default") & (ev.module == "0"), drop=True)
         assert float(addmm.max_stat_abs_err[0]) == 0.0 if clean_start else float(addmm.max_stat_abs_err[0]) > 0.0
+
+
+def test_report_has_the_root_cause_and_a_per_module_error_plot(runs):
+    pytest.importorskip("matplotlib")
+    from tracekit.report import build_report
+    from tracekit.report.traces import module_errors
+
+    report, html, _ = build_report(runs(None), runs("act"))
+    assert "Traces: the root-cause op" in html and "Root cause: step 2, rank 0, module 1" in html
+    assert 'alt="error per module"' in html
+    order, errs = module_errors(report.traces[0])
+    assert order[:3] == ["(top)", "0", "1"] or order[:3] == ["0", "1", "2"]
+    fwd = dict(zip(order, errs["fwd"]))
+    # forward: module 0 computes as the reference does; the error appears at module 1, the fault
+    assert fwd["0"] == 0.0 and fwd["1"] > 0.0 and fwd["2"] > 0.0

@@ -39,6 +39,8 @@ class RankCatalog:
         if arr is None:
             try:
                 arr = self._arrays[(kind, key)] = self.view.array(kind, key)
+            except StoreError:
+                raise  # already one line naming the place and the damage
             except Exception as e:
                 raise StoreError(
                     f"{self.view.store.path}: rank {self.rank} {kind}: cannot open array {key!r} ({e.__class__.__name__})"

@@ -207,8 +207,8 @@ def _resolve_options(rtol, atol, tol, exact, config, tolerances, equal_nan, orac
             oracle_factor = cfg.get("oracle_factor")
     if oracle_factor is None:
         oracle_factor = DEFAULT_ORACLE_FACTOR
-    if not (isinstance(oracle_factor, (int, float)) and oracle_factor >= 0 and not math.isnan(oracle_factor)):
-        raise UsageError(f"--oracle-factor must be a non-negative number, not {oracle_factor!r}")
+    if not (isinstance(oracle_factor, (int, float)) and oracle_factor >= 0 and math.isfinite(oracle_factor)):
+        raise UsageError(f"--oracle-factor must be a finite, non-negative number, not {oracle_factor!r}")
     return tolerances, bool(equal_nan), float(oracle_factor)
 
 

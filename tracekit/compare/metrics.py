@@ -325,6 +325,9 @@ class MetricsAccumulator:
             absa = np.abs(a, out=s2) if a.dtype.kind != "c" and s2.size == a.size else np.abs(a)
             rel = np.divide(ad, absa, out=absa)  # 0/0 -> nan (ignored by fmax), x/0 -> inf
             max_rel = float(np.fmax.reduce(rel))
+            if math.isinf(max_rel) and a.dtype == np.float32:
+                # x / tiny overflows float32 (|ref| subnormal): the quotient in float64, on this rare path
+                max_rel = float(np.fmax.reduce(ad.astype(np.float64) / np.abs(a.astype(np.float64))))
             if not math.isnan(max_rel):
                 self.max_rel = max(self.max_rel, max_rel)
         if mad > self.max_abs:
@@ -439,12 +442,16 @@ class MetricsAccumulator:
         shape = (self.n,) if shape is None else tuple(shape)
         ss_a, dad, ss_d = self.ss_ref, self.dot_ref_diff, self.ss_diff
         if ss_a > 0:
-            rel_l2 = math.sqrt(ss_d / ss_a)
+            rel_l2 = math.sqrt(ss_d) / math.sqrt(ss_a)  # the quotient of the squares can overflow
             # cos = a.b / (|a||b|) with b = a + d, written in x = a.d/|a|^2, y = |d|^2/|a|^2 so that
             # 1 - cos (~ (y - x^2)/2) keeps its digits instead of cancelling against |a|^2.
             x, y = dad / ss_a, ss_d / ss_a
             nb2 = 1.0 + 2.0 * x + y
-            cosine = (1.0 + x) / math.sqrt(nb2) if nb2 > 0 else 0.0
+            if math.isfinite(nb2):
+                cosine = (1.0 + x) / math.sqrt(nb2) if nb2 > 0 else 0.0
+            else:  # |ref| far below |cand - ref| (x, y overflow): the plain formula, in norms
+                ss_b = ss_a + 2.0 * dad + ss_d
+                cosine = (ss_a + dad) / (math.sqrt(ss_a) * math.sqrt(ss_b)) if ss_b > 0 else 0.0
             cosine = max(-1.0, min(1.0, cosine))
         else:
             rel_l2 = 0.0 if ss_d == 0 else math.inf

@@ -6,6 +6,7 @@ import math
 
 from tracekit.compare.alignment import ranges
 from tracekit.compare.report import DiffReport, TensorResult
+from tracekit.display import shown, terminal_safe
 from tracekit.compare.rootcause import render_root_cause
 from tracekit.store.kinds import kind_order
 
@@ -83,11 +84,11 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
         out.append(f"not comparable: {n.kind}{' ' + repr(n.tensor) if n.tensor else ''}: {n.reason}")
     if not report.usable:
         out += ["", "Nothing was compared: pass --allow-missing to compare the common part.", report.summary_line]
-        return "\n".join(out)
+        return terminal_safe("\n".join(out))
 
     if report.nothing_compared:
         out += ["", f"Nothing was compared: {report.nothing_compared_reason}.", report.summary_line]
-        return "\n".join(out)
+        return terminal_safe("\n".join(out))
 
     out += ["", "Summary per step and kind (max abs error over finite elements, m= margin: the worst tensor's "
                 "error / bound, at most 1 passes; FAIL n: n (rank, tensor) pairs outside tolerance):"]
@@ -119,8 +120,8 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
         out += ["", f"First divergence: step {d.step}, {d.kind}, tensor {d.tensor!r}, "
                     f"rank{'s' if len(d.ranks) > 1 else ''} {ranges(d.ranks)}"]
         if len(d.tensors) > 1:
-            shown = ", ".join(d.tensors[:8]) + (", ..." if len(d.tensors) > 8 else "")
-            out.append(f"  {len(d.tensors)} {d.kind} tensors outside tolerance: {shown}")
+            names = ", ".join(shown(t) for t in d.tensors[:8]) + (", ..." if len(d.tensors) > 8 else "")
+            out.append(f"  {len(d.tensors)} {d.kind} tensors outside tolerance: {names}")
         if d.worst is not None:
             w = d.worst
             where = f"rank {d.rank}" + (f" (ref rank {d.ref_rank})" if d.ref_rank != d.rank else "")
@@ -145,7 +146,9 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
     if report.stopped_early:
         out += ["", "Stopped after the first violating step (--fail-fast)."]
     out += ["", report.summary_line]
-    return "\n".join(out)
+    # names are escaped where they are put in (a newline in one is data, not a line); this sweep
+    # catches controls anywhere else (paths, run facts)
+    return terminal_safe("\n".join(out))
 
 
 def _violation_rows(results: list[TensorResult]):
@@ -160,7 +163,7 @@ def _violation_rows(results: list[TensorResult]):
         worst = f"{list(w.index)}: {_v(w.ref)} -> {_v(w.cand)}" if w else "-"
         nf = f", {m.nonfinite} NaN/Inf" if m.nonfinite else ""
         nr = ", norm rule" if m.norm_failed else ""
-        row = [str(r.step), str(r.rank), r.kind, r.tensor, f"{m.violations} ({m.violation_fraction:.1%}{nf}{nr})", _g(m.max_abs_err),
+        row = [str(r.step), str(r.rank), r.kind, shown(r.tensor), f"{m.violations} ({m.violation_fraction:.1%}{nf}{nr})", _g(m.max_abs_err),
                _g(m.max_rel_err), _g(m.rel_l2_err), _cos(m.cosine, 6), _m(m.margin), worst]
         if oracle:
             row += [_g(m.oracle.cand_max_err), _g(m.oracle.ref_max_err)] if m.oracle else ["-", "-"]

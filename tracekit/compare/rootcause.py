@@ -334,6 +334,8 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
     rows = []
     for c in cand_events:
         chk = first_out.get(c["index"])
+        if chk is None and root is not None and root.event is c and root.check is not None:
+            chk = root.check  # an unpaired root cause: its error as its consumer saw it
         m = chk.metrics if chk is not None else {}
         rows.append({"index": c["index"], "phase": c.get("phase"), "module": c.get("module"), "op": c.get("op"),
                      "call": c.get("call"), "paired": c["index"] in pairs, "status": status.get(c["index"], UNKNOWN),

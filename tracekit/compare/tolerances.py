@@ -85,8 +85,8 @@ def _check_value(name: str, value, where: str) -> float:
         v = float(value)
     except (TypeError, ValueError):
         raise UsageError(f"{where}: {name} must be a number, not {value!r}") from None
-    if math.isnan(v) or v < 0:
-        raise UsageError(f"{where}: {name} must be a non-negative number, not {value!r}")
+    if not math.isfinite(v) or v < 0:  # inf would pass everything: a gate that cannot fail
+        raise UsageError(f"{where}: {name} must be a finite, non-negative number, not {value!r}")
     return v
 
 
@@ -187,6 +187,18 @@ def _pair(table, where: str) -> tuple[float | None, ...]:
     return tuple(None if table.get(n) is None else _check_value(n, table[n], where) for n in TOL_NAMES)
 
 
+def _check_dtype_name(name: str, where: str) -> None:
+    """A table for a dtype that does not exist is a typo ([dtype.flaot32]): applying to nothing, it
+    would let a tightened gate pass unnoticed."""
+    from tracekit.store.dtypes import storage_dtype
+
+    try:
+        storage_dtype(name)
+    except ValueError:
+        known = ", ".join(sorted(set(DTYPE_DEFAULTS) | {"int64", "int32", "int16", "int8", "uint8", "bool"}))
+        raise UsageError(f"{where}: unknown dtype {name!r} (known: {known}, ...)") from None
+
+
 def load_config(path: str) -> dict:
     """Read a TOML tolerance file into keyword arguments for Tolerances plus equal_nan/oracle_factor.
 
@@ -220,6 +232,8 @@ def load_config(path: str) -> dict:
         if not isinstance(sub, dict):
             raise UsageError(f"--config {path}: [{table}] must be a table of tables")
         out[key] = {name: _pair(v, f"--config {path} [{table}.{name}]") for name, v in sub.items()}
+    for name in out.get("config_dtypes", {}):
+        _check_dtype_name(name, f"--config {path} [dtype.{name}]")
     extra = {}
     if "equal_nan" in doc:
         if not isinstance(doc["equal_nan"], bool):

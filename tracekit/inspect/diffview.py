@@ -61,6 +61,7 @@ def _metrics_dataset(report, keys, ranks, steps):
     worst_flat = np.full(shape, -1, dtype=np.int64)
     ref_rank = np.full(shape, -1, dtype=np.int64)
     passed = np.zeros(shape, dtype=bool)
+    margin = np.full(shape, np.nan)  # error over bound of the rule closer to failing; > 1 fails
     for r in report.results:
         at = (ri[r.rank], si[r.step], ki[tensor_key(r.kind, r.tensor)])
         m = r.metrics
@@ -69,6 +70,7 @@ def _metrics_dataset(report, keys, ranks, steps):
             floats[name][at] = np.nan if v is None else v  # None: no comparable element
         ref_rank[at] = r.ref_rank
         passed[at] = m.passed  # the elementwise and the norm rule
+        margin[at] = np.nan if m.margin is None else m.margin
         if m.worst is not None:
             worst["ref"][at], worst["cand"][at], worst["abs_err"][at] = m.worst.ref, m.worst.cand, m.worst.abs_err
             worst_flat[at] = int(np.ravel_multi_index(m.worst.index, r.shape)) if r.shape else 0
@@ -80,6 +82,7 @@ def _metrics_dataset(report, keys, ranks, steps):
     data["ref_rank"] = (dims, ref_rank)
     data["compared"] = (dims, compared)
     data["passed"] = (dims, compared & passed)
+    data["margin"] = (dims, margin)
     return xr.Dataset(data)
 
 
@@ -88,7 +91,8 @@ def open_diff(ref, cand, **diff_kwargs):
 
     Dims rank (candidate ranks), step and tensor ('kind/name'); per (rank, step, tensor) the diff's
     metrics (max_abs_err, max_rel_err, rel_l2_err, cosine, violation_fraction, violations,
-    nonfinite, numel), its worst element (worst_ref, worst_cand, worst_abs_err, worst_flat_index),
+    nonfinite, numel), `margin` (error over bound of the closer rule, elementwise or norm: > 1
+    fails; inf for a NaN/Inf mismatch), its worst element (worst_ref, worst_cand, worst_abs_err, worst_flat_index),
     `compared` and `passed`; NaN where a pair was not compared. Per tensor, coords kind, name,
     dtype, shape, rtol, atol (the tolerance the diff applied). Per tensor also a lazy data variable
     `abs_err/<kind>/<name>` = |cand - ref| over (rank, step, '<kind>/<name>_dim0', ...).

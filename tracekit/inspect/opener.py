@@ -13,6 +13,11 @@ from tracekit.store.location import canonical
 from tracekit.store.kinds import kind_order
 
 
+def variable_name(name: str) -> str:
+    """A tensor's xarray variable name: '/' (legal in torch module names, not in a DataTree) becomes %2F."""
+    return name.replace("/", "%2F")
+
+
 def tensor_dims(name: str, ndim: int) -> tuple[str, ...]:
     """A tensor's own dims, named after it so tensors of different shapes share one Dataset."""
     return tuple(f"{name}_dim{i}" for i in range(ndim))
@@ -34,7 +39,12 @@ def _rank_coords(store) -> tuple[dict, dict]:
     """(coords along rank, run-wide attrs): the rank index plus dp_rank, tp_rank, mesh positions, ..."""
     columns, attrs = rank_columns({r: store.rank(r).coords for r in store.ranks})
     coords = {"rank": np.asarray(store.ranks, dtype=np.int64)}
-    coords.update({k: ("rank", np.asarray(v, dtype=np.int64)) for k, v in columns.items()})
+    try:
+        coords.update({k: ("rank", np.asarray(v, dtype=np.int64)) for k, v in columns.items()})
+    except (OverflowError, TypeError, ValueError) as e:
+        from tracekit.errors import StoreError
+
+        raise StoreError(f"{store.path}: rank coordinates that are not integers ({e}); damaged metadata") from None
     return coords, attrs
 
 
@@ -63,10 +73,17 @@ def _kind_dataset(store, kind: str, rank_coords: dict):
         return [row_maps[r].get(s) for s in steps]
 
     data_vars = {}
+    seen: dict[str, str] = {}
     for name, by_rank in infos.items():
+        tensor = name
+        name = variable_name(name)
+        if seen.setdefault(name, tensor) != tensor:
+            from tracekit.errors import StoreError
+
+            raise StoreError(f"{store.path}: {kind} tensors {seen[name]!r} and {tensor!r} have the same variable name {name!r}")
         shapes = {i.shape for i in by_rank.values()}
         dtypes = sorted({i.dtype for i in by_rank.values()})
-        attrs = {"kind": kind, "recorded_dtype": dtypes[0] if len(dtypes) == 1 else dtypes}
+        attrs = {"kind": kind, "tensor": tensor, "recorded_dtype": dtypes[0] if len(dtypes) == 1 else dtypes}
         if len(shapes) == 1:
             template = next(iter(by_rank.values()))
             per_rank = []

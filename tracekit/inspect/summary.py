@@ -56,6 +56,9 @@ def summarize(path) -> dict:
     for r in store.ranks:
         view = store.rank(r)
         done = view.completed_steps
+        for kind in view.kinds:  # sizes shown below come from the index: check its claims against the files
+            for key in {info.array for info in view.tensors(kind)}:
+                view.array(kind, key)
         ranks.append({
             "rank": r,
             "coords": view.coords,
@@ -77,6 +80,7 @@ def summarize(path) -> dict:
         "running_ranks": [r["rank"] for r in ranks if r["status"] == "running"],
         # versions and numeric env vars equal on every rank, and the watched ones that differ
         "environment": {"common": common(facts), "differs": differences(facts)},
+        "job_state": store.job_state,  # finished / recording / launcher died / no launcher
         "run": run_metadata(store),
         "world_size": len(store.ranks),
         "ranks": ranks,

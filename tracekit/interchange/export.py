@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 
+from tracekit.display import path_text
 from tracekit.errors import StoreError, UsageError
 from tracekit.store.dtypes import storage_dtype
 from tracekit.interchange import safetensors_io
@@ -23,7 +24,7 @@ def _metadata(view: RankView, step: int, kind: str, names: list[str]) -> dict[st
     # lists tensors sorted by name, so the recorded order (model order) travels in `names`.
     return {"names": json.dumps(names), "format": FORMAT, "run": json.dumps(view.attrs.get("run", {}), default=str, sort_keys=True),
             "coords": json.dumps(view.coords, default=str, sort_keys=True),
-            "rank": str(view.rank), "step": str(step), "kind": kind, "store": canonical(view.store.path)}
+            "rank": str(view.rank), "step": str(step), "kind": kind, "store": path_text(canonical(view.store.path))}
 
 
 def _write(view: RankView, step: int, kind: str, out: str) -> int:
@@ -45,7 +46,7 @@ def _write(view: RankView, step: int, kind: str, out: str) -> int:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         safetensors_io.write(out, entries, _metadata(view, step, kind, [i.name for i in infos]))
     except (OSError, SafetensorError) as e:  # an unwritable destination is the user's to fix, in one line
-        raise UsageError(f"{out}: cannot write it ({getattr(e, 'strerror', None) or e})") from None
+        raise UsageError(f"{path_text(out)}: cannot write it ({getattr(e, 'strerror', None) or e})") from None
     return len(entries)
 
 

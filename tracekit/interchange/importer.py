@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from collections import defaultdict
 from typing import Callable
 
@@ -19,22 +20,41 @@ from tracekit.interchange import safetensors_io
 from tracekit.interchange.layout import KIND_NAMES, TENSOR_SUFFIXES, parse_path
 from tracekit.store.tensors import from_torch
 from tracekit.store import RankWriter, TensorData, create_store, finalize_store
+from tracekit.store.format import MAX_STEP
 from tracekit.store.kinds import INITIAL_STEP
+
+# More ranks than any job runs: a larger number is a damaged or hostile file, not a world.
+MAX_RANKS = 1 << 20
 
 
 class DumpRefused(UsageError):
     """A torch.save file holds objects other than tensors; loading it would run arbitrary code."""
 
 
+def _check_regular(path: str) -> None:
+    """Only regular files are opened: reading a FIFO would block forever, a device never end."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise UsageError(f"{path}: cannot read it ({e.strerror or e})") from None
+    if not stat.S_ISREG(mode):
+        what = ("a FIFO" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode)
+                else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file")
+        raise UsageError(f"{path} is {what}, not a regular file; tracekit import reads only regular files")
+
+
 def _files(src: str) -> list[str]:
-    if os.path.isfile(src):
-        return [src]
-    if not os.path.isdir(src):
+    if not os.path.exists(src):
         raise UsageError(f"{src}: no such file or directory")
+    if not os.path.isdir(src):
+        _check_regular(src)
+        return [src]
     found = []
     for folder, dirs, names in os.walk(src):
         dirs.sort()
         found += [os.path.join(folder, n) for n in sorted(names) if n.lower().endswith(TENSOR_SUFFIXES)]
+    for path in found:
+        _check_regular(path)
     if not found:
         raise UsageError(f"{src} holds no tensor files ({', '.join('*' + s for s in TENSOR_SUFFIXES)})")
     return found
@@ -153,7 +173,11 @@ def import_dumps(src: str, out: str, force: bool = False, default_kind: str = "p
         kind = meta.get("kind") or key.kind or default_kind
         if step is None:
             raise UsageError(f"{rel}: cannot tell its step; put step<N> in its path (see docs/INTERCHANGE.md)")
+        if rank is not None and not 0 <= rank < MAX_RANKS:
+            raise UsageError(f"{rel}: impossible rank {rank} (ranks count from 0, fewer than {MAX_RANKS})")
         step += step_offset
+        if step > MAX_STEP:
+            raise UsageError(f"{rel}: impossible step {step} (more than {MAX_STEP})")
         if step < 0 or (step == INITIAL_STEP and kind != "parameters"):
             raise UsageError(f"{rel}: {kind} at step {step}: steps count from 1 (step 0 holds only the initial "
                              "parameters); shift numbering with --step-offset")
@@ -162,6 +186,9 @@ def import_dumps(src: str, out: str, force: bool = False, default_kind: str = "p
         if rank not in runs:  # what a tracekit export says about its rank's run and place in it
             runs[rank] = {k: v for k in ("run", "coords") if (v := _json(meta, k)) is not None}
             _check_coords(runs[rank].get("coords", {}), path)
+            claimed = runs[rank].get("coords", {}).get("world_size")
+            if claimed is not None and rank is not None and not rank < claimed <= MAX_RANKS:
+                raise UsageError(f"{rel}: rank {rank} does not fit its metadata's world size {claimed}")
         bucket = data[rank][step][kind]
         for name, t in tensors.items():
             name = rename(name) if rename else name
@@ -170,6 +197,10 @@ def import_dumps(src: str, out: str, force: bool = False, default_kind: str = "p
             if isinstance(t, TensorData):  # from safetensors, already in store form
                 bucket[name] = TensorData(name, t.dtype, t.shape, t.data)
                 continue
+            if str(t.layout) != "torch.strided" or t.is_meta:  # a torch tensor (torch.load'ed: torch is imported)
+                what = "a meta tensor (it has no data)" if t.is_meta else f"a {t.layout} tensor, not a dense one"
+                raise UsageError(f"{rel}: tensor {name!r} is {what}; tracekit stores dense tensors "
+                                 "(save t.to_dense() or the real tensor)")
             try:
                 bucket[name] = from_torch(name, t)
             except ValueError:
@@ -184,7 +215,10 @@ def import_dumps(src: str, out: str, force: bool = False, default_kind: str = "p
 
 
 def _write_store(out: str, src: str, data: dict, runs: dict, force: bool) -> None:
-    world = max(max(data) + 1, *(r.get("coords", {}).get("world_size", 1) for r in runs.values()))
+    claims = {w for r in runs.values() if (w := r.get("coords", {}).get("world_size")) is not None}
+    if len(claims) > 1:
+        raise UsageError(f"the files disagree on the world size ({', '.join(map(str, sorted(claims)))})")
+    world = max(max(data) + 1, *claims, 1)
     create_store(out, {"launcher": "tracekit import", **run_environment(["tracekit", "import", src, "-o", out]),
                        "imported_from": os.path.abspath(src)}, force=force)
     for rank in sorted(data):

@@ -26,7 +26,7 @@ class UnsupportedDtype(ValueError):
 
 def write(path: str, entries: list[tuple[str, str, tuple[int, ...], np.ndarray]], metadata: dict[str, str]) -> None:
     """entries: (name, dtype name, shape, data in storage dtype); raises SafetensorError/OSError."""
-    from safetensors import TensorSpec, serialize_file  # TensorSpec: safetensors >= 0.8
+    from safetensors import TensorSpec, serialize  # TensorSpec: safetensors >= 0.8
 
     keep = []  # serialize_file reads the memory behind each pointer: keep the arrays alive until it returns
     specs = {}
@@ -36,7 +36,11 @@ def write(path: str, entries: list[tuple[str, str, tuple[int, ...], np.ndarray]]
             arr = arr.byteswap().view(arr.dtype.newbyteorder("<"))  # safetensors is little-endian
         keep.append(arr)
         specs[name] = TensorSpec(dtype=dtype, shape=list(shape), data_ptr=arr.ctypes.data, data_len=arr.nbytes)
-    serialize_file(specs, path, metadata=metadata)
+    data = serialize(specs, metadata=metadata)
+    # Python writes the file (not safetensors' serialize_file): the usual umask permissions rather
+    # than 0600, and any path the OS takes, non-UTF-8 bytes included.
+    with open(path, "wb") as f:
+        f.write(data)
 
 
 def read(path: str) -> tuple[dict[str, TensorData], dict[str, str]]:

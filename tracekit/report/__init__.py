@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 
+from tracekit.display import path_text
 from tracekit.errors import UsageError
 
 
@@ -60,9 +61,13 @@ def write_report(ref, cand, output, replay=None, **diff_kwargs):
         raise UsageError(f"-o {output}: folder {parent} does not exist")
     report, text, _notes = build_report(ref, cand, replay=replay, **diff_kwargs)
     tmp = output + ".part"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, output)  # never a half-written report under the final name
+    try:
+        # a path with a non-UTF-8 byte (a lone surrogate in text) is shown escaped, not a crash
+        with open(tmp, "w", encoding="utf-8", errors="backslashreplace") as f:
+            f.write(text)
+        os.replace(tmp, output)  # never a half-written report under the final name
+    except OSError as e:
+        raise UsageError(f"-o {path_text(output)}: cannot write it ({e.strerror or e})") from None
     return report
 
 

@@ -134,7 +134,7 @@ def _first_divergence_section(report, ds) -> str:
         f"ds = tracekit.open_diff({report.ref.get('path')!r}, {report.cand.get('path')!r})\n"
         "ds.tracekit.first_divergence()\n"
         f"at = ds.sel(step={fd.step}, rank={fd.rank})\n"
-        "at['max_rel_err'].where(at['violations'] > 0, drop=True)   # the violating tensors there\n"
+        "at['margin'].where(at['compared'] & ~at['passed'], drop=True)   # the failing tensors there\n"
         f"ds.tracekit.locate({key!r}, step={fd.step}, rank={fd.rank})   # the worst element, both values\n"
     )
     return ("<h2>First divergence</h2>" + table(None, rows)
@@ -161,8 +161,9 @@ def _heatmap_section(ds, plots) -> str:
     from tracekit.report.cells import heatmaps
 
     out = ["<h2>Violation margin, rank x step</h2>",
-           "<p class='note'>Per kind, the largest margin over its tensors: the error of the worst element "
-           "divided by the bound it had to meet, |cand - ref| / (atol + rtol |ref|). Above 1 (red frame): "
+           "<p class='note'>Per kind, the largest margin over its tensors: the error divided by the bound "
+           "of the rule closer to failing (elementwise |cand - ref| / (atol + rtol |ref|), or the norm rule). "
+           "Above 1 (red frame): "
            "outside tolerance; magenta: a NaN or Inf mismatch; grey: not compared.</p>"]
     for hm in heatmaps(ds):
         out.append(img(plots.error_heatmap(hm), f"heatmap of the violation margin of {hm.kind} over rank and step"))
@@ -180,11 +181,11 @@ def _worst_section(ds, plots, n: int = 15) -> str:
     out = "<h2>Worst tensors</h2>"
     if plots is not None:
         out += img(plots.worst_tensors([f"{d.tensor} (rank {d.rank}, step {d.step})" for d in per],
-                                       [d.margin for d in per], [d.violations > 0 for d in per]),
+                                       [d.margin for d in per], [d.failing_pairs > 0 for d in per]),
                    "worst tensors by violation margin")
     rows = [[d.tensor, fmt(d.margin), fmt(d.max_rel_err), d.rank, d.step, d.violations, d.failing_pairs, fmt(d.rtol)]
             for d in per]
-    bad = {i for i, d in enumerate(per) if d.violations}
+    bad = {i for i, d in enumerate(per) if d.failing_pairs}
     return out + table(["tensor", "margin", "max rel. error", "at rank", "at step", "violating elements (all ranks, steps)",
                         "failing (rank, step) pairs", "rtol"], rows, bad, numeric={1, 2, 3, 4, 5, 6, 7})
 

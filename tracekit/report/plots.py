@@ -65,7 +65,7 @@ def loss_curves(steps, ref, cand, passed, ref_label="ref", cand_label="cand") ->
 
 GREY = "#dddddd"  # not compared
 NONFINITE_COLOR = "#d500f9"  # a NaN/Inf mismatch: infinite margin
-MARGIN_LABEL = "margin = |cand - ref| / (atol + rtol |ref|), worst element; > 1 fails"
+MARGIN_LABEL = "margin = error / bound (elementwise or norm rule); > 1 fails"
 
 
 def _margin_norm(values: np.ndarray):

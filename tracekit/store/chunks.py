@@ -6,6 +6,7 @@ a missing chunk file is damage, and every reader checks for it through this one 
 
 from __future__ import annotations
 
+import os
 from typing import Iterable
 
 import zarr
@@ -48,6 +49,69 @@ def first_missing_chunk(array, rows: Iterable[int], cols: Iterable[int]) -> tupl
 def _root_and_key(array: zarr.Array, row: int, col: int) -> tuple[str, str]:
     root, _ = io.array_key(array)
     return root, chunk_key(array, row, col)
+
+
+def check_size_claims(array: zarr.Array, listed_rows: int, extents: Iterable[tuple[str, int, int]]) -> str | None:
+    """What is wrong (one phrase) when an array's metadata claims more than its files hold; None if sound.
+
+    Run before anything is allocated or a task graph is built over the array: a lying shape of
+    2**40 elements must be a one-line error, not minutes of graph building and gigabytes of memory.
+    `extents` are (tensor name, offset, numel) of the tensors the index places in this array.
+    """
+    if array.ndim != 2:
+        return f"has {array.ndim} dimensions, not 2"
+    rows, width = array.shape
+    if array.chunks[0] != 1 or array.chunks[1] < 1:  # the writer makes one chunk row per step
+        return f"has chunks of shape {tuple(array.chunks)}, not one row each"
+    if listed_rows > rows:
+        return f"lists {listed_rows} rows but holds {rows}"
+    for name, offset, numel in extents:
+        if offset + numel > width:
+            return f"is {width} elements wide, but the index puts tensor {name!r} at {offset}..{offset + numel}"
+    root = getattr(array.store, "root", None)
+    if root is None or array.compressors or array.shards is not None or rows == 0 or width == 0:
+        return None  # only plain local chunk files have a size that can be checked here
+    per_row = -(-width // array.chunks[1])
+    base = os.path.join(os.fspath(root), array.path, "c")
+    try:
+        row_dirs = len(os.listdir(base))
+        row0 = os.listdir(os.path.join(base, "0")) if os.path.isdir(os.path.join(base, "0")) else []
+    except OSError:
+        return None  # missing chunks are reported, with their names, when read
+    # A claim is a lie when the files it implies at its far end do not exist and too few exist at all;
+    # a chunk missing in the middle is left to the missing-chunk rule, which names the file.
+    # (A crash between resizing and writing a row leaves the last row without files.)
+    if rows > row_dirs + 1 and not os.path.isdir(os.path.join(base, str(rows - 2))):
+        return f"claims {rows} rows but has chunk files for {row_dirs}"
+    if row0 and per_row > len(row0) and not os.path.exists(os.path.join(base, "0", str(per_row - 1))):
+        return f"claims {per_row} chunks per row but row 0 has {len(row0)} chunk files"
+    first = os.path.join(base, "0", "0")
+    if os.path.isfile(first):
+        expected = array.chunks[1] * array.dtype.itemsize
+        if os.path.getsize(first) != expected:
+            return f"claims chunks of {expected} bytes but chunk c/0/0 holds {os.path.getsize(first)}"
+    return None
+
+
+def irregular_metadata(group: zarr.Group, children: Iterable[str] | None = None) -> str | None:
+    """The first `zarr.json` below a local group (its children's, or the named children's) that exists
+    but is not a regular file: zarr would block forever reading a FIFO, or read a device without end."""
+    root = getattr(group.store, "root", None)
+    if root is None:
+        return None
+    base = os.path.join(os.fspath(root), group.path)
+    try:
+        names = list(children) if children is not None else os.listdir(base)
+    except OSError:
+        return None
+    for name in names:
+        meta = os.path.join(base, name, "zarr.json")
+        if os.path.lexists(meta) and not os.path.isfile(meta):
+            return os.path.join(group.path, name, "zarr.json")
+        if os.path.lexists(os.path.join(base, name)) and not os.path.isdir(os.path.join(base, name)) \
+                and not os.path.isfile(os.path.join(base, name)):
+            return os.path.join(group.path, name)
+    return None
 
 
 def _object_exists(array: zarr.Array, row: int, col: int) -> bool:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
 import warnings
 
 import zarr
 
 from tracekit.store.location import resolve
 from tracekit.store.reader import open_store
+from tracekit.store.format import ROOT_KEY
 from tracekit.store.writer import now_iso, update_root_meta
 
 
@@ -51,3 +54,19 @@ def finalize_store(path, exit_status: int, worker_exits: dict[int, int] | None =
     except Exception:  # an optimisation only; the store is complete without it
         pass
     return summary
+
+
+def mark_writers_outlived(path: str, exit_status: int) -> None:
+    """The launcher gives up while ranks still write: note it, without finalizing or consolidating.
+
+    The root gets no end_time or exit_status, so readers report it as left by a dead launcher. Written
+    with an atomic rename: the ranks still running read the root once per step.
+    """
+    meta_file = os.path.join(path, "zarr.json")
+    with open(meta_file) as f:
+        doc = json.load(f)
+    doc["attributes"][ROOT_KEY]["writers_outlived_launcher"] = {"command_exit_status": exit_status, "time": now_iso()}
+    tmp = f"{meta_file}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=2)
+    os.replace(tmp, meta_file)

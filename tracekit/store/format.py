@@ -13,6 +13,9 @@ RANK_PREFIX = "rank_"
 # Kinds live in their one registry (tracekit/store/kinds.py); re-exported here for old imports.
 from tracekit.store.kinds import DEFAULT_KINDS, INITIAL_STEP, KINDS, kind_order  # noqa: F401
 
+# Steps beyond this are damage or a hostile file, not a run (JSON's largest exact integer).
+MAX_STEP = 2**53 - 1
+
 # Rows of one packed array are split into chunks of at most this many bytes, so a huge model
 # never needs one huge chunk in memory to read a single tensor.
 MAX_CHUNK_BYTES = 64 * 1024 * 1024

@@ -7,8 +7,10 @@ stores URL-aware (an object store behind zarr's FsspecStore) means changing this
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import stat
 import uuid
 from typing import Iterable
 
@@ -109,7 +111,13 @@ class Reader:
 
     def __init__(self, root: str, key: str):
         self.key = key
-        self._fd = os.open(local_path(root, key), os.O_RDONLY)  # FileNotFoundError: missing
+        # O_NONBLOCK: a FIFO left in an object's place must not block the open (hostile stores);
+        # anything but a regular file is refused as an OSError the callers report in one line.
+        fd = os.open(local_path(root, key), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # FileNotFoundError: missing
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise OSError(errno.EINVAL, "not a regular file")
+        self._fd = fd
 
     def readinto(self, offset: int, view: memoryview) -> int:
         return os.preadv(self._fd, [view], offset)

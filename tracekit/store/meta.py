@@ -7,6 +7,8 @@ JSON Schema (schemas/store-metadata.schema.json, `$defs` `tensor` and `kind`) de
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,10 +39,18 @@ class TensorInfo:
     @classmethod
     def from_attrs(cls, entry: dict) -> "TensorInfo":
         """One index entry, checked (a dtype tracekit cannot store is damage too)."""
-        info = cls(str(entry["name"]), str(entry["dtype"]), tuple(int(d) for d in entry["shape"]),
-                   str(entry["array"]), int(entry["offset"]), int(entry["numel"]))
+        def integer(v):  # strict: 1.5, "3" or true in an index entry is damage, not a number
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise ValueError(f"{v!r} is not an integer")
+            return v
+
+        if not isinstance(entry["name"], str) or not isinstance(entry["array"], str) or not isinstance(entry["shape"], list):
+            raise ValueError("name, array and shape must be two strings and a list")
+        info = cls(entry["name"], str(entry["dtype"]), tuple(integer(d) for d in entry["shape"]),
+                   entry["array"], integer(entry["offset"]), integer(entry["numel"]))
         storage_dtype(info.dtype)  # raises ValueError for an unknown dtype
-        if info.offset < 0 or info.numel != int(np.prod(info.shape, dtype=np.int64)):
+        # math.prod: exact for any size (np.prod would wrap a hostile shape around int64)
+        if any(d < 0 for d in info.shape) or info.offset < 0 or info.numel != math.prod(info.shape):
             raise ValueError(f"tensor {info.name!r}: offset/numel do not match its shape")
         return info
 

@@ -21,9 +21,9 @@ import zarr
 from tracekit.store.dtypes import to_numpy_values
 from tracekit.errors import StoreError
 from tracekit.store import io
-from tracekit.store.chunks import chunk_cols, first_missing_chunk
+from tracekit.store.chunks import check_size_claims, chunk_cols, first_missing_chunk, irregular_metadata
 from tracekit.store.rows import read_row_bytes
-from tracekit.store.format import FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, RANK_PREFIX, ROOT_KEY
+from tracekit.store.format import FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX_STEP, RANK_PREFIX, ROOT_KEY
 from tracekit.store.hashing import HASH_BYTES
 from tracekit.store.objects import ObjectRows, Verified, check_object
 from tracekit.store.kinds import kind_order
@@ -37,6 +37,9 @@ def _read_root_attrs(path: str, location: Location) -> dict:
             raise StoreError(f"{path}: no such store")
         if not os.path.isdir(path):
             raise StoreError(f"{path} is not a directory, so not a tracekit store")
+        meta_file = os.path.join(location.path, "zarr.json")
+        if os.path.lexists(meta_file) and not os.path.isfile(meta_file):  # a FIFO would block the read forever
+            raise StoreError(f"{path}: its zarr.json is not a regular file (damaged store?)")
     raw = location.read_bytes("zarr.json")
     if raw is None:
         if not location.is_local and location.is_empty():
@@ -47,11 +50,12 @@ def _read_root_attrs(path: str, location: Location) -> dict:
     except ValueError as e:
         raise StoreError(f"{path}: unreadable root metadata ({e.__class__.__name__})") from None
     attrs = doc.get("attributes", {}) if isinstance(doc, dict) else {}
-    if ROOT_KEY not in attrs:
+    if not isinstance(attrs, dict) or ROOT_KEY not in attrs:
         raise StoreError(f"{path} is a zarr store but not a tracekit store (no '{ROOT_KEY}' metadata)")
     meta = attrs[ROOT_KEY]
     if not isinstance(meta, dict):
         raise StoreError(f"{path}: the '{ROOT_KEY}' metadata is not an object (damaged store?)")
+    _check_types(meta, _ROOT_TYPES, f"{path}: root")
     version = meta.get("format_version")
     if not isinstance(version, int):
         raise StoreError(f"{path}: tracekit metadata has no format version (half-written store?)")
@@ -62,8 +66,24 @@ def _read_root_attrs(path: str, location: Location) -> dict:
     return meta
 
 
+# Metadata fields readers use as containers: a damaged or hostile value of another type is one
+# StoreError here, not an AttributeError wherever it is first used.
+_ROOT_TYPES = {"run": dict, "ranks": dict, "record_config": dict, "command": list, "world_size": (int, type(None))}
+_RANK_TYPES = {"run": dict, "coords": dict, "completed_steps": list, "status": str, "fallback_ops": list,
+               "env": dict, "versions": dict, "config": dict}
+
+
+def _check_types(attrs: dict, types: dict, where: str) -> None:
+    for key, kind in types.items():
+        if key in attrs and not isinstance(attrs[key], kind):
+            raise StoreError(f"{where} metadata: {key!r} is a {type(attrs[key]).__name__} (damaged store?)")
+
+
 def _members(group: zarr.Group, where: str) -> list:
     """A group's children; damaged child metadata is a StoreError naming the place, not a zarr traceback."""
+    odd = irregular_metadata(group)
+    if odd is not None:
+        raise StoreError(f"{where}: {odd} is not a regular file (damaged store?)")
     try:
         return list(group.members())
     except Exception as e:
@@ -73,6 +93,9 @@ def _members(group: zarr.Group, where: str) -> list:
 def _step_list(value, where: str) -> list[int]:
     if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
         raise StoreError(f"{where}: malformed step list in its metadata (damaged store?)")
+    bad = next((v for v in value if not 0 <= v <= MAX_STEP), None)
+    if bad is not None:
+        raise StoreError(f"{where}: impossible step {bad} in its metadata (damaged store?)")
     return value
 
 
@@ -84,10 +107,12 @@ class RankView:
         self.rank = rank
         self.group = group
         self.attrs = dict(group.attrs)
+        _check_types(self.attrs, _RANK_TYPES, f"{store.path}: rank {rank}")
         self._lock = threading.RLock()  # the diff reads one view from several threads
         self._object_rows: dict[tuple[str, str], ObjectRows] = {}
         self._index_cache: dict[tuple[str, str, int], np.ndarray] = {}
         self._index_arrays: dict[tuple[str, str], zarr.Array] = {}
+        self._packed_arrays: dict[tuple[str, str], zarr.Array] = {}
 
     @property
     def coords(self) -> dict:
@@ -147,7 +172,7 @@ class RankView:
         for kind, g in self._kind_groups.items():
             try:
                 infos = KindMeta.from_attrs(dict(g.attrs)).tensors
-            except (TypeError, KeyError, ValueError) as e:
+            except (TypeError, KeyError, ValueError, OverflowError) as e:
                 raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: malformed tensor index "
                                  f"({e.__class__.__name__}: {e})") from None
             out[kind] = {info.name: info for info in infos}
@@ -191,13 +216,38 @@ class RankView:
         """The storage array `key` of a kind, shaped (row, element): a zarr array (v1), or the same
         view over content-addressed objects (v2, hash-checked on read)."""
         if self.store.format_version == 1:
-            return self._kind(kind)[key]
+            with self._lock:
+                arr = self._packed_arrays.get((kind, key))
+                if arr is None:
+                    extents = [(i.name, i.offset, i.numel) for i in self.tensors(kind) if i.array == key]
+                    arr = self._packed_arrays[(kind, key)] = self._checked_array(kind, key, extents)
+            return arr
         with self._lock:
             arr = self._object_rows.get((kind, key))
             if arr is None:
                 if key not in {t.array for t in self.tensors(kind)}:
                     raise KeyError(key)
                 arr = self._object_rows[(kind, key)] = ObjectRows(self, kind, key)
+        return arr
+
+    def _checked_array(self, kind: str, key: str, extents: list[tuple[str, int, int]]) -> zarr.Array:
+        """A zarr array of a kind (v1 packed data, v2 index), its size claims checked against the
+        files (StoreError if they lie). `extents`: (tensor, offset, numel) the index places in it."""
+        where = f"{self.store.path}: rank {self.rank} {kind}/{key}"
+        odd = irregular_metadata(self._kind(kind), [key])
+        if odd is not None:
+            raise StoreError(f"{where}: {odd} is not a regular file (damaged store?)")
+        try:
+            arr = self._kind(kind)[key]
+        except StoreError:
+            raise
+        except Exception as e:  # damaged array metadata (bad JSON, bad codec): one line
+            raise StoreError(f"{where}: unreadable array metadata ({e.__class__.__name__}: {e})") from None
+        if not isinstance(arr, zarr.Array):
+            raise StoreError(f"{where}: is not an array (damaged store?)")
+        problem = check_size_claims(arr, len(self._rows(kind)), extents)
+        if problem:
+            raise StoreError(f"{where}: damaged metadata: it {problem}")
         return arr
 
     # -- format v2 index: content hashes and finiteness per tensor and row --
@@ -207,12 +257,13 @@ class RankView:
             arr = self._index_arrays.get((kind, name))
         if arr is None:
             try:
-                arr = self._kind(kind)[name]
-            except KeyError:
-                raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: no {name!r} index array (damaged store?)") from None
-            except Exception as e:
-                raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: unreadable {name!r} index array "
-                                 f"({e.__class__.__name__})") from None
+                present = name in self._kind(kind)
+            except Exception as e:  # zarr parses the member's metadata to answer: damaged JSON is one line
+                raise StoreError(f"{self.store.path}: rank {self.rank} {kind}/{name}: unreadable array metadata "
+                                 f"({e.__class__.__name__}: {e})") from None
+            if not present:
+                raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: no {name!r} index array (damaged store?)")
+            arr = self._checked_array(kind, name, [])
             with self._lock:
                 self._index_arrays[(kind, name)] = arr
         return arr
@@ -370,6 +421,22 @@ class RunStore:
     def finished(self) -> bool:
         """True once the launcher finalized the store (end time and exit status known)."""
         return "exit_status" in self.meta
+
+    @property
+    def job_state(self) -> str:
+        """'finished' (finalized), 'recording' (its launcher still holds the store), 'launcher died'
+        (a `tracekit record` job ended without finalizing), or 'no launcher' (written by Recorders alone)."""
+        from tracekit.store.ownership import job_alive
+
+        if self.finished:
+            return "finished"
+        if self.meta.get("launcher") != "tracekit record":
+            return "no launcher"
+        if self.meta.get("writers_outlived_launcher"):
+            return "launcher died"
+        if not self.location.is_local:
+            return "unfinished"  # object stores hold no locks: a live job and a dead one look alike
+        return "recording" if job_alive(self.location.path) else "launcher died"
 
     def __repr__(self) -> str:
         return f"RunStore({self.path!r}, ranks={self.ranks})"

@@ -19,6 +19,7 @@ Two things zarr does not do for us here:
 from __future__ import annotations
 
 import os
+import stat
 import sys
 
 import numpy as np
@@ -123,7 +124,17 @@ class RowReader:
         if fd is None:
             path = self._path(c)
             try:
-                fd = self._fds[c] = os.open(path, os.O_RDONLY)
+                # O_NONBLOCK: opening a FIFO left in a chunk's place must not wait for a writer
+                fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+                info = os.fstat(fd)
+                expected = self.width * self.dtype.itemsize  # plain chunks: exactly one chunk's elements
+                if not stat.S_ISREG(info.st_mode) or info.st_size != expected:
+                    os.close(fd)
+                    rel = os.path.relpath(path, self.view.store.path)
+                    what = ("is not a regular file" if not stat.S_ISREG(info.st_mode) else "is truncated"
+                            if info.st_size < expected else f"holds {info.st_size} bytes, not {expected}")
+                    raise StoreError(f"{_where(self.view, self.kind, self.step)}: chunk file {rel} {what} (unreadable data)")
+                self._fds[c] = fd
             except FileNotFoundError:
                 raise self._missing(c) from None
             except OSError as e:

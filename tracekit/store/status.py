@@ -2,7 +2,7 @@
 
   running     still recording (a store not finalized yet)
   finished    the rank closed its recording at a clean end of its loop / script
-  failed      an exception (or a non-zero sys.exit) ended it; `cause` holds one line
+  failed      an exception ended it, or its process exited non-zero; `cause` holds one line
   terminated  it flushed and closed on SIGTERM
   killed      it never closed its recording and a signal ended it (SIGKILL, the OOM killer)
   died        it never closed its recording and exited (os._exit, a native crash) or the
@@ -29,6 +29,8 @@ def final_rank_status(own: str, cause: str | None, exit_code: int | None) -> tup
     A rank that closed its recording keeps its status; one still "running" could not close it, so
     it was stopped from outside: killed by a signal, or died.
     """
+    if own == "finished" and exit_code is not None and exit_code > 0:
+        return "failed", f"exit status {exit_code} after its recording closed"  # finished means a clean end
     if own != "running":
         if own != "finished" and exit_code is not None and exit_code < 0 and not cause:
             cause = f"killed by {signal_name(exit_code)}"

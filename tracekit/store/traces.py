@@ -27,6 +27,7 @@ LEVELS = ("modules", "ops")
 # Fields of one event, for readers and the schema (docs/FORMAT.md lists their meaning).
 EVENT_FIELDS = ("index", "phase", "module", "op", "call", "args", "inputs", "outputs", "src", "group")
 _STEP = re.compile(r"^step_(\d+)$")
+EVENTS_NAME = "events"
 
 
 def _step_name(step: int) -> str:
@@ -52,12 +53,12 @@ class TraceWriter:
         return g
 
     def write_step(self, level: str, step: int, events: list[dict], full: Sequence[TensorData] = ()) -> None:
+        payload = np.frombuffer(json.dumps(events, separators=(",", ":")).encode(), dtype=np.uint8)
         g = self._level(level)
         if step in self._steps[level]:
             raise StoreError(f"trace of {level} at step {step} written twice")
         sg = g.create_group(_step_name(step))
-        payload = np.frombuffer(json.dumps(events, separators=(",", ":")).encode(), dtype=np.uint8)
-        arr = sg.create_array("events", shape=payload.shape, dtype=np.uint8,
+        arr = sg.create_array(EVENTS_NAME, shape=payload.shape, dtype=np.uint8,
                               chunks=(max(1, min(len(payload), 16 << 20)),), fill_value=0,
                               config={"write_empty_chunks": True})
         if len(payload):

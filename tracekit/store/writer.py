@@ -11,8 +11,11 @@ dtype, shaped (row, element). docs/FORMAT.md describes both.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import os
+import shutil
 import sys
+import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -50,11 +53,64 @@ def is_store(path, storage_options=None) -> bool:
     if raw is None:
         return False
     try:
-        import json
-
         return ROOT_KEY in json.loads(raw).get("attributes", {})
     except (ValueError, AttributeError):
         return False
+
+
+def _lock_files() -> tuple[str, ...]:
+    from tracekit.store.ownership import LOCK_ENTRIES
+
+    return LOCK_ENTRIES
+
+
+def check_target(path: str, force: bool = False) -> None:
+    """Refuse, before anything is touched, a local target that create_store would refuse."""
+    if os.path.exists(path):
+        if not os.path.isdir(path):
+            raise StoreError(f"{path} exists and is not a directory")
+        try:
+            names = os.listdir(path)
+        except OSError as e:
+            raise StoreError(f"{path}: cannot list it ({e.strerror or e})") from None
+        if [n for n in names if n not in _lock_files()]:
+            if not is_store(path):
+                raise StoreError(f"{path} is a non-empty directory that is not a tracekit store; refusing to touch it")
+            if not force:
+                raise StoreError(f"{path} already holds a tracekit store{_left_by(path)}; pass --force to overwrite it")
+
+
+def _left_by(path: str) -> str:
+    """' left unfinished by run X, whose launcher died' for a store no launcher finalized (refusal message)."""
+    try:
+        with open(os.path.join(path, "zarr.json")) as f:
+            meta = json.load(f)["attributes"][ROOT_KEY]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    if isinstance(meta, dict) and meta.get("launcher") == "tracekit record" and "end_time" not in meta:
+        return f" left unfinished by run {meta.get('run_id', '?')}, whose launcher died"
+    return ""
+
+
+def _create_local(path: str, root_meta: dict, force: bool) -> zarr.Group:
+    """A local folder: with force, an old store's contents go, except its lock files (the caller may hold one)."""
+    check_target(path, force)
+    if os.path.isdir(path):
+        for name in os.listdir(path):
+            if name in _lock_files():
+                continue
+            full = os.path.join(path, name)
+            try:
+                if os.path.isdir(full) and not os.path.islink(full):
+                    shutil.rmtree(full)
+                else:
+                    os.unlink(full)
+            except OSError as e:
+                raise StoreError(f"{path}: cannot remove the old store's {name} ({e.strerror or e})") from None
+    try:
+        return zarr.open_group(path, mode="a" if os.path.isdir(path) else "w", attributes={ROOT_KEY: root_meta})
+    except OSError as e:
+        raise StoreError(f"{path}: cannot create the store ({e.strerror or e})") from None
 
 
 def create_store(path, meta: dict, force: bool = False, storage_options=None, format_version: int | None = None) -> None:
@@ -68,17 +124,17 @@ def create_store(path, meta: dict, force: bool = False, storage_options=None, fo
         format_version = FORMAT_VERSION if location.is_local else 1
     if format_version not in READABLE_VERSIONS or (format_version >= 2 and not location.is_local):
         raise StoreError(f"cannot write store format {format_version} at {path}")
-    if location.is_local and os.path.exists(location.path) and not os.path.isdir(location.path):
-        raise StoreError(f"{path} exists and is not a directory")
-    if not location.is_empty():
-        where = "directory" if location.is_local else "location"
-        if not is_store(location):
-            raise StoreError(f"{path} is a non-empty {where} that is not a tracekit store; refusing to touch it")
-        if not force:
-            raise StoreError(f"{path} already holds a tracekit store; pass --force to overwrite it")
-        location.clear()
     root_meta = {"format_version": format_version, "start_time": now_iso(), **meta}
-    root = zarr.open_group(location.zarr_store(), mode="w", attributes={ROOT_KEY: root_meta})
+    if location.is_local:
+        root = _create_local(location.path, root_meta, force)
+    else:
+        if not location.is_empty():
+            if not is_store(location):
+                raise StoreError(f"{path} is a non-empty location that is not a tracekit store; refusing to touch it")
+            if not force:
+                raise StoreError(f"{path} already holds a tracekit store; pass --force to overwrite it")
+            location.clear()
+        root = zarr.open_group(location.zarr_store(), mode="w", attributes={ROOT_KEY: root_meta})
     if format_version >= 2:
         # The object folder is declared an empty zarr array: zarr and xarray then treat it as a
         # leaf and never list (or warn about) the files inside, which are not zarr chunks.
@@ -235,27 +291,66 @@ class _KindWriter:
 class RankWriter:
     """Writes rank R's group. Not thread-safe: one writer (thread) per rank."""
 
-    def __init__(self, store_path, rank: int, attrs: dict, storage_options=None):
+    def __init__(self, store_path, rank: int, attrs: dict, storage_options=None, run_id: str | None = None):
+        """run_id: the job this rank belongs to; the rank refuses a store that names another (None: adopt it)."""
+        from tracekit.store.ownership import WriterClaim
+
         location = resolve(store_path, storage_options)
         if not is_store(location):
             raise StoreError(f"{store_path} is not a tracekit store (create it first)")
-        root = zarr.open_group(location.zarr_store(), mode="r+", use_consolidated=False)
+        self.path = str(store_path)
+        self.location = location
         self.store_path = location.path if location.is_local else str(location)
-        self.format_version = root.attrs[ROOT_KEY].get("format_version")
-        if self.format_version not in READABLE_VERSIONS or (self.format_version >= 2 and not location.is_local):
-            raise StoreError(f"{store_path}: cannot append to store format {self.format_version} here")
-        name = rank_group_name(rank)
-        if name in root:
-            raise StoreError(f"{store_path} already holds data of rank {rank}")
-        self.group = root.create_group(
-            name, attributes={**attrs, "completed_steps": [], "status": "running", "start_time": now_iso()}
-        )
+        # Held while the group is open: the launcher finalizes only once every writer let go (local stores).
+        self._claim = WriterClaim(location.path if location.is_local else None)
+        try:
+            root = zarr.open_group(location.zarr_store(), mode="r+", use_consolidated=False)
+            root_meta = dict(root.attrs[ROOT_KEY])
+            self.run_id = self._check_owner(root_meta, run_id)
+            self.format_version = root_meta.get("format_version")
+            if self.format_version not in READABLE_VERSIONS or (self.format_version >= 2 and not location.is_local):
+                raise StoreError(f"{store_path}: cannot append to store format {self.format_version} here")
+            name = rank_group_name(rank)
+            if name in root:
+                raise StoreError(f"{store_path} already holds data of rank {rank}")
+            self.group = root.create_group(
+                name, attributes={**attrs, "run_id": self.run_id, "completed_steps": [], "status": "running",
+                                  "start_time": now_iso()}
+            )
+        except BaseException:
+            self._claim.release()
+            raise
         self.kinds: dict[str, _KindWriter | _ObjectKindWriter] = {}
         self.completed: list[int] = []
+        self._checked_step: int | None = None
+
+    def _check_owner(self, meta: dict, run_id: str | None) -> str | None:
+        from tracekit.store.ownership import check_run_id
+
+        check_run_id(self.path, meta, run_id)
+        if "end_time" in meta:
+            raise StoreError(f"{self.path} was already finalized by its launcher; this rank does not write to it")
+        return meta.get("run_id")
+
+    def _still_ours(self, step: int) -> None:
+        """Once per step: stop if another job took the store over (its root names another run)."""
+        if step == self._checked_step or self.run_id is None:
+            return
+        for attempt in range(3):
+            try:
+                meta = json.loads(self.location.read_bytes("zarr.json") or b"")["attributes"][ROOT_KEY]
+                break
+            except (OSError, ValueError, KeyError, TypeError):
+                if attempt == 2:
+                    raise StoreError(f"{self.path}: its root metadata is gone or unreadable; this rank stops writing") from None
+                time.sleep(0.05)  # a root being rewritten (not atomic through zarr): read it again
+        self._check_owner(meta, self.run_id)
+        self._checked_step = step
 
     def write(self, step: int, kind: str, tensors: Sequence[TensorData]) -> None:
         if not tensors:
             return
+        self._still_ours(step)
         kw = self.kinds.get(kind)
         if kw is None:
             group = self.group.create_group(kind)
@@ -272,4 +367,11 @@ class RankWriter:
         self.group.attrs.update(fields)
 
     def close(self, status: str = "finished", cause: str | None = None) -> None:
-        self.group.attrs.update({"status": status, "end_time": now_iso(), **({"cause": cause} if cause else {})})
+        try:
+            self.group.attrs.update({"status": status, "end_time": now_iso(), **({"cause": cause} if cause else {})})
+        finally:
+            self._claim.release()
+
+    def forget_in_child(self) -> None:
+        """In a forked child (a DataLoader worker): let the writers lock end with the rank itself."""
+        self._claim.forget_in_child()

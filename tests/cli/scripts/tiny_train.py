@@ -4,6 +4,7 @@ import argparse
 import os
 import signal
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -16,6 +17,8 @@ p.add_argument("--exit-code", type=int, default=0)
 p.add_argument("--die-rank", type=int, default=None)
 p.add_argument("--die-step", type=int, default=None)
 p.add_argument("--signal", choices=["KILL", "TERM"], default="KILL")
+p.add_argument("--pause-at", type=int, default=None, help="before this step, wait until --pause-file exists")
+p.add_argument("--pause-file", default=None)
 args = p.parse_args()
 
 if "WORLD_SIZE" in os.environ:
@@ -28,6 +31,11 @@ with Recorder(model, opt, run_info={"mode": "tiny"}) as rec:
     for step in range(1, args.steps + 1):
         if rank == args.die_rank and step == args.die_step:
             os.kill(os.getpid(), getattr(signal, f"SIG{args.signal}"))
+        if step == args.pause_at:
+            rec.flush()  # the steps before the pause are on disk while it lasts
+            print(f"rank={rank} paused", flush=True)
+            while not os.path.exists(args.pause_file):
+                time.sleep(0.05)
         out = model(torch.full((3, 4), float(step)))
         loss = out.square().mean()
         loss.backward()
