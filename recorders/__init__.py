@@ -9,15 +9,6 @@ _LAZY = {"RecordConfig": "tracekit.recorders.config", "Recorder": "tracekit.reco
 __all__ = ["RecordConfig", "Recorder"]
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
+from tracekit._lazy import lazy_names  # noqa: E402
 
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'tracekit.recorders' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names('tracekit.recorders', _LAZY, globals())

@@ -108,10 +108,12 @@ def _launch(command, config: RecordConfig, store: str, claim: JobClaim, env_upda
         os.close(write_fd)
         tail = StderrTail(read_fd)
         deadline: list[float] = []  # set by the first ending signal
+        ended_by: list[int] = []  # that signal
 
         def forward(signum, frame):
             if signum in ENDING_SIGNALS and not deadline:
                 deadline.append(time.monotonic() + flush_timeout)
+                ended_by.append(signum)
             if proc.poll() is None:
                 proc.send_signal(signum)
 
@@ -133,7 +135,9 @@ def _launch(command, config: RecordConfig, store: str, claim: JobClaim, env_upda
                   "(readers report it as 'launcher died')", file=sys.stderr, flush=True)
             return status
         finalize_store(store, status, worker_exits(tail.text()) if rc != 0 else {})
-        return status
+        # A signal that reached us after the command's last step still ends us as signals do (128+N),
+        # so a caller that sent it sees it took effect; the store keeps the truth (the ranks finished).
+        return 128 + ended_by[0] if ended_by and status == 0 else status
     finally:
         shutil.rmtree(spools, ignore_errors=True)
 

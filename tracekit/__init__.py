@@ -24,15 +24,6 @@ _LAZY = {
 __all__ = ["RunStore", "StoreError", "TracekitError", "diff", "open", "open_diff", "open_store", "__version__"]
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
+from tracekit._lazy import lazy_names  # noqa: E402
 
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'tracekit' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names('tracekit', _LAZY, globals())

@@ -125,9 +125,9 @@ def test_report_opens_each_store_once(divergence_runs, tmp_path, monkeypatch):
     opened = []
     original = reader.RunStore.__init__
 
-    def counting(self, path):
+    def counting(self, path, *args, **kwargs):
         opened.append(os.path.abspath(os.fspath(path)))
-        original(self, path)
+        original(self, path, *args, **kwargs)
 
     monkeypatch.setattr(reader.RunStore, "__init__", counting)
     write_report(*divergence_runs, tmp_path / "r.html")

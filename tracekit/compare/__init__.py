@@ -29,15 +29,6 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
+from tracekit._lazy import lazy_names  # noqa: E402
 
-        value = getattr(importlib.import_module(f"tracekit.compare.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module 'tracekit.compare' has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_names('tracekit.compare', {k: f"tracekit.compare.{v}" for k, v in _LAZY.items()}, globals())

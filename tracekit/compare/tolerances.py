@@ -85,7 +85,9 @@ def _check_value(name: str, value, where: str) -> float:
         v = float(value)
     except (TypeError, ValueError):
         raise UsageError(f"{where}: {name} must be a number, not {value!r}") from None
-    if not math.isfinite(v) or v < 0:  # inf would pass everything: a gate that cannot fail
+    if name == "rel_l2" and v == math.inf:  # no norm rule: the elementwise rule still gates (DIFF.md)
+        return v
+    if not math.isfinite(v) or v < 0:  # an infinite rtol/atol would pass everything: a gate that cannot fail
         raise UsageError(f"{where}: {name} must be a finite, non-negative number, not {value!r}")
     return v
 

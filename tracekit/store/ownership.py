@@ -224,40 +224,37 @@ class JobClaim:
         self.release()
 
 
-def writers_alive(store: str) -> bool:
-    """Whether some process holds the store's writers lock (a rank group is open for writing)."""
-    path = os.path.join(store, WRITERS_LOCK)
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return False
-    try:
-        if _try_flock(fd, exclusive=True):
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            return False
-        return True
-    except OSError:
-        return False  # no locks on this filesystem: nothing to learn here
-    finally:
-        os.close(fd)
-
-
-def job_alive(store: str) -> bool | None:
-    """Whether a launcher holds the store's job lock; None when the store has no lock file."""
-    path = os.path.join(store, JOB_LOCK)
+def _lock_held(path: str, exclusive: bool) -> bool | None:
+    """Whether another process holds the lock file at `path` in a way that blocks a lock of ours
+    (`exclusive` or shared); None when there is no lock file or the filesystem has no locks."""
     try:
         fd = os.open(path, os.O_RDONLY)
     except OSError:
         return None
     try:
-        if _try_flock(fd, exclusive=False):
+        if _try_flock(fd, exclusive=exclusive):
             fcntl.flock(fd, fcntl.LOCK_UN)
-        else:
-            return True
+            return False
+        return True
     except OSError:
-        pass  # a filesystem without locks: the fallback's claim file tells
+        return None
     finally:
         os.close(fd)
+
+
+def writers_alive(store: str) -> bool:
+    """Whether some process holds the store's writers lock (a rank group is open for writing)."""
+    return bool(_lock_held(os.path.join(store, WRITERS_LOCK), exclusive=True))
+
+
+def job_alive(store: str) -> bool | None:
+    """Whether a launcher holds the store's job lock; None when the store has no lock file."""
+    path = os.path.join(store, JOB_LOCK)
+    if not os.path.exists(path):
+        return None
+    if _lock_held(path, exclusive=False):
+        return True
+    # not held, or a filesystem without locks: the fallback's claim file tells
     if os.path.exists(os.path.join(store, CLAIM_FILE)):
         owner = read_owner(store)
         return owner.get("host") != socket.gethostname() or _pid_alive(owner.get("pid"))
