@@ -102,15 +102,20 @@ def test_workers_read_a_bucket_store_themselves(s3, stores, cluster):
 def test_damage_found_on_a_worker_is_the_same_one_line_error(tmp_path, stores, cluster):
     import shutil
 
+    from tracekit.store.format import object_key
+
     ref, cand = stores
     broken = shutil.copytree(cand, tmp_path / "broken")
-    (broken / "rank_1" / "gradients" / "float32" / "c" / "2" / "3").unlink()
+    digests = tracekit.open_store(str(broken)).rank(1).digests("gradients", 3)
+    name = sorted(digests)[0]
+    (broken / object_key(digests[name])).unlink()
     with pytest.raises(StoreError) as here:
         tracekit.diff(ref, str(broken))
     with pytest.raises(StoreError) as there:
         tracekit.diff(ref, str(broken), scheduler=cluster)
     assert str(there.value) == str(here.value)
-    assert "chunk file rank_1/gradients/float32/c/2/3 is missing" in str(there.value)
+    assert f"damaged store: {broken}: rank 1 gradients step 3 tensor {name}: its object" in str(there.value)
+    assert "is missing" in str(there.value)
 
 
 def test_cli_scheduler_flag_and_an_unreachable_scheduler(stores, cluster):

@@ -1,10 +1,14 @@
 """Fuzzing a small real store: every command gives the right answer or reports damage in one line.
 
-Each example copies a pristine store, damages one thing (a metadata field, a tensor index entry,
-chunk bytes, or a file's type) and runs `show`, `diff --exact` against the pristine copy and
-`tracekit.open(...).load()`. None may raise a traceback or hang; exit 2 must be one `Error:` line;
-and a diff may pass only when the damaged store still reads back the pristine values.
-The example count is bounded (about 2 s each here; TRACEKIT_FUZZ_EXAMPLES sets it).
+Each example copies a pristine store (format 1 and format 2), damages one thing (a metadata
+field, a tensor index entry, the bytes of a chunk or of a content-addressed object, or a file's
+type) and runs `show`, `diff --exact` against the pristine copy and `tracekit.open(...).load()`.
+None may raise a traceback or hang; exit 2 must be one `Error:` line; and a diff may pass only
+when the damaged store still reads back the pristine values. Format 2 checks every data byte
+(objects against their hashes, index rows against the objects they name), so there any changed
+data byte must be reported, and a diff of the damaged store against a copy of itself (`diff lie
+lie`: equal hashes on both sides, nothing compared) must not pass either.
+The example count is bounded per format (about 2 s each here; TRACEKIT_FUZZ_EXAMPLES sets it).
 """
 
 from __future__ import annotations
@@ -42,10 +46,13 @@ def _data():
                 for s in range(4)} for r in range(2)}
 
 
-@pytest.fixture(scope="module")
-def pristine(tmp_path_factory):
-    # format 1: the mutations below target its packed arrays and chunk files (format 2 not fuzzed yet)
-    return write_store(tmp_path_factory.mktemp("fuzz") / "ref", _data(), format_version=1)
+@pytest.fixture(scope="module", params=[1, 2], ids=["format1", "format2"])
+def pristine(request, tmp_path_factory):
+    return write_store(tmp_path_factory.mktemp(f"fuzz{request.param}") / "ref", _data(), format_version=request.param)
+
+
+def _version(store: str) -> int:
+    return json.load(open(os.path.join(store, "zarr.json")))["attributes"]["tracekit"]["format_version"]
 
 
 def _files(store: str):
@@ -61,7 +68,8 @@ def _meta_files(store):
 
 
 def _chunk_files(store):
-    return [f for f in _files(store) if "/c/" in f]
+    """Files holding data: chunk files of zarr arrays, and (format 2) the content-addressed objects."""
+    return [f for f in _files(store) if "/c/" in f or (f.startswith("objects/") and not f.endswith("zarr.json"))]
 
 
 def _leaves(doc, path=()):
@@ -129,6 +137,8 @@ def _apply(store: str, mutation) -> str:
             os.unlink(path)
         else:
             open(path, "wb").write(bytes(data))
+        if _version(store) >= 2:  # format 2 checks every data file's size, so extra bytes are damage too
+            return "changed" if op == "flip" else "damaged"
         return {"flip": "changed", "append": "padded"}.get(op, "damaged")
     files = _files(store)
     files = [f for f in files if not f.startswith(".tracekit")]
@@ -218,6 +228,15 @@ def test_damaged_store_is_the_right_answer_or_one_line(pristine, mutation):
         if diff.exit_code == 0:
             assert _reads_back_pristine(pristine, cand), f"{mutation}: PASS, yet the store reads other values"
 
+        if _version(pristine) >= 2 and expect in ("changed", "damaged"):
+            # `diff lie lie`: both sides hold the same hashes, so no tensor is compared; the bytes
+            # behind those hashes must still be checked, and the damage reported
+            twin = os.path.join(tmp, "twin")
+            shutil.copytree(pristine, twin, symlinks=True)
+            _apply(twin, mutation)  # the same damage again (a FIFO cannot be copied)
+            lie = _cli("diff", cand, twin, "--exact")
+            assert lie.exit_code != 0, f"{mutation}: a damaged store passed against a copy of itself"
+
         with _deadline("tracekit.open"):
             try:
                 tree = tracekit.open(cand)
@@ -228,9 +247,19 @@ def test_damaged_store_is_the_right_answer_or_one_line(pristine, mutation):
 
 
 def test_the_fuzz_oracle_can_fail(pristine, tmp_path):
-    """A flipped bit is a FAIL under --exact, so the 'changed' expectation is not vacuous."""
+    """A flipped data bit is a FAIL (format 1) or damage (format 2) under --exact, so the 'changed'
+    expectation is not vacuous; in format 2, also against a copy of the damaged store itself."""
     cand = str(tmp_path / "cand")
     shutil.copytree(pristine, cand)
     assert _cli("diff", pristine, cand, "--exact").exit_code == 0
-    assert _apply(cand, ("chunk", 0, "flip", 3)) == "changed"
-    assert _cli("diff", pristine, cand, "--exact").exit_code == 1
+    if _version(pristine) == 1:
+        assert _apply(cand, ("chunk", 0, "flip", 3)) == "changed"
+        assert _cli("diff", pristine, cand, "--exact").exit_code == 1
+        return
+    objects = [i for i, f in enumerate(_chunk_files(cand)) if f.startswith("objects/")]
+    assert _apply(cand, ("chunk", objects[0], "flip", 3)) == "changed"
+    twin = str(tmp_path / "twin")
+    shutil.copytree(cand, twin)
+    for ref in (pristine, twin):
+        result = _cli("diff", ref, cand, "--exact")
+        assert result.exit_code == 2 and "damaged store" in result.output, result.output

@@ -1,6 +1,7 @@
 """Format v2: content-addressed objects, dedup across ranks and steps, hashes checked on read, verify."""
 
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -9,7 +10,7 @@ from click.testing import CliRunner
 import tracekit
 from tracekit import StoreError, open_store
 from tracekit.cli.main import main
-from tracekit.store.format import HASH_ARRAY, object_key
+from tracekit.store.format import FINITE_ARRAY, HASH_ARRAY, object_key
 from tracekit.store.verify import verify_store
 from tracekit.testing import write_store
 
@@ -151,6 +152,59 @@ def test_identical_stores_diff_by_hash_and_differences_are_read(tmp_path):
     report = tracekit.diff(ref, cand)
     assert not report.passed and {r.rank for r in report.violations} == {1}
     assert report.first_divergence.step == 1 and report.first_divergence.kind == "gradients"
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_two_copies_of_a_damaged_store_do_not_pass(tmp_path, damage):
+    """`diff lie lie`: every hash agrees, so nothing is compared; the objects behind the hashes
+    are still checked, and the damage reported."""
+    lie = _run(str(tmp_path / "lie"), ranks=2, steps=3, drift=1e-3)
+    DAMAGE[damage](lie)
+    twin = str(tmp_path / "twin")
+    shutil.copytree(lie, twin)
+    result = CliRunner().invoke(main, ["diff", lie, twin, "--exact"])
+    assert result.exit_code == 2, result.output
+    assert "damaged store" in result.output and "rank 1 gradients step 2 tensor" in result.output
+    assert "PASS" not in result.output
+
+
+def _set_finite_flag(path, rank, kind, row, position, value):
+    chunk = os.path.join(path, f"rank_{rank}", kind, FINITE_ARRAY, "c", str(row), "0")
+    raw = bytearray(open(chunk, "rb").read())
+    raw[position] = value
+    open(chunk, "wb").write(bytes(raw))
+
+
+@pytest.mark.parametrize("value", [0, 1, 3])
+def test_a_lying_finite_flag_is_damage(tmp_path, value):
+    """The finiteness index decides whether equal hashes may skip a tensor (NaNs must be compared),
+    so it is checked against the bytes like the hash: a flag claiming finite over NaNs, finite data
+    flagged otherwise, or a flag other than 0/1 is a damaged store, in diff and verify alike."""
+    x = np.array([1.0, np.nan, 3.0], np.float32) if value == 1 else np.arange(3, dtype=np.float32)
+    data = {0: {1: {"outputs": {"x": x}}}}
+    ref, cand = write_store(tmp_path / "a", data), write_store(tmp_path / "b", data)
+    for path in (ref, cand):
+        _set_finite_flag(path, 0, "outputs", 0, 0, value)
+    with pytest.raises(StoreError, match=r"^damaged store: .*: rank 0 outputs step 1"):
+        tracekit.diff(ref, cand, exact=True)
+    (problem,) = verify_store(cand).problems
+    assert (problem.rank, problem.kind, problem.step) == (0, "outputs", 1) and "finite" in problem.what
+
+
+def test_equal_hashes_read_each_distinct_object_once(tmp_path, monkeypatch):
+    """Identical stores: hash-equal tensors are not compared, and each distinct object of each side
+    is read (hashed) exactly once, however many ranks and steps name it."""
+    from tracekit.store import objects
+
+    ref = _run(str(tmp_path / "ref"), ranks=4, steps=3)
+    same = _run(str(tmp_path / "same"), ranks=4, steps=3)
+    scanned = []
+    real = objects.scan_object
+    monkeypatch.setattr(objects, "scan_object", lambda root, digest, *a, **k: scanned.append((root, digest)) or real(root, digest, *a, **k))
+    report = tracekit.diff(ref, same, exact=True, jobs=2)
+    assert report.passed and report.identical_by_hash == 4 * 3 * 3
+    # per store: w and v of each step (equal on all ranks) and one frozen object; scalars are read, not scanned
+    assert len(scanned) == len(set(scanned)) == 2 * (3 * 2 + 1)
 
 
 def test_nan_tensors_are_read_even_when_hashes_agree(tmp_path):

@@ -133,6 +133,19 @@ def _identical_by_hash(pair: KindPair, step: int, ref_rc, cand_rc, oracle: bool)
         and rd[t.ref.name] == cd[t.cand.name] and rf[t.ref.name] and cf[t.cand.name])
 
 
+def _check_hash_decided(pair: KindPair, step: int, ref_rc, cand_rc, names: frozenset) -> int:
+    """Check the index entries of tensors decided by equal hashes against the objects they name,
+    on both sides (hash, size, finiteness; StoreError if damaged). Equal hashes say two stores
+    recorded the same bytes, not that the bytes are still there: two copies of one damaged store
+    agree on every hash. Each object is read once per open store, so identical stores cost one
+    hashing read of their distinct bytes, not a comparison (docs/FORMAT.md). Returns 0 (bytes compared)."""
+    for t in pair.tensors:
+        if t.name in names:
+            ref_rc.view.check_entry(pair.kind, step, t.ref.name)
+            cand_rc.view.check_entry(pair.kind, step, t.cand.name)
+    return 0
+
+
 class _Engine:
     def __init__(self, ref: StoreCatalog, cand: StoreCatalog, oracle: StoreCatalog | None, tolerances: Tolerances,
                  equal_nan: bool, oracle_factor: float | None):
@@ -308,8 +321,10 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
 def step_parts(engine: "_Engine", kp: KindPair, step: int) -> tuple[list[tuple[str, int, MetricsAccumulator]], int]:
     """Every unit of one (rank pair, kind, step), compared one after the other: [(tensor, start, metrics)], bytes read."""
     parts, nbytes = [], 0
-    skip = _identical_by_hash(kp, step, engine.ref.ranks[kp.ref_rank], engine.cand.ranks[kp.rank], engine.oracle is not None)
-    for u in _units(kp, step, engine.ref.ranks[kp.ref_rank], skip):
+    ref_rc, cand_rc = engine.ref.ranks[kp.ref_rank], engine.cand.ranks[kp.rank]
+    skip = _identical_by_hash(kp, step, ref_rc, cand_rc, engine.oracle is not None)
+    _check_hash_decided(kp, step, ref_rc, cand_rc, skip)
+    for u in _units(kp, step, ref_rc, skip):
         p, n = engine.run_unit(u)
         parts.extend(p)
         nbytes += n
@@ -326,6 +341,9 @@ def _compare_steps_here(engine: "_Engine", plan, steps: list[int], jobs: int | N
             pairs = [kp for kp in plan.pairs if step in kp.steps and kp.tensors]
             units = [u for kp in pairs for u in _units(kp, step, engine.ref.ranks[kp.ref_rank], same[(id(kp), step)])]
             futures = [pool.submit(engine.run_unit, u) for u in units]
+            checks = [pool.submit(_check_hash_decided, kp, step, engine.ref.ranks[kp.ref_rank],
+                                  engine.cand.ranks[kp.rank], same[(id(kp), step)])
+                      for kp in pairs if same[(id(kp), step)]]
             partial: dict[tuple[int, str], list[tuple[int, MetricsAccumulator]]] = {}  # (pair, tensor) -> parts
             try:
                 for u, f in zip(units, futures):
@@ -333,8 +351,10 @@ def _compare_steps_here(engine: "_Engine", plan, steps: list[int], jobs: int | N
                     for name, start, acc in parts:
                         partial.setdefault((id(u.pair), name), []).append((start, acc))
                     tick(nbytes)
+                for f in checks:
+                    f.result()
             except BaseException:
-                for f in futures:
+                for f in futures + checks:
                     f.cancel()
                 raise
             yield step, partial

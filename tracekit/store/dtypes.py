@@ -53,14 +53,20 @@ _NONFINITE_MASK = {"bfloat16": 0x7F80, "float8_e4m3fn": 0x7F, "float8_e5m2": 0x7
 
 
 def all_finite(data: np.ndarray, logical: str) -> bool:
-    """True when no element is NaN or Inf (data in storage dtype).
+    """True exactly when no element is NaN or Inf (data in storage dtype).
 
-    For native floats this is one reduction: the sum is finite only if every element is. An
-    overflowing sum answers False for finite data, which only costs a reader a full read."""
+    Exact, because readers check a store's finiteness flags against the bytes: a tensor split into
+    pieces must give the same answer piece by piece as whole. For native floats the sum is tried
+    first (one reduction, no temporary): a finite sum proves every element finite; only when it is
+    not (a NaN, an Inf, or an overflowing sum of finite values) are the elements looked at."""
+    if not data.size:
+        return True
     if logical in _NONFINITE_MASK:
         mask = _NONFINITE_MASK[logical]
-        return not bool(np.any((data & mask) == mask)) if data.size else True
+        return not bool(np.any((data & mask) == mask))
     if data.dtype.kind in "fc":
         with np.errstate(over="ignore", invalid="ignore"):
-            return bool(np.isfinite(np.add.reduce(data, axis=None))) if data.size else True
+            if np.isfinite(np.add.reduce(data, axis=None)):
+                return True
+        return bool(np.isfinite(data).all())
     return True

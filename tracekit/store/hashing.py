@@ -22,19 +22,32 @@ ALGORITHM = "xxh3-128"
 FILE_PIECE = 8 << 20
 
 
-def _identity(name: str, dtype: str, shape) -> bytes:
-    return f"{name}\0{dtype}\0{','.join(str(int(d)) for d in shape)}\0".encode()
+def _identity(name: str, dtype: str, shape, shard=None) -> bytes:
+    ident = f"{name}\0{dtype}\0{','.join(str(int(d)) for d in shape)}\0"
+    if shard is not None:  # a piece of the tensor: where it sits is part of what it is
+        ident += shard.identity() + "\0"
+    return ident.encode()
 
 
-def hasher(name: str, dtype: str, shape):
-    """A streaming hasher primed with the tensor's identity; update() it with the bytes in order."""
+def hasher(name: str, dtype: str, shape, shard=None):
+    """A streaming hasher primed with the tensor's identity (and, for a shard, its place in the
+    full tensor); update() it with the bytes in order."""
     h = xxhash.xxh3_128()
-    h.update(_identity(name, dtype, shape))
+    h.update(_identity(name, dtype, shape, shard))
     return h
 
 
-def tensor_hash(name: str, dtype: str, shape, data: np.ndarray) -> bytes:
-    """The 16-byte digest of a tensor whose bytes (storage dtype, C order) are `data`."""
-    h = hasher(name, dtype, shape)
+def combined(digests) -> bytes:
+    """One digest for a tensor held as pieces: the hash of its pieces' digests in peer order. Equal
+    when every piece is equal, so the diff can decide a sharded tensor by hash like a whole one."""
+    h = xxhash.xxh3_128()
+    for d in digests:
+        h.update(d)
+    return h.digest()
+
+
+def tensor_hash(name: str, dtype: str, shape, data: np.ndarray, shard=None) -> bytes:
+    """The 16-byte digest of a tensor (or of its shard) whose bytes (storage dtype, C order) are `data`."""
+    h = hasher(name, dtype, shape, shard)
     h.update(memoryview(np.ascontiguousarray(data)).cast("B"))
     return h.digest()

@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tracekit.store.dtypes import storage_dtype
+from tracekit.store.shards import Shard
 
 # Attribute keys of a kind group.
 TENSORS = "tensors"
 STEPS = "steps"
 HASH = "hash"
+SHARD = "shard"  # an index entry's field (v2): the rank's piece of a sharded tensor
 
 
 @dataclass(frozen=True)
@@ -31,10 +33,17 @@ class TensorInfo:
     array: str  # storage array (v1: the packed array; v2: the virtual row of that dtype)
     offset: int
     numel: int
+    # v2 only: the piece of the tensor this rank wrote, when it holds a shard (tracekit/store/shards.py)
+    shard: Shard | None = None
 
     @property
     def nbytes(self) -> int:
         return self.numel * storage_dtype(self.dtype).itemsize
+
+    @property
+    def stored_numel(self) -> int:
+        """Elements in this rank's object of the tensor: the whole tensor, or its shard."""
+        return self.shard.numel if self.shard is not None else self.numel
 
     @classmethod
     def from_attrs(cls, entry: dict) -> "TensorInfo":
@@ -48,6 +57,9 @@ class TensorInfo:
             raise ValueError("name, array and shape must be two strings and a list")
         info = cls(entry["name"], str(entry["dtype"]), tuple(integer(d) for d in entry["shape"]),
                    entry["array"], integer(entry["offset"]), integer(entry["numel"]))
+        if SHARD in entry:
+            info = cls(info.name, info.dtype, info.shape, info.array, info.offset, info.numel,
+                       Shard.from_attrs(entry[SHARD], info.shape))
         storage_dtype(info.dtype)  # raises ValueError for an unknown dtype
         # math.prod: exact for any size (np.prod would wrap a hostile shape around int64)
         if any(d < 0 for d in info.shape) or info.offset < 0 or info.numel != math.prod(info.shape):
@@ -55,8 +67,11 @@ class TensorInfo:
         return info
 
     def to_attrs(self) -> dict:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "array": self.array,
-                "offset": self.offset, "numel": self.numel}
+        out = {"name": self.name, "dtype": self.dtype, "shape": list(self.shape), "array": self.array,
+               "offset": self.offset, "numel": self.numel}
+        if self.shard is not None:
+            out[SHARD] = self.shard.to_attrs()
+        return out
 
 
 def index_of(tensors) -> tuple[list[TensorInfo], dict[str, int]]:

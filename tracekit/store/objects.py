@@ -15,65 +15,110 @@ import numpy as np
 
 from tracekit.errors import StoreError
 from tracekit.store import format as _format, io
-from tracekit.store.dtypes import storage_dtype
+from tracekit.store.dtypes import all_finite, storage_dtype
 from tracekit.store.format import object_key
 from tracekit.store.hashing import FILE_PIECE, HASH_BYTES, hasher
 
 
 class Verified:
-    """Digests whose objects were read and matched, per open store (thread-safe)."""
+    """Objects whose bytes matched their hash, with whether they are all finite, per open store
+    (thread-safe). An object is immutable, so once checked it need not be read again to be trusted."""
 
     def __init__(self):
-        self._done: set[bytes] = set()
+        self._done: dict[bytes, bool] = {}
         self._lock = threading.Lock()
 
     def __contains__(self, digest: bytes) -> bool:
         with self._lock:
             return digest in self._done
 
-    def add(self, digest: bytes) -> None:
+    def get(self, digest: bytes) -> bool | None:
+        """The object's finiteness once verified; None while it is not."""
         with self._lock:
-            self._done.add(digest)
+            return self._done.get(digest)
+
+    def add(self, digest: bytes, finite: bool) -> None:
+        with self._lock:
+            self._done[digest] = finite
 
 
 def damaged(where: str, what: str) -> StoreError:
     return StoreError(f"damaged store: {where}: {what}")
 
 
-def object_problem(root: str, digest: bytes, info, buf: np.ndarray | None = None) -> str | None:
-    """What is wrong with the object of tensor `info` whose hash is `digest`; None when its bytes match."""
+def scan_object(root: str, digest: bytes, info, buf: np.ndarray | None = None) -> tuple[str | None, bool]:
+    """Read the object of tensor `info` whose hash is `digest` once: (what is wrong with it, or None
+    when its bytes match; whether every element is finite). `buf`: a reusable read buffer."""
     key = object_key(digest)
-    expected = info.numel * storage_dtype(info.dtype).itemsize
+    dtype = storage_dtype(info.dtype)
+    expected = info.stored_numel * dtype.itemsize
     try:
-        reader = io.Reader(root, key)
+        reader = io.reader(root, key)
     except FileNotFoundError:
-        return f"its object {key} is missing"
+        return f"its object {key} is missing", False
     except OSError as e:
-        return f"its object {key} is unreadable ({e.strerror or e})"
+        return f"its object {key} is unreadable ({e.strerror or e})", False
+    finite = True
     with reader:
-        actual = io.size(root, key)
+        actual = reader.size()
         if actual != expected:
-            return f"its object {key} has {actual} bytes, the index says {expected}"
-        h = hasher(info.name, info.dtype, info.shape)
+            return f"its object {key} has {actual} bytes, the index says {expected}", False
+        h = hasher(info.name, info.dtype, info.shape, info.shard)
         if buf is None:
             buf = np.empty(min(FILE_PIECE, max(expected, 1)), dtype=np.uint8)
+        piece = len(buf) - len(buf) % dtype.itemsize  # whole elements per piece, for the finiteness check
         pos = 0
         while pos < expected:
-            n = min(len(buf), expected - pos)
+            n = min(piece, expected - pos)
             if reader.readinto(pos, memoryview(buf[:n])) != n:
-                return f"its object {key} is truncated"
+                return f"its object {key} is truncated", False
             h.update(memoryview(buf[:n]))
+            finite = finite and all_finite(buf[:n].view(dtype), info.dtype)
             pos += n
     if h.digest() != digest:
-        return f"bytes do not match their hash (object {key})"
-    return None
+        return f"bytes do not match their hash (object {key})", False
+    return None, finite
 
 
-def check_object(root: str, digest: bytes, info, where: str) -> None:
-    """StoreError (a damaged store, naming `where`) unless the object's bytes match its hash."""
-    problem = object_problem(root, digest, info)
+def object_problem(root: str, digest: bytes, info, buf: np.ndarray | None = None) -> str | None:
+    """What is wrong with the object of tensor `info` whose hash is `digest`; None when its bytes match."""
+    return scan_object(root, digest, info, buf)[0]
+
+
+def check_object(root: str, digest: bytes, info, where: str) -> bool:
+    """Whether the object's elements are all finite; StoreError (a damaged store, naming `where`)
+    unless its bytes match its hash."""
+    problem, finite = scan_object(root, digest, info)
     if problem is not None:
         raise damaged(where, problem)
+    return finite
+
+
+def read_object(store, digest: bytes, info, where: str) -> tuple[np.ndarray, bool]:
+    """The whole object of `info` (flat, storage dtype), its bytes checked against `digest` unless
+    this open store verified it already; and whether its elements are all finite."""
+    key = object_key(digest)
+    dtype = storage_dtype(info.dtype)
+    out = np.empty(info.stored_numel, dtype=dtype)
+    try:
+        with io.reader(store.io_root, key) as r:
+            if r.size() != out.nbytes:
+                raise damaged(where, f"its object {key} has {r.size()} bytes, the index says {out.nbytes}")
+            if out.nbytes and r.readinto(0, memoryview(out.view(np.uint8))) != out.nbytes:
+                raise damaged(where, f"its object {key} is truncated")
+    except FileNotFoundError:
+        raise damaged(where, f"its object {key} is missing") from None
+    except OSError as err:
+        raise damaged(where, f"its object is unreadable ({err.strerror or err})") from None
+    finite = store.verified.get(digest)
+    if finite is None:
+        h = hasher(info.name, info.dtype, info.shape, info.shard)
+        h.update(memoryview(out.view(np.uint8)))
+        if h.digest() != digest:
+            raise damaged(where, f"bytes do not match their hash (object {key})")
+        finite = all_finite(out, info.dtype)
+        store.verified.add(digest, finite)
+    return out, finite
 
 
 class ObjectRows:
@@ -95,14 +140,30 @@ class ObjectRows:
         # virtual chunks of v1's size: the diff splits its work along them
         self.chunks = (1, max(1, min(width, _format.MAX_CHUNK_BYTES // self.dtype.itemsize)))
         self._starts = np.asarray([t.offset for t in self.tensors], dtype=np.int64)
+        # the last sharded tensor each thread assembled: a reader takes a tensor piece by piece
+        self._assembled = threading.local()
+
+    def _full(self, row: int, t) -> np.ndarray:
+        """A sharded tensor assembled from its pieces (flat, storage dtype); one per thread is kept."""
+        cached = getattr(self._assembled, "entry", None)
+        if cached is not None and cached[0] == (row, t.name):
+            return cached[1]
+        self._assembled.entry = None  # at most one assembled tensor per thread, even while building the next
+        step = self.view.step_of_row(self.kind, row)
+        full = self.view.assemble(self.kind, step, t.name).reshape(-1)
+        self._assembled.entry = ((row, t.name), full)
+        return full
 
     def _where(self, row: int, name: str) -> str:
-        step = self.view.step_of_row(self.kind, row)
-        return f"{self.view.store.path}: rank {self.view.rank} {self.kind} step {step} tensor {name}"
+        return self.view.where(self.kind, self.view.step_of_row(self.kind, row), name)
 
     def read_into(self, row: int, start: int, stop: int, out: np.ndarray) -> np.ndarray:
-        """Elements [start, stop) of a row into `out` (storage dtype, length stop - start)."""
-        root = self.view.store.path
+        """Elements [start, stop) of a row into `out` (storage dtype, length stop - start).
+
+        Every object touched is checked against its hash (once per open store) and against the
+        row's finiteness flag, so no byte of the store is used unchecked."""
+        store = self.view.store
+        root = store.io_root
         digests = self.view.row_digests(self.kind, row)
         item = self.dtype.itemsize
         dest = out.view(np.uint8)
@@ -111,31 +172,40 @@ class ObjectRows:
         while s < stop:
             t = self.tensors[i]
             e = min(stop, t.offset + t.numel)
-            if e > s:
-                digest = digests[self._positions[t.name]]
+            if e > s and t.shard is not None:
+                full = self._full(row, t)
+                out[s - start : e - start] = full[s - t.offset : e - t.offset]
+                s = e
+            elif e > s:
+                pos = self._positions[t.name]
+                digest = digests[pos]
+                where = self._where(row, t.name)
                 whole = s == t.offset and e == t.offset + t.numel
-                store = self.view.store
-                if not whole:  # a piece: check the whole object first (once), then read the piece
-                    store.ensure_verified(digest, t, self._where(row, t.name))
+                finite = store.verified.get(digest)
+                if finite is None and not whole:  # a piece: check the whole object first (once), then read the piece
+                    finite = store.ensure_verified(digest, t, where)
                 view = memoryview(dest[(s - start) * item : (e - start) * item])
+                key = object_key(digest)
                 try:
-                    with io.Reader(root, object_key(digest)) as r:
+                    with io.reader(root, key) as r:
                         got = r.readinto((s - t.offset) * item, view)
-                        if whole and got == len(view) and digest not in store.verified:
+                        if finite is None and got == len(view):
                             # the whole tensor was read: check these very bytes, no second read
-                            if io.size(root, object_key(digest)) != len(view):
-                                raise damaged(self._where(row, t.name), f"its object {object_key(digest)} has the wrong size")
+                            if r.size() != len(view):
+                                raise damaged(where, f"its object {key} has the wrong size")
                             h = hasher(t.name, t.dtype, t.shape)
                             h.update(view.cast("B") if view.format != "B" else view)
                             if h.digest() != digest:
-                                raise damaged(self._where(row, t.name), f"bytes do not match their hash (object {object_key(digest)})")
-                            store.verified.add(digest)
+                                raise damaged(where, f"bytes do not match their hash (object {key})")
+                            finite = all_finite(out[s - start : e - start], t.dtype)
+                            store.verified.add(digest, finite)
                 except FileNotFoundError:
-                    raise damaged(self._where(row, t.name), f"its object {object_key(digest)} is missing") from None
+                    raise damaged(where, f"its object {key} is missing") from None
                 except OSError as err:
-                    raise damaged(self._where(row, t.name), f"its object is unreadable ({err.strerror or err})") from None
+                    raise damaged(where, f"its object is unreadable ({err.strerror or err})") from None
                 if got != len(view):
-                    raise damaged(self._where(row, t.name), f"its object {object_key(digest)} is truncated")
+                    raise damaged(where, f"its object {key} is truncated")
+                self.view.check_finite_flag(self.kind, row, pos, finite, where)
                 s = e
             i += 1
         return out

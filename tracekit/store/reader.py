@@ -18,17 +18,17 @@ from functools import cached_property
 import numpy as np
 import zarr
 
-from tracekit.store.dtypes import to_numpy_values
+from tracekit.store.dtypes import storage_dtype, to_numpy_values
 from tracekit.errors import StoreError
 from tracekit.store import io
 from tracekit.store.chunks import check_size_claims, chunk_cols, first_missing_chunk, irregular_metadata
 from tracekit.store.rows import read_row_bytes
 from tracekit.store.format import FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX_STEP, RANK_PREFIX, ROOT_KEY
-from tracekit.store.hashing import HASH_BYTES
-from tracekit.store.objects import ObjectRows, Verified, check_object
+from tracekit.store.hashing import HASH_BYTES, combined
+from tracekit.store.objects import ObjectRows, Verified, check_object, read_object
 from tracekit.store.kinds import kind_order
 from tracekit.store.location import Location, resolve
-from tracekit.store.meta import STEPS, TENSORS, KindMeta, TensorInfo
+from tracekit.store.meta import STEPS, TENSORS, KindMeta, TensorInfo, index_of
 
 
 def _read_root_attrs(path: str, location: Location) -> dict:
@@ -113,6 +113,9 @@ class RankView:
         self._index_cache: dict[tuple[str, str, int], np.ndarray] = {}
         self._index_arrays: dict[tuple[str, str], zarr.Array] = {}
         self._packed_arrays: dict[tuple[str, str], zarr.Array] = {}
+        self._positions: dict[str, dict[str, int]] = {}
+        self._peers: dict[str, set[int]] = {}
+        self._steps: dict[str, list[int]] = {}
 
     @property
     def coords(self) -> dict:
@@ -175,12 +178,33 @@ class RankView:
             except (TypeError, KeyError, ValueError, OverflowError) as e:
                 raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: malformed tensor index "
                                  f"({e.__class__.__name__}: {e})") from None
+            if self.store.format_version >= 2:
+                # v2 addresses are virtual (tensors live in objects): they follow from the names,
+                # dtypes and shapes, so any other value is damage, not a place to read from
+                expected, _ = index_of((i.name, i.dtype, i.shape) for i in infos)
+                bad = next((i for i, e in zip(infos, expected) if (i.array, i.offset, i.numel) != (e.array, e.offset, e.numel)), None)
+                if bad is not None:
+                    raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: malformed tensor index (the address of "
+                                     f"{bad.name!r} does not follow from the index; damaged store?)")
             out[kind] = {info.name: info for info in infos}
+            if len(out[kind]) != len(infos):
+                raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: malformed tensor index (a name occurs twice)")
         return out
 
     def tensors(self, kind: str) -> list[TensorInfo]:
         self._kind(kind)
         return list(self._index[kind].values())
+
+    def position(self, kind: str, name: str) -> int:
+        """The tensor's place in its kind's index (the order of the v2 hash and finiteness rows)."""
+        with self._lock:
+            positions = self._positions.get(kind)
+            if positions is None:
+                positions = self._positions[kind] = {t.name: i for i, t in enumerate(self.tensors(kind))}
+        try:
+            return positions[name]
+        except KeyError:
+            raise StoreError(f"rank {self.rank} has no {kind} tensor {name!r}") from None
 
     def tensor(self, kind: str, name: str) -> TensorInfo:
         try:
@@ -189,10 +213,46 @@ class RankView:
             raise StoreError(f"rank {self.rank} has no {kind} tensor {name!r}") from None
 
     def steps(self, kind: str) -> list[int]:
-        """Steps for which `kind` holds data and the step was completed (step 0: initial parameters)."""
+        """Steps for which `kind` holds data and the step was completed (step 0: initial parameters).
+        A kind holding shards (v2) has a step only once every rank holding one of its pieces has
+        it too: a tensor is visible only where it can be assembled whole."""
+        with self._lock:
+            cached = self._steps.get(kind)
+        if cached is not None:
+            return list(cached)
+        own = self.own_steps(kind)
+        peers = self.peers(kind)
+        if peers:
+            ranks = set(self.store.ranks)
+            for p in sorted(peers & ranks):
+                try:
+                    theirs = set(self.store.rank(p).own_steps(kind))
+                except StoreError:  # the peer lacks the kind: reading the tensor names the damage
+                    continue
+                own = [s for s in own if s in theirs]
+        with self._lock:  # the metadata was read once at open: the answer does not change
+            self._steps[kind] = own
+        return list(own)
+
+    def own_steps(self, kind: str) -> list[int]:
+        """The steps this rank wrote completely for `kind`, whatever its peers wrote."""
         rows = self._rows(kind)
         done = set(self.completed_steps) | {0}
         return [s for s in rows if s in done]
+
+    def peers(self, kind: str) -> set[int]:
+        """Other ranks holding pieces of this rank's sharded tensors of `kind` (empty: none sharded)."""
+        with self._lock:
+            cached = self._peers.get(kind)
+        if cached is None:
+            cached = set()
+            for t in self.tensors(kind):
+                if t.shard is not None:
+                    cached.update(t.shard.peers)
+            cached.discard(self.rank)
+            with self._lock:
+                self._peers[kind] = cached
+        return cached
 
     def _rows(self, kind: str) -> list[int]:
         return _step_list(self._kind(kind).attrs.get(STEPS, []), f"{self.store.path}: rank {self.rank} {kind}")
@@ -302,18 +362,113 @@ class RankView:
         return [flat[i * HASH_BYTES : (i + 1) * HASH_BYTES].tobytes() for i in range(n)]
 
     def digests(self, kind: str, step: int) -> dict[str, bytes] | None:
-        """{tensor: content hash} at a step; None for a format v1 store (it has no hashes)."""
+        """{tensor: content hash} at a step; None for a format v1 store (it has no hashes). A sharded
+        tensor's hash is that of its pieces' hashes in peer order (hashing.combined)."""
         if self.store.format_version == 1:
             return None
-        return dict(zip((t.name for t in self.tensors(kind)), self.row_digests(kind, self._row(kind, step))))
+        out = dict(zip((t.name for t in self.tensors(kind)), self.row_digests(kind, self._row(kind, step))))
+        for t in self.tensors(kind):
+            if t.shard is not None:
+                out[t.name] = combined(digest for _, _, _, digest in self._pieces(kind, step, t))
+        return out
+
+    def _pieces(self, kind: str, step: int, t: TensorInfo):
+        """(peer view, its row, its entry, its digest) of each piece of sharded tensor `t` at `step`,
+        in peer order; StoreError (damage) when a peer's entry does not fit this rank's layout."""
+        where = self.where(kind, step, t.name)
+        out = []
+        for p in t.shard.peers:
+            if p == self.rank:
+                pv = self
+            elif p in self.store.ranks:
+                pv = self.store.rank(p)
+            else:
+                raise StoreError(f"damaged store: {where}: its piece on rank {p} is missing (no rank {p} in the store)")
+            try:
+                info = pv._index[kind].get(t.name) if kind in pv._kind_groups else None
+            except StoreError as e:
+                raise StoreError(f"damaged store: {where}: rank {p}'s index is unreadable ({e})") from None
+            if (info is None or info.shard is None or info.shape != t.shape or info.dtype != t.dtype
+                    or info.shard.peers != t.shard.peers):
+                raise StoreError(f"damaged store: {where}: rank {p} holds no matching piece of it")
+            if step not in pv.own_steps(kind):
+                raise StoreError(f"damaged store: {where}: rank {p} did not record its piece at this step")
+            row = pv._rows(kind).index(step)
+            out.append((pv, row, info, pv.row_digests(kind, row)[pv.position(kind, t.name)]))
+        return out
+
+    def assemble(self, kind: str, step: int, name: str) -> np.ndarray:
+        """A sharded tensor at a step, whole (storage dtype, its shape): every piece read from the
+        rank that wrote it, checked against its hash and finiteness flag; the pieces must tile it."""
+        t = self.tensor(kind, name)
+        where = self.where(kind, step, name)
+        full = np.empty(t.shape, dtype=storage_dtype(t.dtype))
+        covered = np.zeros(t.shape, dtype=bool)
+        for pv, row, info, digest in self._pieces(kind, step, t):
+            piece_where = pv.where(kind, step, name)
+            data, finite = read_object(self.store, digest, info, piece_where)
+            pv.check_finite_flag(kind, row, pv.position(kind, name), finite, piece_where)
+            place = info.shard.slices()
+            if covered[place].any():
+                raise StoreError(f"damaged store: {where}: the pieces of ranks {list(t.shard.peers)} overlap")
+            covered[place] = True
+            full[place] = data.reshape(info.shard.shape)
+        if not covered.all():
+            raise StoreError(f"damaged store: {where}: the pieces of ranks {list(t.shard.peers)} do not cover it")
+        return full
+
+    def _finite_flags(self, kind: str, row: int) -> np.ndarray:
+        flags = self._index_row(kind, FINITE_ARRAY, row, len(self.tensors(kind)))
+        if flags.size and int(flags.max()) > 1:
+            raise StoreError(f"damaged store: {self.store.path}: rank {self.rank} {kind} step {self.step_of_row(kind, row)}: "
+                             f"its {FINITE_ARRAY} index holds {int(flags.max())}, not 0 or 1")
+        return flags
 
     def finite(self, kind: str, step: int) -> dict[str, bool] | None:
-        """{tensor: True when it holds no NaN/Inf} at a step (False may also mean "not known"); None for v1."""
+        """{tensor: True when it holds no NaN/Inf} at a step; None for v1. Index values, checked
+        against the bytes whenever those are read (check_finite_flag, check_entry)."""
         if self.store.format_version == 1:
             return None
         names = [t.name for t in self.tensors(kind)]
-        flags = self._index_row(kind, FINITE_ARRAY, self._row(kind, step), len(names))
-        return {n: bool(f) for n, f in zip(names, flags)}
+        flags = self._finite_flags(kind, self._row(kind, step))
+        out = {n: bool(f) for n, f in zip(names, flags)}
+        for t in self.tensors(kind):
+            if t.shard is not None:  # finite only if every piece is
+                out[t.name] = all(bool(pv._finite_flags(kind, row)[pv.position(kind, t.name)])
+                                  for pv, row, _, _ in self._pieces(kind, step, t))
+        return out
+
+    def check_finite_flag(self, kind: str, row: int, position: int, finite: bool, where: str) -> None:
+        """StoreError (damage) unless the index's finiteness flag of tensor `position` at `row`
+        says what its verified bytes say: a lying flag could let the diff skip NaNs by hash."""
+        flag = bool(self._finite_flags(kind, row)[position])
+        if flag != finite:
+            raise StoreError(f"damaged store: {where}: its {FINITE_ARRAY} index says "
+                             f"{'all finite' if flag else 'not all finite'}, its bytes say otherwise")
+
+    def where(self, kind: str, step: int, name: str) -> str:
+        """How a damage message names one tensor entry."""
+        return f"{self.store.path}: rank {self.rank} {kind} step {step} tensor {name}"
+
+    def check_entry(self, kind: str, step: int, name: str) -> None:
+        """Check one v2 index entry against the object it names - hash, size and finiteness - reading
+        the object only if this open store has not verified it yet. StoreError (damage) otherwise.
+        The diff calls this for tensors it decides by equal hashes, so it never trusts an index
+        whose bytes it has not seen (docs/FORMAT.md, "Diff by hash")."""
+        if self.store.format_version == 1:
+            return
+        row = self._row(kind, step)
+        info = self.tensor(kind, name)
+        if info.shard is not None:  # every piece, on the rank that wrote it
+            for pv, prow, pinfo, digest in self._pieces(kind, step, info):
+                where = pv.where(kind, step, name)
+                pv.check_finite_flag(kind, prow, pv.position(kind, name), self.store.ensure_verified(digest, pinfo, where), where)
+            return
+        position = self.position(kind, name)
+        digest = self.row_digests(kind, row)[position]
+        where = self.where(kind, step, name)
+        finite = self.store.ensure_verified(digest, info, where)
+        self.check_finite_flag(kind, row, position, finite, where)
 
     def _require_chunks(self, kind: str, key: str, row: int, start: int, stop: int) -> None:
         """zarr 3.1 silently returns fill values for a missing chunk; a store must never do that."""
@@ -367,10 +522,9 @@ class RunStore:
         self.path = os.fspath(path) if self.location.is_local and not isinstance(path, Location) else str(self.location)
         self.meta = _read_root_attrs(self.path, self.location)
         self.format_version: int = self.meta["format_version"]
-        if self.format_version >= 2 and not self.location.is_local:
-            raise StoreError(f"{self.path}: store format {self.format_version} is read from local folders only so far "
-                             "(its objects go through tracekit/store/io.py, not yet URL-aware)")
         self.verified = Verified()  # objects whose bytes matched their hash (immutable: checked once)
+        self._verify_lock = threading.Lock()
+        self._object_locks: dict[bytes, threading.Lock] = {}
         try:
             self.root = zarr.open_group(self.location.zarr_store(read_only=True), mode="r", use_consolidated=False)
         except Exception as e:
@@ -410,12 +564,25 @@ class RunStore:
         info.update({k: v for k, v in self.meta.items() if v is not None})
         return info
 
-    def ensure_verified(self, digest: bytes, info: "TensorInfo", where: str) -> None:
-        """Check an object's bytes against its hash once per open store; StoreError (damage) if they differ."""
-        if digest in self.verified:
-            return
-        check_object(self.path, digest, info, where)
-        self.verified.add(digest)
+    @property
+    def io_root(self):
+        """What tracekit/store/io.py reads objects under: the folder, or the URL's Location."""
+        return self.path if self.location.is_local else self.location
+
+    def ensure_verified(self, digest: bytes, info: "TensorInfo", where: str) -> bool:
+        """Check an object's bytes against its hash once per open store; StoreError (damage) if they
+        differ. Returns whether all its elements are finite."""
+        finite = self.verified.get(digest)
+        if finite is not None:
+            return finite
+        with self._verify_lock:  # one reader per object: threads naming the same object wait for it
+            lock = self._object_locks.setdefault(digest, threading.Lock())
+        with lock:
+            finite = self.verified.get(digest)
+            if finite is None:
+                finite = check_object(self.io_root, digest, info, where)
+                self.verified.add(digest, finite)
+        return finite
 
     @property
     def finished(self) -> bool:

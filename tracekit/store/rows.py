@@ -68,6 +68,8 @@ def read_row_bytes(arr, row: int) -> np.ndarray | None:
         n = min(width, arr.shape[1] - c * width)
         key = chunk_key(arr, row, c)
         with io.Reader(root, key) as r:  # missing: FileNotFoundError, reported by the caller
+            if r.size() != width * item:  # chunks are written whole (the last one zero-padded)
+                raise StoreError(f"chunk file {key} holds {r.size()} bytes, not {width * item}")
             if r.readinto(0, memoryview(out[c * width : c * width + n]).cast("B")) != n * item:
                 raise StoreError(f"chunk file {key} is truncated")
     return out

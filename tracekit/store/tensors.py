@@ -39,3 +39,11 @@ def from_torch(name: str, t) -> TensorData:
     else:
         data = t.numpy()
     return TensorData(name, dtype, tuple(t.shape), data)
+
+
+def from_torch_piece(name: str, local, shard) -> TensorData:
+    """This rank's piece of a sharded tensor (a tracekit.store.shards.Shard says where it sits) -> a
+    store entry that carries its layout to the store writer, through the spool hand-off too."""
+    from tracekit.store.shards import pack
+
+    return from_torch(pack(name, shard), local)

@@ -2,7 +2,8 @@
 
 Format v2: every listed row's index (hash and finiteness arrays) is present and sized to the
 tensor index, and every tensor's object exists, has the size its index entry implies and hashes
-to the recorded value (each distinct object is read once). Format v1 stores carry no hashes, so
+to the recorded value (each distinct object is read once), and each finiteness flag says what
+its object's elements are. Format v1 stores carry no hashes, so
 only their structure is checked: every chunk file of a listed row exists with its full size.
 """
 
@@ -17,7 +18,7 @@ from tracekit.errors import StoreError
 from tracekit.store import io
 from tracekit.store.chunks import chunk_cols, chunk_key
 from tracekit.store.hashing import FILE_PIECE
-from tracekit.store.objects import object_problem
+from tracekit.store.objects import scan_object
 from tracekit.store.reader import RankView, RunStore, open_store
 
 
@@ -102,22 +103,27 @@ def _strip(message: str, path: str) -> str:
 
 def _verify_v2_kind(view: RankView, kind, tensors, rows, result, report, known, buf) -> None:
     root = view.store.path
+    io_root = view.store.io_root
     for step, row in rows.items():
         try:
             digests = view.row_digests(kind, row)
-            view.finite(kind, step)
+            flags = view.finite(kind, step)
         except StoreError as e:
             report(Problem(view.rank, kind, step, None, _strip(str(e), root).split(": ", 1)[-1]))
             continue
         for info, digest in zip(tensors, digests):
             result.entries += 1
             if digest not in known:
-                known[digest] = object_problem(root, digest, info, buf)
+                known[digest] = scan_object(io_root, digest, info, buf)
                 result.objects += 1
-                if known[digest] is None:
+                if known[digest][0] is None:
                     result.bytes_read += info.nbytes
-            if known[digest] is not None:
-                report(Problem(view.rank, kind, step, info.name, known[digest]))
+            problem, finite = known[digest]
+            if problem is None and flags[info.name] != finite:
+                problem = (f"its finite index says {'all finite' if flags[info.name] else 'not all finite'}, "
+                           "its bytes say otherwise")
+            if problem is not None:
+                report(Problem(view.rank, kind, step, info.name, problem))
 
 
 def _verify_v1_kind(view: RankView, kind, tensors, rows, result, report) -> None:

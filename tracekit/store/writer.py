@@ -16,7 +16,7 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -31,6 +31,7 @@ from tracekit.store.format import (FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX
 from tracekit.store.hashing import ALGORITHM, HASH_BYTES, tensor_hash
 from tracekit.store.location import resolve
 from tracekit.store.meta import STEPS, KindMeta, TensorInfo, index_of
+from tracekit.store.shards import unpack as unpack_shard
 
 
 def now_iso() -> str:
@@ -55,6 +56,17 @@ def is_store(path, storage_options=None) -> bool:
     try:
         return ROOT_KEY in json.loads(raw).get("attributes", {})
     except (ValueError, AttributeError):
+        return False
+
+
+def holds_pieces(path, storage_options=None) -> bool:
+    """Whether ranks record into this (existing) store only the pieces of sharded tensors they hold:
+    format 2, whose readers assemble whole tensors from the pieces. Every rank reads the same root,
+    so all decide alike (the gather this replaces was a collective)."""
+    raw = resolve(path, storage_options).read_bytes("zarr.json")
+    try:
+        return int(json.loads(raw)["attributes"][ROOT_KEY]["format_version"]) >= 2
+    except (TypeError, ValueError, KeyError):
         return False
 
 
@@ -190,8 +202,10 @@ def _index_entries(tensors: Sequence["TensorData"]) -> tuple[list[TensorInfo], d
     return index_of((t.name, t.dtype, t.shape) for t in tensors)
 
 
-def _check_same_tensors(kind: str, index: list[TensorInfo], tensors: Sequence["TensorData"]) -> None:
-    if [(t.name, t.dtype, tuple(t.shape)) for t in tensors] != [(e.name, e.dtype, e.shape) for e in index]:
+def _check_same_tensors(kind: str, index: list[TensorInfo], tensors: Sequence["TensorData"], shards=None) -> None:
+    shards = shards or [None] * len(tensors)
+    if ([(t.name, t.dtype, tuple(t.shape) if sh is None else sh.full_shape, sh) for t, sh in zip(tensors, shards)]
+            != [(e.name, e.dtype, e.shape, e.shard) for e in index]):
         raise StoreError(
             f"the {kind} tensors changed between steps (names, dtypes or shapes); "
             "a store keeps one fixed set of tensors per kind"
@@ -220,8 +234,9 @@ class _ObjectKindWriter:
         self.steps: list[int] = []
         self.objects_written = 0  # new objects; the rest were already in the store (dedup)
 
-    def _create(self, tensors: Sequence[TensorData]) -> None:
-        index, _ = _index_entries(tensors)
+    def _create(self, tensors: Sequence[TensorData], shards) -> None:
+        index, _ = index_of((t.name, t.dtype, t.shape if sh is None else sh.full_shape) for t, sh in zip(tensors, shards))
+        index = [e if sh is None else replace(e, shard=sh) for e, sh in zip(index, shards)]
         n = len(index)
         self.hash_array = _row_array(self.group, HASH_ARRAY, HASH_BYTES * n, np.uint8)
         self.finite_array = _row_array(self.group, FINITE_ARRAY, n, np.uint8)
@@ -229,16 +244,20 @@ class _ObjectKindWriter:
         self.meta = KindMeta(index, [], ALGORITHM)
         self.group.attrs.update(self.meta.to_attrs())
 
-    def append(self, step: int, tensors: Sequence[TensorData]) -> None:
+    def append(self, step: int, tensors: Sequence[TensorData], shards=None) -> None:
+        """shards: per tensor, None (the whole tensor) or the Shard its data is (tracekit/store/shards.py)."""
+        shards = shards or [None] * len(tensors)
         if self.index is None:
-            self._create(tensors)
+            self._create(tensors, shards)
         else:
-            _check_same_tensors(self.kind, self.index, tensors)
+            _check_same_tensors(self.kind, self.index, tensors, shards)
         digests = np.empty((len(tensors), HASH_BYTES), dtype=np.uint8)
         finite = np.empty(len(tensors), dtype=np.uint8)
-        for i, t in enumerate(tensors):
+        for i, (t, sh) in enumerate(zip(tensors, shards)):
             data = np.ascontiguousarray(t.data).reshape(-1)
-            digest = tensor_hash(t.name, t.dtype, t.shape, data)
+            if sh is not None and (tuple(t.shape) != sh.shape or data.size != sh.numel):
+                raise StoreError(f"{self.kind} tensor {t.name!r}: its data is not the shard its layout names")
+            digest = tensor_hash(t.name, t.dtype, t.shape if sh is None else sh.full_shape, data, sh)
             digests[i] = np.frombuffer(digest, dtype=np.uint8)
             finite[i] = all_finite(data, t.dtype)
             # objects first: an index row never names an object that is not there
@@ -351,12 +370,21 @@ class RankWriter:
         if not tensors:
             return
         self._still_ours(step)
+        named = [unpack_shard(t.name) for t in tensors]
+        shards = [sh for _, sh in named]
+        if any(sh is not None for sh in shards):
+            if self.format_version == 1:
+                raise StoreError(f"{self.path}: store format 1 holds whole tensors only, not the shards of {kind}")
+            tensors = [replace(t, name=n) for t, (n, _) in zip(tensors, named)]
         kw = self.kinds.get(kind)
         if kw is None:
             group = self.group.create_group(kind)
             kw = self.kinds[kind] = (_KindWriter(group, kind) if self.format_version == 1
                                      else _ObjectKindWriter(group, kind, self.store_path))
-        kw.append(step, tensors)
+        if self.format_version == 1:
+            kw.append(step, tensors)
+        else:
+            kw.append(step, tensors, shards)
 
     def complete_step(self, step: int) -> None:
         """Mark a step complete: all of its kinds are written."""
