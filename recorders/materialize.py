@@ -1,9 +1,12 @@
 """Turning live tensors into full CPU copies and named store entries.
 
 Copies are taken on the training thread, so the recorded bits are exactly what the loop had at that
-moment even if the loop later updates the tensors in place. Sharded DTensors (FSDP2, TP) are
-gathered with full_tensor(), a collective: every rank must call it for the same tensors in the same
-order, which is why rank selection drops writes but never gathers.
+moment even if the loop later updates the tensors in place. Into a format 2 store every rank
+records only what it holds (local_cpu): its pieces of sharded DTensors (FSDP2, TP), with where
+they sit, and readers assemble whole tensors (tracekit/store/shards.py) - no collective. Otherwise
+(format 1, a rank selection, layouts local_piece() cannot express) sharded DTensors are gathered
+with full_tensor(), a collective: every rank must call it for the same tensors in the same order,
+which is why rank selection drops writes but never gathers.
 """
 
 from __future__ import annotations
@@ -109,6 +112,57 @@ def gather_full_cpu(items: list[tuple[str, torch.Tensor]], keep: bool = True,
             if full is not None:
                 out[name] = full
     return out
+
+
+def local_piece(t: torch.Tensor):
+    """This rank's piece of a DTensor and where it sits in the full tensor (a tracekit.store Shard),
+    when taking it needs no communication; (local tensor, None) for a DTensor replicated on every
+    mesh dimension (the local tensor is whole). None when the layout needs a gather: a Partial
+    (pending reduction) or strided-shard placement, or a local tensor that is not exactly the
+    block DTensor's layout assigns this rank."""
+    from torch.distributed.tensor import Replicate, Shard as ShardPlacement
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    from tracekit.store.shards import Shard
+
+    placements = t.placements
+    if not all(type(p) is ShardPlacement or isinstance(p, Replicate) for p in placements):
+        return None
+    local = t.to_local()
+    if not any(type(p) is ShardPlacement for p in placements):
+        return local, None
+    mesh = t.device_mesh
+    coordinate = mesh.get_coordinate()
+    if coordinate is None:  # this rank is not in the tensor's mesh
+        return None
+    shape, offset = compute_local_shape_and_global_offset(t.shape, mesh, placements)
+    if tuple(local.shape) != tuple(shape):
+        return None
+    # the ranks whose pieces tile the tensor: along the sharded mesh dimensions, this rank's
+    # coordinate on the replicated ones (its replica group)
+    index = tuple(slice(None) if type(p) is ShardPlacement else c for p, c in zip(placements, coordinate))
+    peers = tuple(int(r) for r in mesh.mesh[index].reshape(-1).tolist())
+    return local, Shard(tuple(int(d) for d in t.shape), tuple(int(o) for o in offset), tuple(int(d) for d in shape), peers)
+
+
+def local_cpu(items: list[tuple[str, torch.Tensor]], copy: bool = True) -> dict[str, "torch.Tensor | tuple"]:
+    """CPU copies of named tensors as this rank holds them, in order: a sharded DTensor becomes
+    (its local piece, its Shard), with no collective; a replicated one its local (whole) tensor.
+    Only DTensors whose layout local_piece() cannot express are gathered (gather_full_cpu), and
+    every rank decides that alike from the placements, so the collectives still match up."""
+    out: dict[str, torch.Tensor | tuple] = {}
+    rest = []
+    for name, t in items:
+        t = t.detach()
+        piece = local_piece(t) if is_dtensor(t) else None
+        if piece is None:
+            rest.append((name, t))
+            continue
+        local, shard = piece
+        local = local.contiguous() if local.device.type == "cpu" and not copy else local.to("cpu", copy=copy).contiguous()
+        out[name] = local if shard is None else (local, shard)
+    out.update(gather_full_cpu(rest, keep=True, copy=copy))
+    return {name: out[name] for name, _ in items}
 
 
 def flatten_output(obj: Any, prefix: str = "output") -> Iterator[tuple[str, torch.Tensor]]:

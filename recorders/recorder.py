@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from tracekit.errors import TracekitError
-from tracekit.store import create_store, is_store
+from tracekit.store import create_store, holds_pieces, is_store
 from tracekit.store.location import canonical
 from tracekit.store.kinds import INITIAL_STEP
 from tracekit.store.ownership import new_run_id
@@ -31,8 +31,8 @@ from tracekit.recorders import outcome
 from tracekit.recorders.handoff import Handoff
 from tracekit.recorders.config import RecordConfig
 from tracekit.recorders.coords import detect_coords
-from tracekit.recorders.materialize import canonical_name, flatten_output, full_cpu, gather_full_cpu, select
-from tracekit.store.tensors import from_torch
+from tracekit.recorders.materialize import canonical_name, flatten_output, full_cpu, gather_full_cpu, local_cpu, select
+from tracekit.store.tensors import from_torch, from_torch_piece
 from tracekit.recorders.optim_state import state_tensors
 from tracekit.recorders.replay import Replay
 
@@ -151,6 +151,7 @@ class Recorder:
         self._spooled = False  # the open step's capture is in the spool, not yet sealed
         self._started = False
         self._writes = False  # whether this rank keeps what it gathers (decided in start())
+        self._pieces = False  # record sharded tensors as this rank's pieces, no gather (decided in start())
         self._closed = False
         self._forked = False  # this is a forked child of the recording process
         self._prev_handlers: dict = {}  # signal -> the handler ours replaced
@@ -182,6 +183,9 @@ class Recorder:
         self._ensure_root()
         self.coords = detect_coords((p for _, p in self._params), self._coord_overrides)
         self._writes = self.config.ranks is None or self.coords["rank"] in self.config.ranks
+        # Pieces only when every rank writes its own (a reader needs them all) into a store that
+        # assembles them (format 2); all ranks decide alike, so gathers elsewhere still match up.
+        self._pieces = self.config.ranks is None and holds_pieces(self.config.store)
         if self.config.ranks is not None and self.coords["rank"] == 0:
             outside = sorted(r for r in self.config.ranks if r >= self.coords["world_size"])
             if outside:
@@ -355,6 +359,8 @@ class Recorder:
     def _gather_all(self, tensors: list[tuple[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         # No copy of CPU tensors: every caller spools what it gathers before returning to the loop,
         # and the spool file is the copy.
+        if self._pieces:  # this rank's pieces of sharded tensors, no collective
+            return local_cpu(tensors, copy=False)
         return gather_full_cpu(tensors, keep=self._writes, copy=False)
 
     def observe(self, output: Any = None, loss: torch.Tensor | float | None = None,
@@ -370,7 +376,10 @@ class Recorder:
         kinds = self.config.kinds
         if output is not None and "outputs" in kinds:
             items = list(flatten_output(output))
-            self._staged["outputs"] = {n: c for n, t in items if (c := full_cpu(t, keep=self._writes)) is not None}
+            if self._pieces:
+                self._staged["outputs"] = local_cpu(items)
+            else:
+                self._staged["outputs"] = {n: c for n, t in items if (c := full_cpu(t, keep=self._writes)) is not None}
         for kind, value in (("loss", loss), ("local_loss", local_loss)):
             if value is not None and kind in kinds:
                 t = value if isinstance(value, torch.Tensor) else torch.tensor(float(value))
@@ -469,7 +478,9 @@ class Recorder:
 
 
 def _entries(kinds: dict[str, dict[str, torch.Tensor]]) -> list:
-    return [(kind, from_torch(n, t)) for kind, tensors in kinds.items() for n, t in tensors.items()]
+    """Store entries of the staged tensors: whole tensors, or (piece, Shard) pairs (local_cpu)."""
+    return [(kind, from_torch_piece(n, *t) if isinstance(t, tuple) else from_torch(n, t))
+            for kind, tensors in kinds.items() for n, t in tensors.items()]
 
 
 def _neuron_fallback_ops():
