@@ -2,9 +2,10 @@
 
 Run: python bench/bench_record.py [--steps 20] [--ranks 2] [--every K] [--dir DIR]
 
-Prints, side by side from one run: the step time without and with recording and their ratio,
-the bytes the store received per second, and the raw disk write speed for the same bytes
-(numpy tofile + fsync) measured on the same disk in the same run.
+Prints, side by side from one run: the step time without recording, with recording as tracekit
+does it (each rank writes its pieces of the sharded tensors, no collective) and with the former
+path (every rank gathers whole tensors), their ratios, the bytes each store received per second,
+and the raw disk write speed for the same bytes (numpy tofile + fsync) on the same disk.
 """
 
 from __future__ import annotations
@@ -62,29 +63,50 @@ def worker(args) -> None:
     dist.barrier()
     plain = (time.perf_counter() - t0) / args.steps
 
-    store = os.path.join(args.dir, "store")
-    t0 = time.perf_counter()
-    phases = _time_recorder_phases()
-    with Recorder(model, opt, config=RecordConfig(store=store, every=args.every)) as rec:
-        train(args.steps, rec)
-    dist.barrier()  # every rank has flushed its writer
-    recorded = (time.perf_counter() - t0) / args.steps
+    # Recorded twice, side by side: as tracekit records now (each rank writes its pieces of the
+    # sharded tensors, no collective) and as it did before (every rank gathers whole tensors).
+    results = {}
+    for variant in ("pieces", "gather"):
+        store = os.path.join(args.dir, f"store-{variant}")
+        t0 = time.perf_counter()
+        phases = _time_recorder_phases()
+        with Recorder(model, opt, config=RecordConfig(store=store, every=args.every)) as rec:
+            if variant == "gather":
+                rec._pieces = False  # the former path, for comparison only
+            train(args.steps, rec)
+        dist.barrier()  # every rank has flushed its writer
+        results[variant] = ((time.perf_counter() - t0) / args.steps, dict(phases), store)
+        _untime_recorder_phases()
     if rank == 0:
-        written = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(store) for f in fs)
-        raw = raw_write_speed(args.dir, written)
-        rate = written / (recorded * args.steps)
         params = sum(p.numel() for p in model.parameters())
         ntensors = len(list(model.parameters()))
         print(f"model: {ntensors} parameter tensors, {params / 1e6:.1f}M parameters, FSDP2 on {world} ranks, {args.steps} steps, recording every {args.every} step(s)")
         print(f"step time without recording: {plain * 1e3:8.1f} ms")
-        print(f"step time with recording:    {recorded * 1e3:8.1f} ms  (flush at the end included)")
-        print("  of which on the training thread: " + ", ".join(f"{k} {v / args.steps * 1e3:.1f} ms" for k, v in phases.items()))
-        print(f"overhead ratio:               {recorded / plain:8.2f}x  (target < 1.5x where the disk keeps up)")
-        print(f"store bytes written:          {written / 1e9:8.2f} GB")
-        print(f"store write rate:             {rate / 1e6:8.1f} MB/s")
-        print(f"raw disk write (numpy+fsync): {raw / 1e6:8.1f} MB/s")
-        print(f"store rate / raw disk rate:   {rate / raw:8.2f}   (target >= 0.5 where the disk is the limit)")
+        for variant, (recorded, phases, store) in results.items():
+            written = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(store) for f in fs)
+            raw = raw_write_speed(args.dir, written)
+            rate = written / (recorded * args.steps)
+            how = "each rank its pieces, no collective" if variant == "pieces" else "every rank gathers whole tensors (before)"
+            print(f"-- recorded, {how}:")
+            print(f"step time with recording:    {recorded * 1e3:8.1f} ms  (flush at the end included)")
+            print("  of which on the training thread: " + ", ".join(f"{k} {v / args.steps * 1e3:.1f} ms" for k, v in phases.items()))
+            print(f"overhead ratio:               {recorded / plain:8.2f}x  (target <= 1.2x)")
+            print(f"store bytes written:          {written / 1e9:8.3f} GB")
+            print(f"store write rate:             {rate / 1e6:8.1f} MB/s")
+            print(f"raw disk write (numpy+fsync): {raw / 1e6:8.1f} MB/s")
+        pieces, gather = results["pieces"][0], results["gather"][0]
+        print(f"pieces / gather step time:    {pieces / gather:8.2f}x")
     dist.destroy_process_group()
+
+
+_ORIGINAL: dict = {}
+
+
+def _untime_recorder_phases() -> None:
+    from tracekit.recorders.recorder import Recorder
+
+    for meth, orig in _ORIGINAL.items():
+        setattr(Recorder, meth, orig)
 
 
 def _time_recorder_phases() -> dict:
@@ -95,7 +117,7 @@ def _time_recorder_phases() -> dict:
 
     totals = collections.Counter()
     for meth in ("observe", "begin_step", "end_step"):
-        orig = getattr(Recorder, meth)
+        orig = _ORIGINAL.setdefault(meth, getattr(Recorder, meth))
 
         def timed(self, *a, _orig=orig, _name=meth, **k):
             t0 = time.perf_counter()
