@@ -135,8 +135,7 @@ def _short(path: str) -> str:
 
 def _user_line() -> str | None:
     """file:line of the innermost frame outside torch and tracekit (the user's code), cheaply."""
-    site = _site()
-    return site[1] if site is not None else None
+    return _site()[1]
 
 
 _GRAPH_CODE = "<eval_with_key>"
@@ -145,9 +144,26 @@ _FQN_PART = re.compile(r"\[['\"]?([^'\"\]]+)['\"]?\]")
 _NODE_SITES: dict = {}  # (graph code file, line) -> (module path relative to the compiled root, src)
 
 
-_INTERNAL, _GRAPH, _USER = 0, 1, 2
-_CODE_KINDS: dict = {}  # code object -> _INTERNAL, _GRAPH or _USER (one string test per code, not per op)
+_INTERNAL, _GRAPH, _USER, _INDUCTOR = 0, 1, 2, 3
+_CODE_KINDS: dict = {}  # code object -> _INTERNAL, _GRAPH, _USER or _INDUCTOR (one string test per code, not per op)
 _USER_SITES: dict = {}  # (code object, line) -> "file:line"
+
+
+@functools.lru_cache(maxsize=1)
+def _inductor_dir() -> str:
+    """Where inductor writes the Python code it generates (its kernels' callers): the same rule as
+    torch._inductor.runtime.cache_dir_utils.cache_dir, without importing inductor."""
+    import getpass
+    import tempfile
+
+    d = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not d:
+        try:
+            user = getpass.getuser()
+        except Exception:
+            user = "unknown"
+        d = os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r"[\\/:*?\"<>|]", "_", user))
+    return os.path.abspath(d) + os.sep
 
 
 def _code_kind(code) -> int:
@@ -156,6 +172,8 @@ def _code_kind(code) -> int:
         kind = _GRAPH
     elif name.startswith(_TORCH_DIR) or name.startswith(_OWN_DIRS) or name.startswith("<"):
         kind = _INTERNAL
+    elif name.startswith(_inductor_dir()):
+        kind = _INDUCTOR
     else:
         kind = _USER
     _CODE_KINDS[code] = kind
@@ -163,17 +181,22 @@ def _code_kind(code) -> int:
 
 
 def _site():
-    """(module, src) of the running op: inside a compiled graph (aot_eager runs fx GraphModules as
-    Python code), module is the path from the graph node's nn_module_stack, relative to the compiled
-    root; else module is None and src the user's innermost frame outside torch and tracekit."""
+    """(module, src, compiled) of the running op. Inside an aot_eager graph (fx GraphModules run
+    as Python code), module is the path from the graph node's nn_module_stack, relative to the
+    compiled root; else module is None and src the user's innermost frame outside torch and
+    tracekit. compiled is "inductor" when inductor's generated code called the op (an extern
+    kernel or fallback): its module path is unknown, and what its own kernels computed is unseen."""
     f = sys._getframe(3)
     kinds = _CODE_KINDS
+    compiled = None
     while f is not None:
         code = f.f_code
         kind = kinds.get(code)
         if kind is None:
             kind = _code_kind(code)
-        if kind == _INTERNAL:
+        if kind == _INTERNAL or kind == _INDUCTOR:
+            if kind == _INDUCTOR:
+                compiled = "inductor"
             f = f.f_back
             continue
         key = (code, f.f_lineno)
@@ -181,12 +204,12 @@ def _site():
             hit = _NODE_SITES.get((code.co_filename, key[1]))
             if hit is None:
                 hit = _NODE_SITES[(code.co_filename, key[1])] = _graph_node_site(f)
-            return hit
+            return hit[0], hit[1], compiled
         src = _USER_SITES.get(key)
         if src is None:
             src = _USER_SITES[key] = f"{_short(code.co_filename)}:{key[1]}"
-        return None, src
-    return None
+        return None, src, compiled
+    return None, None, compiled
 
 
 def _graph_node_site(frame) -> tuple[str, str | None]:
@@ -309,7 +332,13 @@ class StepTrace:
         e = self._entry(t)
         version = t._version
         if fresh or e[0] != version or e[1] is None:
+            old = e[1]
             e[0], e[1] = version, summarize(t)
+            if not fresh and old is not None and e[2] is not None and old.get("hash") != e[1]["hash"]:
+                # changed since the event that produced it by a write the mode never saw (a kernel
+                # inductor generated works in place): that event is no longer its producer
+                e[2] = None
+                e[1]["unseen_write"] = True
         s = dict(e[1])
         if e[2] is not None:
             s["producer"] = list(e[2])
@@ -321,7 +350,7 @@ class StepTrace:
         return any(fnmatch.fnmatchcase(label, g) for g in self.full_globs)
 
     def add(self, phase: str, module: str, op: str, args, kwargs, run, src: str | None, view: bool = False,
-            info: "_OpInfo | None" = None) -> object:
+            info: "_OpInfo | None" = None, compiled: str | None = None) -> object:
         """Record one call: summarize the inputs, run it, summarize the outputs; returns its result."""
         if info is None:
             info = _OpInfo.of_name(op, view)
@@ -332,7 +361,8 @@ class StepTrace:
         collective = info.collective
         enc = _Encoder(self._summary, collective)
         enc_args = [enc(a) for a in args]
-        enc_kwargs = {k: enc(v) for k, v in kwargs.items()} if kwargs else {}
+        # an out= argument's values before the op are never read (often uninitialized): not an input
+        enc_kwargs = {k: ({"out": True} if k in info.out_args else enc(v)) for k, v in kwargs.items()} if kwargs else {}
         full = bool(self.full_globs) and self.wants_full(f"{phase}:{module}:{op}#{call}")
         in_tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)] if full else []
         if full:  # inputs before the op: an in-place op overwrites them
@@ -380,6 +410,8 @@ class StepTrace:
             event["group"] = enc.group
         if info.view:
             event["view"] = True
+        if compiled:
+            event["compiled"] = compiled
         self.events.append(event)
         return result
 
@@ -397,10 +429,14 @@ class StepTrace:
 class _OpInfo:
     """What the trace needs to know of an op, worked out once per op (not once per call)."""
 
-    __slots__ = ("name", "view", "collective", "uninitialized", "relabel", "func")
+    __slots__ = ("name", "view", "collective", "uninitialized", "relabel", "func", "out_args")
 
     def __init__(self, name: str, view: bool, func=None):
         self.name = name
+        try:
+            self.out_args = frozenset(a.name for a in func._schema.arguments if a.is_out) if func is not None else frozenset()
+        except Exception:
+            self.out_args = frozenset()
         self.view = view
         self.collective = name.startswith(_COLLECTIVE_NAMESPACES)
         self.uninitialized = name.startswith(_UNINITIALIZED)
@@ -450,9 +486,10 @@ class _OpMode(TorchDispatchMode):
         trace = tr.current
         if trace is None or tr.paused or func.namespace == "profiler":
             return func(*args, **kwargs)
-        phase, module, src = tr.where()
+        phase, module, src, compiled = tr.where()
         info = _op_info(func)
-        return trace.add(phase, module, info.name, args, kwargs, lambda: func(*args, **kwargs), src, info=info)
+        return trace.add(phase, module, info.name, args, kwargs, lambda: func(*args, **kwargs), src, info=info,
+                         compiled=compiled)
 
 
 class Tracer:
@@ -473,24 +510,26 @@ class Tracer:
         self._mode: _OpMode | None = None
 
     # ---- where an op runs -------------------------------------------------------------------
-    def where(self) -> tuple[str, str, str | None]:
-        site = _site()
+    def where(self) -> tuple[str, str, str | None, str | None]:
+        """(phase, module path, source line, compiled) of the op being dispatched."""
+        site, src, compiled = _site()
         if self.phase == "opt":
-            return "opt", "", site[1] if site else None
+            return "opt", "", src, compiled
         node = torch._C._current_autograd_node()
         base = self._stack[-1] if self._stack else ""
-        if site is not None and site[0] is not None:  # inside a compiled graph: its node knows the module
-            module = ".".join(p for p in (base, site[0]) if p)
-            return ("bwd" if node is not None else "fwd"), module, site[1]
+        if site is not None:  # inside an aot_eager graph: its node knows the module
+            module = ".".join(p for p in (base, site) if p)
+            return ("bwd" if node is not None else "fwd"), module, src, compiled
+        if compiled:  # inductor's code: no graph node to ask; the compiled module's own path
+            return ("bwd" if node is not None else "fwd"), base, src, compiled
         if node is not None:
             module, src = self._seq_module.get(node._sequence_nr(), ("", None))
-            return "bwd", module, src
+            return "bwd", module, src, compiled
         module = base
-        src = site[1] if site else None
         # the node autograd made for this op (if any) took the latest sequence number: remember
         # where it ran, for its backward (first writer wins: ops with no node see a stale number)
         self._seq_module.setdefault(torch.autograd._get_sequence_nr() - 1, (module, src))
-        return "fwd", module, src
+        return "fwd", module, src, compiled
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self, step: int, named_params=()) -> None:
