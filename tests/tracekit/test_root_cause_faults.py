@@ -272,3 +272,53 @@ def test_trace_full_elementwise_uses_the_tolerance():
     assert chk.status == "bad" and chk.metrics["elements_beyond"] == 1 and "[1]" in chk.reason
     nan_moved = np.array([1.0, 2.0, np.nan, 3.0], dtype=np.float32)
     assert compare_full(ref, dict(ref), r, nan_moved, rtol=1e-5, atol=0.0).status == "bad"
+
+
+# inductor: its generated kernels are not aten ops, so the mode sees only the ops inductor's code
+# calls (extern kernels such as addmm.out/mm.out, fallbacks) and the eager code around the model.
+# A fault fused into a kernel is placed between the last event that matched and the first event
+# reading what the kernel computed (kind "compiled"); module paths are not known there.
+INDUCTOR_EXPECTED = {  # fault: (exact comparison, call index of the fwd addmm.out that reads the fault first)
+    "act": (False, 1),  # the ReLU is fused into a kernel between module 0's and module 2's matmul
+    "matmul_bf16": (False, 0),  # the casts are fused; module 0's matmul itself runs in bfloat16
+    "reduce_order": (True, 1),
+}
+
+
+@pytest.fixture(scope="module")
+def inductor():
+    import shutil
+
+    try:
+        torch._dynamo.reset()
+        torch.compile(lambda x: x.sin() + 1, backend="inductor")(torch.ones(3))
+    except Exception as e:  # no C++ compiler, or inductor broken on this platform
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        pytest.skip(f"inductor cannot compile on this machine (C++ compiler: {shutil.which('g++') or 'none'}): {first}")
+    finally:
+        torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("fault", sorted(INDUCTOR_EXPECTED))
+def test_inductor_places_the_fault_between_visible_ops(runs, inductor, fault):
+    exact, call = INDUCTOR_EXPECTED[fault]
+    report = tracekit.diff(runs(None, "inductor"), runs(fault, "inductor"), exact=exact)
+    rc = report.root_cause
+    assert rc is not None
+    assert (rc.step, rc.kind, rc.event["phase"], rc.event["op"], rc.event["call"]) == (FAULT_STEP, "compiled", "fwd", "aten.addmm.out", call)
+    assert rc.event.get("compiled") == "inductor" and "inductor" in rc.reason
+    if fault == "matmul_bf16":
+        assert rc.event["outputs"][0]["dtype"] == "bfloat16"
+
+
+def test_inductor_clean_pair_names_nothing_and_hides_fused_ops(runs, inductor, tmp_path):
+    ref = runs(None, "inductor")
+    report = tracekit.diff(ref, record(tmp_path / "again", None, "inductor"), exact=True)
+    assert report.passed and report.traces and report.root_cause is None
+    events = read_events(open_store(ref).rank(0).group, "ops", FAULT_STEP)
+    ops = {e["op"] for e in events}
+    # what inductor hides: the ReLU (fused into a kernel); what it shows: its extern matmuls, the
+    # loss and the optimizer's update (outside the compiled model)
+    assert not any("relu" in op or "threshold" in op for op in ops)
+    assert {"aten.addmm.out", "aten.mm.out", "aten.mse_loss.default", "aten.add_.Tensor"} <= ops
+    assert all(e.get("compiled") == "inductor" for e in events if e["op"] in ("aten.addmm.out", "aten.mm.out"))
