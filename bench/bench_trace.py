@@ -3,7 +3,10 @@
 Run: python bench/bench_trace.py [--steps 5] [--models tutorial,10m] [--dir DIR]
 
 Single process, 1 thread (as msprobe's figures in docs/peers.md were measured), medians over the
-steps. Per model, side by side in one run:
+steps. The ratios ("x untraced": wall time, "x cpu": the training thread's CPU time) divide the
+median traced step by the median untraced step *of the same process*: each tracing run records
+N untraced steps, then N traced ones, so a neighbour's load shifts both alike. Per model, side
+by side in one run:
   bare          no recorder at all
   untraced      Recorder recording only the loss (what any recorded run pays anyway)
   ops           --trace ops: every aten op, summaries + hash per tensor
@@ -54,6 +57,8 @@ def build(name: str):
 
 
 def measure(name: str, mode: str, steps: int, root: str) -> dict:
+    """One recorder run: step 1 warms up, then `steps` untraced steps, then `steps` traced ones
+    (for the tracing modes): the ratio compares steps of one process, one after the other."""
     import torch
     import torch.nn.functional as F
 
@@ -66,11 +71,14 @@ def measure(name: str, mode: str, steps: int, root: str) -> dict:
     store = os.path.join(root, f"{name}-{mode}")
     shutil.rmtree(store, ignore_errors=True)
     trace = {"bare": None, "untraced": None, "ops": "ops", "ops+full": "ops", "modules": "modules"}[mode]
-    config = RecordConfig(store=None if mode == "bare" else store, kinds=("loss",), trace=trace, trace_steps=(2, None),
-                          trace_full=("*",) if mode == "ops+full" else ())
-    times, cpu = [], []
+    first_traced = steps + 2 if trace else None
+    config = RecordConfig(store=None if mode == "bare" else store, kinds=("loss",), trace=trace,
+                          trace_steps=(first_traced or 2, None), trace_full=("*",) if mode == "ops+full" else ())
+    times: dict[bool, list[float]] = {False: [], True: []}
+    cpu: dict[bool, list[float]] = {False: [], True: []}
+    last = steps + 1 + (steps if trace else 0)
     with Recorder(model, opt, config=config) as rec:
-        for step in range(1, steps + 2):  # step 1 warms up (and is never traced)
+        for step in range(1, last + 1):
             t0, c0 = time.perf_counter(), time.thread_time()
             out = model(x)
             loss = F.mse_loss(out, y)
@@ -79,8 +87,9 @@ def measure(name: str, mode: str, steps: int, root: str) -> dict:
             opt.step()
             opt.zero_grad()
             if step > 1:
-                times.append(time.perf_counter() - t0)
-                cpu.append(time.thread_time() - c0)
+                traced = bool(trace) and step >= first_traced
+                times[traced].append(time.perf_counter() - t0)
+                cpu[traced].append(time.thread_time() - c0)
         t0 = time.perf_counter()
         rec.flush()
         flush = time.perf_counter() - t0
@@ -90,8 +99,12 @@ def measure(name: str, mode: str, steps: int, root: str) -> dict:
         nbytes = [trace_nbytes(rank.group, trace, s) for s in trace_steps(rank.group, trace)]
     import tracekit
 
-    return {"step_s": statistics.median(times), "cpu_s": statistics.median(cpu), "flush_s": flush,
-            "bytes_per_step": statistics.median(nbytes), "tracekit": tracekit.__file__}
+    med = statistics.median
+    traced = bool(trace)
+    return {"step_s": med(times[traced]), "cpu_s": med(cpu[traced]),
+            "ratio": med(times[True]) / med(times[False]) if traced else None,
+            "cpu_ratio": med(cpu[True]) / med(cpu[False]) if traced else None,
+            "flush_s": flush, "bytes_per_step": med(nbytes), "tracekit": tracekit.__file__}
 
 
 def extract(rev: str, root: str) -> str:
@@ -148,16 +161,12 @@ def main() -> None:
     print(f"{'model':9} {'mode':9} {'version':9} {'step ms':>9} {'x untraced':>10} {'cpu ms':>9} {'x cpu':>7} "
           f"{'flush ms':>9} {'trace MB/step':>13}")
     for name in args.models.split(","):
-        base: dict = {}
         for mode in args.modes.split(","):
             steps = args.full_steps or args.steps if mode == "ops+full" else args.steps
             for version, src in versions:
                 r = measure_in(src, name, mode, steps, root)
-                if mode == "untraced":
-                    base[version] = r
-                b = base.get(version)
-                ratio = f"{r['step_s'] / b['step_s']:.2f}x" if b else "-"
-                cratio = f"{r['cpu_s'] / b['cpu_s']:.2f}x" if b else "-"
+                ratio = f"{r['ratio']:.2f}x" if r["ratio"] else "-"
+                cratio = f"{r['cpu_ratio']:.2f}x" if r["cpu_ratio"] else "-"
                 print(f"{name:9} {mode:9} {version:9} {r['step_s'] * 1e3:9.1f} {ratio:>10} {r['cpu_s'] * 1e3:9.1f} "
                       f"{cratio:>7} {r['flush_s'] * 1e3:9.1f} {r['bytes_per_step'] / 1e6:13.3f}", flush=True)
     if not args.dir:
