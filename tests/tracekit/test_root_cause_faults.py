@@ -56,6 +56,11 @@ def record(path, fault=None, compiled=False, lr=0.01, steps=3, trace_steps=(FAUL
     return str(path)
 
 
+def _line_of(code: str) -> int:
+    with open(__file__) as f:
+        return next(i for i, line in enumerate(f, 1) if line.strip() == code)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     cache = {}
@@ -154,7 +159,11 @@ def test_trace_stream_content(runs):
     addmm = [e for e in events if e["op"] == "aten.addmm.default" and e["phase"] == "fwd"]
     assert [e["module"] for e in addmm] == ["0", "2"]
     x = addmm[0]["inputs"][1]
-    assert x["shape"] == [64, 128] and x["dtype"] == "float32" and len(x["stats"]) == 6 and x["hash"]
+    assert x["shape"] == [64, 128] and x["dtype"] == "float32" and x["device"] == "cpu" and len(x["stats"]) == 6 and x["hash"]
+    # the user's line: the forward's ops point at the model's call, the update's at opt.step()
+    here = os.path.basename(__file__)
+    assert {e["src"].rsplit("/", 1)[-1] for e in addmm} == {f"{here}:{_line_of('out = run(x)')}"}
+    assert {e["src"].rsplit("/", 1)[-1] for e in events if e["phase"] == "opt"} == {f"{here}:{_line_of('opt.step()')}"}
     updates = [e for e in events if e["phase"] == "opt" and e["op"].startswith("aten.add_")]
     assert {e["outputs"][0].get("name") for e in updates} == {f"param:{n}" for n in ("0.weight", "0.bias", "2.weight", "2.bias")}
     assert all(e["kwargs"].get("alpha") == -0.01 for e in updates)
