@@ -11,6 +11,8 @@ from click.testing import CliRunner
 import tracekit
 from tracekit.cli.main import main
 
+from conftest import second_recording
+
 pytestmark = pytest.mark.torchrun
 
 
@@ -61,5 +63,5 @@ def test_clean_pairs_pass_and_show_their_margins(recorded_sample):
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp", "tp", "simplefsdp_tp"])
 def test_two_clean_recordings_pass_the_default_rule(recorded_sample, mode):
-    report = tracekit.diff(recorded_sample(mode)[0], recorded_sample(mode, tag="again")[0])
+    report = tracekit.diff(recorded_sample(mode)[0], second_recording(recorded_sample, mode))
     assert report.passed and all(s.margin is not None and s.margin <= 1 for s in report.summary)
