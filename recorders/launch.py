@@ -137,7 +137,12 @@ def _launch(command, config: RecordConfig, store: str, claim: JobClaim, env_upda
                   "(readers report it as 'launcher died')", file=sys.stderr, flush=True)
             return status
         progress.finalizing(store)
-        finalize_store(store, status, worker_exits(tail.text()) if rc != 0 else {})
+        try:
+            finalize_store(store, status, worker_exits(tail.text()) if rc != 0 else {})
+        except OSError as e:  # a full or failing disk: the ranks' completed steps stay readable
+            print(f"tracekit: cannot finalize {store}: {e.strerror or e}; the steps the ranks wrote stay "
+                  "readable (readers report the store as 'launcher died')", file=sys.stderr, flush=True)
+            return status or 1
         # A signal that reached us after the command's last step still ends us as signals do (128+N),
         # so a caller that sent it sees it took effect; the store keeps the truth (the ranks finished).
         return 128 + ended_by[0] if ended_by and status == 0 else status

@@ -164,10 +164,16 @@ class Recorder:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close(status="finished")
-        else:
-            self.close(status="failed", cause=outcome.one_line(exc) if exc is not None else exc_type.__name__)
+        try:
+            if exc_type is None:
+                self.close(status="finished")
+            else:
+                self.close(status="failed", cause=outcome.one_line(exc) if exc is not None else exc_type.__name__)
+        except KeyboardInterrupt:
+            # Ctrl-C in the exit flush, maybe before the writer process heard how we end: tell it
+            # now (it stores every spooled step), then let the interrupt end the program
+            self.abandon("failed", "KeyboardInterrupt in the exit flush")
+            raise
 
     def start(self) -> "Recorder":
         if self._started or not self.enabled:
@@ -252,9 +258,7 @@ class Recorder:
         # writes the rest on its own, so a slow disk cannot hold us up until a SIGKILL), then die
         # the way the signal would have killed us. A signal during close()'s wait lands here too.
         try:
-            if self._handoff is not None and not self._forked:
-                self._handoff.send_close("terminated", self._end_attrs(f"terminated by {signal.Signals(signum).name}"))
-            self.close(status="terminated", wait=False)
+            self.abandon("terminated", f"terminated by {signal.Signals(signum).name}")
         finally:
             self._restore_handlers()
             prev = self._prev_handlers.get(signum)
@@ -263,6 +267,14 @@ class Recorder:
             else:
                 signal.signal(signum, signal.SIG_DFL)
                 os.kill(os.getpid(), signum)
+
+    def abandon(self, status: str, cause: str | None = None) -> None:
+        """The process dies now (a signal): tell the writer process how the rank ends, without
+        waiting. Every step handed over so far, and the open step's capture, is already spooled;
+        the writer stores it on its own. Safe at any point of close(), which it supersedes."""
+        if self._started and self._handoff is not None and not self._forked:
+            self._handoff.send_close(status, self._end_attrs(cause))
+        self.close(status=status, cause=cause, wait=False)
 
     def _restore_handlers(self) -> None:
         if threading.current_thread() is not threading.main_thread():

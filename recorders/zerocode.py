@@ -235,16 +235,20 @@ class ZeroCode:
 
     def _at_exit(self) -> None:
         """Hand over the last step and close, while the interpreter can still write (see _start)."""
-        if not self.stood_down and self.recorder is not None:
+        if self.stood_down or self.recorder is None:
+            return
+        try:
             status, cause = outcome.exit_status()  # failed if the script raised
-            try:
-                self._guarded(self._finish_open_step)
-                self._guarded(self.recorder.close, status, cause)
-            except KeyboardInterrupt:
-                # a SIGINT during the exit flush: Python would ignore it here and exit 0; die of it
-                # instead (the writer process stores the rest)
-                signal.signal(signal.SIGINT, signal.SIG_DFL)
-                os.kill(os.getpid(), signal.SIGINT)
+            self._guarded(self._finish_open_step)
+            self._guarded(self.recorder.close, status, cause)
+        except KeyboardInterrupt:
+            # A SIGINT during the exit flush, wherever it lands (even inside close(), before the
+            # writer process heard how we end): say so to the writer, which stores every spooled
+            # step, the open step's capture included, then die of the signal. Python would
+            # otherwise swallow it here and exit 0.
+            self.recorder.abandon("failed", "KeyboardInterrupt in the exit flush")
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
 
     # ---- the first training step ----------------------------------------------------------
     def _is_worker(self) -> bool:

@@ -31,11 +31,19 @@ args = p.parse_args()
 if "WORLD_SIZE" in os.environ and int(os.environ["WORLD_SIZE"]) > 1:
     dist.init_process_group("gloo")
 rank = dist.get_rank() if dist.is_initialized() else 0
-print(f"pid {os.getpid()}", flush=True)
+
+
+def say(line: str) -> None:
+    """One write per line: under torchrun the ranks share stdout, and print() under
+    PYTHONUNBUFFERED writes the text and its newline separately, so two ranks' lines could mix."""
+    os.write(1, (line + "\n").encode())
+
+
+say(f"pid {os.getpid()}")
 
 
 def stop(where):
-    print(f"rank={rank} {where}", flush=True)
+    say(f"rank={rank} {where}")
     if args.crash == "exit":
         os._exit(3)
     if args.crash == "raise":
@@ -64,11 +72,11 @@ def train(make_recorder=None):
             time.sleep(args.step_time)
             opt.step()
             opt.zero_grad()
-            print(f"rank={rank} step={step}", flush=True)
+            say(f"rank={rank} step={step}")
             if args.stop == "between" and step == args.stop_at:
                 stop(f"between {step}")
         if args.stop == "exit":
-            print(f"rank={rank} flushing", flush=True)  # the recorder's close (the exit flush) is next
+            say(f"rank={rank} flushing")  # the recorder's close (the exit flush) is next
             if args.crash:
                 stop("exit")
 
