@@ -23,6 +23,9 @@ SAMPLES = os.path.join(REPO, "samples")
 # Sample modes and the world size the tests run them at (simplefsdp_tp as a 2 x 2 mesh).
 MODE_RANKS = {"ddp": 2, "fsdp": 2, "tp": 2, "simplefsdp_tp": 4}
 TORCHRUN_TIMEOUT = 300  # a hang becomes a failure, never a stuck CI
+# recorded_sample("ddp", **FOUR_RANK_DDP): samples/plain at 4 ranks, 10 steps, with local_loss; the
+# zero-code loss test needs it, and the 2-vs-4-ranks verdict test reuses it (no launch of its own)
+FOUR_RANK_DDP = dict(script="plain", steps=10, ranks=4, record_args=("--kinds", "+local_loss"))
 
 
 def mode_args(mode: str) -> list[str]:
@@ -65,6 +68,7 @@ def recorded_sample(tmp_path_factory):
 
     def get(mode: str, script: str = "tutorial", steps: int = 3, ranks: int | None = None, extra=(), tag: str = "",
             record_args=()):
+        ranks = ranks or MODE_RANKS[mode]
         key = json.dumps([mode, script, steps, ranks, list(extra), tag, list(record_args)])
         folder = root / f"{script}-{mode}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
         done = folder / "result.json"
