@@ -33,7 +33,7 @@ with Recorder(model, opt, run_info={"mode": "tiny"}) as rec:
             os.kill(os.getpid(), getattr(signal, f"SIG{args.signal}"))
         if step == args.pause_at:
             rec.flush()  # the steps before the pause are on disk while it lasts
-            print(f"rank={rank} paused", flush=True)
+            os.write(1, f"rank={rank} paused\n".encode())  # one write: ranks share stdout
             while not os.path.exists(args.pause_file):
                 time.sleep(0.05)
         out = model(torch.full((3, 4), float(step)))
@@ -42,5 +42,5 @@ with Recorder(model, opt, run_info={"mode": "tiny"}) as rec:
         rec.observe(output=out, loss=loss)
         opt.step()
         opt.zero_grad()
-        print(f"rank={rank} step={step}", flush=True)
+        os.write(1, f"rank={rank} step={step}\n".encode())
 sys.exit(args.exit_code)
