@@ -1,4 +1,4 @@
-"""Shared fixtures. `recorded_sample` records a reference workload once per test session.
+"""Shared fixtures. `recorded_sample` records a reference workload once per test run.
 
 Real torchrun runs cost ~15-20 s each on the 2-core CI machine, so every test that needs a store
 of a sample mode asks this fixture, and the same (script, mode, ranks, extra args) is recorded
@@ -90,9 +90,9 @@ def recorded_sample(tmp_path_factory):
 def second_recording(recorded_sample, mode: str) -> str:
     """Another recording of the same job, from its own launch, for run-to-run comparisons. For ddp,
     fsdp and tp it is samples/plain's zero-code recording, which tests/recorders/test_zerocode_torchrun.py
-    shows equal bit for bit (loss included) to the explicit one, so no launch is spent on it. For
-    simplefsdp_tp that test compares no loss (backward runs on the local loss over the mesh's loss
-    divisor, not on the printed global loss): there a second explicit run."""
+    shows equal bit for bit to the explicit one (every rank's tensors, rank 0's loss), so no launch is
+    spent on it. For simplefsdp_tp that test compares no loss (zero-code records the tensor backward
+    ran on, the local loss over the mesh's loss divisor): there a second explicit run."""
     if mode == "simplefsdp_tp":
         return recorded_sample(mode, tag="again")[0]
     return recorded_sample(mode, script="plain")[0]
