@@ -33,6 +33,7 @@ from tracekit.recorders.config import RecordConfig, format_step_range
 from tracekit.recorders.spool import ENV_SPOOL, spool_root
 from tracekit.recorders.spool_writer import LOCK
 from tracekit.recorders.exits import StderrTail, worker_exits
+from tracekit.recorders import progress
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)  # start the flush clock
@@ -119,9 +120,10 @@ def _launch(command, config: RecordConfig, store: str, claim: JobClaim, env_upda
 
         previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
         try:
-            rc = _wait(proc, deadline)
+            rc = _wait(proc, deadline, progress.StoredWhileRunning(spools))
             if not deadline:
                 deadline.append(time.monotonic() + flush_timeout)
+            progress.command_ended(spools, rc if rc >= 0 else 128 - rc, max(0.0, deadline[0] - time.monotonic()))
             wait_for_writers(spools, deadline[0])
         finally:
             for sig, handler in previous.items():
@@ -134,6 +136,7 @@ def _launch(command, config: RecordConfig, store: str, claim: JobClaim, env_upda
             print(f"tracekit: ranks still write to {store} at --flush-timeout; left it unfinalized "
                   "(readers report it as 'launcher died')", file=sys.stderr, flush=True)
             return status
+        progress.finalizing(store)
         try:
             finalize_store(store, status, worker_exits(tail.text()) if rc != 0 else {})
         except OSError as e:  # a full or failing disk: the ranks' completed steps stay readable
@@ -147,9 +150,11 @@ def _launch(command, config: RecordConfig, store: str, claim: JobClaim, env_upda
         shutil.rmtree(spools, ignore_errors=True)
 
 
-def _wait(proc: subprocess.Popen, deadline: list[float]) -> int:
-    """The command's exit status; past the flush deadline, SIGKILL it first."""
+def _wait(proc: subprocess.Popen, deadline: list[float], on_poll=lambda: None) -> int:
+    """The command's exit status; past the flush deadline, SIGKILL it first. on_poll() runs at each
+    poll (every 0.2 s) while the command runs."""
     while True:
+        on_poll()
         try:
             # a short timeout, so a deadline set by a signal handler meanwhile is seen
             return proc.wait(timeout=0.2 if not deadline else max(0.0, min(0.2, deadline[0] - time.monotonic())))

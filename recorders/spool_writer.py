@@ -200,12 +200,13 @@ def main(argv=None) -> int:
         return writer.run()
     except Exception as e:  # one line to the rank; the store keeps the steps written so far
         message = str(e) if isinstance(e, TracekitError) else f"{type(e).__name__}: {e}"
-        print("error " + " ".join(message.split()), flush=True)
+        # the status first: a rank that hears of the failure may read the store at once
         if writer is not None:
             try:
                 writer.writer.close(status="failed", cause=f"recording: {message}")
             except Exception:
                 pass
+        print("error " + " ".join(message.split()), flush=True)
         return 1
     finally:
         shutil.rmtree(args.spool, ignore_errors=True)  # the entries are written, or can never be

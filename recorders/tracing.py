@@ -4,7 +4,7 @@ ops: a TorchDispatchMode sees every aten op this rank dispatches while the step 
 backward (the autograd engine dispatches in the same thread-local state), the optimizer's update
 and the c10d collectives. Each op becomes one event with its non-tensor arguments (scalars such as
 `alpha`, dims, dtypes), and for each input and output tensor its shape, dtype, device,
-summaries (min, max, mean, L2, NaN and Inf counts), a CRC-32 of its bytes, and the event that
+summaries (min, max, mean, L2, NaN and Inf counts), an xxh3-64 hash of its bytes, and the event that
 produced it (the data flow the root-cause search follows).
 
 modules: forward hooks on the model's modules record each module's output, and a hook on that
@@ -26,16 +26,16 @@ import ctypes
 import fnmatch
 import functools
 import math
-import zlib
 import os
 import re
 import sys
+import weakref
 from contextlib import contextmanager
 
 import torch
+import xxhash
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
-from torch.utils.weak import WeakTensorKeyDictionary
 
 from tracekit.recorders.materialize import canonical_name
 
@@ -58,24 +58,56 @@ def _plain_dtype(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def _hash(x: torch.Tensor) -> str:
-    c = x.contiguous()
+def _hash(x: torch.Tensor, flat: torch.Tensor | None = None) -> str:
+    """flat: x's elements in memory order (see _memory_order), when x is dense but permuted: its
+    bytes are hashed in place, under a name carrying the layout, so only tensors of one layout are
+    ever called bitwise equal (a copy to logical order cost ~240 us for 400 KB, profiled)."""
+    name = "xxh3_64"
+    if x.is_contiguous():
+        c = x
+    elif flat is not None:
+        c = flat
+        name = "xxh3_64@" + ",".join(map(str, _order(x)))
+    else:
+        c = x.contiguous()
     if c.device.type != "cpu":
         c = c.cpu()
     nbytes = c.numel() * c.element_size()
     if nbytes == 0:
-        return f"crc32:{zlib.crc32(b''):08x}"
+        return _EMPTY_HASH
     # the bytes in place, through ctypes: .numpy() would mark the storage non-resizable, and FSDP2
-    # frees its unsharded parameters by resizing their storage to 0. CRC-32, not a cryptographic
-    # hash: it only tells equal bytes from unequal ones, at ~10x blake2b's speed (measured here)
+    # frees its unsharded parameters by resizing their storage to 0. xxh3-64, not a cryptographic
+    # hash: it only tells equal bytes from unequal ones. zlib's CRC-32, used before, took ~700 us
+    # for a 400 KB tensor here, xxh3-64 ~8 us: the hash was the traced step's largest single cost
     raw = (ctypes.c_ubyte * nbytes).from_address(c.data_ptr())
-    return f"crc32:{zlib.crc32(raw):08x}"  # named: traces hashed otherwise are never called equal
+    return f"{name}:{xxhash.xxh3_64_intdigest(raw):016x}"  # named: traces hashed otherwise are never called equal
 
 
-@torch.no_grad()
+def _order(x: torch.Tensor) -> list[int]:
+    """x's dims from the outermost in memory to the innermost."""
+    return sorted(range(x.dim()), key=lambda d: (-x.stride(d), d))
+
+
+def _memory_order(x: torch.Tensor) -> torch.Tensor | None:
+    """A 1-D view of x's elements as they lie in memory, when x is a permutation of a dense block
+    (a transposed weight or gradient): summaries (min, max, sum, norm) do not depend on element
+    order, and strided reductions over a transpose took ~4x as long (profiled). None otherwise."""
+    if x.is_contiguous():
+        return None
+    expected = 1
+    for d in reversed(_order(x)):  # innermost first: each stride the product of the sizes inside it
+        if x.size(d) != 1 and x.stride(d) != expected:
+            return None
+        expected *= x.size(d)
+    return x.as_strided((x.numel(),), (1,))
+
+
+_EMPTY_HASH = f"xxh3_64:{xxhash.xxh3_64_intdigest(b''):016x}"
+
+
 def summarize(t: torch.Tensor) -> dict:
     """Shape, dtype, device, summaries [min, max, mean, l2, nan, inf] and a hash of one tensor."""
-    x = t  # no detach: the summaries run under no_grad, and each detach is one more dispatch
+    x = t  # no detach: the summaries run with grad off, and each detach is one more dispatch
     out = {"shape": list(x.shape), "dtype": _plain_dtype(x.dtype), "device": str(x.device)}
     if is_traceable_wrapper_subclass(x):
         # a DTensor (or other wrapper): any op on it here would dispatch to the subclass, maybe a
@@ -89,26 +121,41 @@ def summarize(t: torch.Tensor) -> dict:
     if n == 0:
         out["stats"], out["hash"] = None, _hash(x)
         return out
-    with torch.no_grad():
-        # reductions in the tensor's own precision (16-bit floats in float32): vectorized, where a
-        # float64 accumulation of float32 data takes a slow casting path (~100x, measured on CPU);
-        # equal tensors still get equal summaries, and the hash decides bitwise equality
-        if x.dtype in (torch.float32, torch.float64):
-            v = x
-        elif x.is_floating_point():
-            v = x.float()
-        else:
-            v = x.to(torch.float64)
-        lo, hi = torch.aminmax(v)
-        total = torch.sum(v)
-        l2 = torch.linalg.vector_norm(v)
-        mn, mx, s, norm = torch.stack([lo, hi, total, l2]).tolist()
-        nan = inf = 0
-        if not (math.isfinite(s) and math.isfinite(norm)):  # a finite sum and norm rule both out
-            nan, inf = int(torch.isnan(v).sum()), int(torch.isinf(v).sum())
-    out["stats"] = [mn, mx, s / n, norm, nan, inf]
-    out["hash"] = _hash(x)
+    # grad mode off by hand: torch.no_grad() as a decorator or context cost ~30 us a tensor
+    grad = torch.is_grad_enabled()
+    torch._C._set_grad_enabled(False)
+    try:
+        flat = _memory_order(x)
+        out["stats"] = _stats(x if flat is None else flat, n)
+    finally:
+        torch._C._set_grad_enabled(grad)
+    out["hash"] = _hash(x, flat)
     return out
+
+
+def _stats(x: torch.Tensor, n: int) -> list:
+    # reductions in the tensor's own precision (16-bit floats in float32): vectorized, where a
+    # float64 accumulation of float32 data takes a slow casting path (~100x, measured on CPU);
+    # equal tensors still get equal summaries, and the hash decides bitwise equality
+    if x.dtype in (torch.float32, torch.float64):
+        v = x
+    elif x.is_floating_point():
+        v = x.float()
+    else:
+        v = x.to(torch.float64)
+    if n >= 4096:  # two passes beat aminmax's one on large CPU tensors here (21 vs 32 us at 100K)
+        lo, hi = torch.amin(v), torch.amax(v)
+    else:
+        lo, hi = torch.aminmax(v)
+    parts = (lo, hi, torch.sum(v), torch.linalg.vector_norm(v))
+    if v.device.type == "cpu":  # no device to wait for: four reads beat a stack and a list
+        mn, mx, s, norm = (p.item() for p in parts)
+    else:  # one host sync per tensor
+        mn, mx, s, norm = torch.stack(parts).tolist()
+    nan = inf = 0
+    if not (math.isfinite(s) and math.isfinite(norm)):  # a finite sum and norm rule both out
+        nan, inf = int(torch.isnan(v).sum()), int(torch.isinf(v).sum())
+    return [mn, mx, s / n, norm, nan, inf]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -121,8 +168,7 @@ def _short(path: str) -> str:
 
 def _user_line() -> str | None:
     """file:line of the innermost frame outside torch and tracekit (the user's code), cheaply."""
-    site = _site()
-    return site[1] if site is not None else None
+    return _site()[1]
 
 
 _GRAPH_CODE = "<eval_with_key>"
@@ -131,23 +177,72 @@ _FQN_PART = re.compile(r"\[['\"]?([^'\"\]]+)['\"]?\]")
 _NODE_SITES: dict = {}  # (graph code file, line) -> (module path relative to the compiled root, src)
 
 
+_INTERNAL, _GRAPH, _USER, _INDUCTOR = 0, 1, 2, 3
+_CODE_KINDS: dict = {}  # code object -> _INTERNAL, _GRAPH, _USER or _INDUCTOR (one string test per code, not per op)
+_USER_SITES: dict = {}  # (code object, line) -> "file:line"
+
+
+@functools.lru_cache(maxsize=1)
+def _inductor_dir() -> str:
+    """Where inductor writes the Python code it generates (its kernels' callers): the same rule as
+    torch._inductor.runtime.cache_dir_utils.cache_dir, without importing inductor."""
+    import getpass
+    import tempfile
+
+    d = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not d:
+        try:
+            user = getpass.getuser()
+        except Exception:
+            user = "unknown"
+        d = os.path.join(tempfile.gettempdir(), "torchinductor_" + re.sub(r"[\\/:*?\"<>|]", "_", user))
+    return os.path.abspath(d) + os.sep
+
+
+def _code_kind(code) -> int:
+    name = code.co_filename
+    if name.startswith(_GRAPH_CODE):
+        kind = _GRAPH
+    elif name.startswith(_TORCH_DIR) or name.startswith(_OWN_DIRS) or name.startswith("<"):
+        kind = _INTERNAL
+    elif name.startswith(_inductor_dir()):
+        kind = _INDUCTOR
+    else:
+        kind = _USER
+    _CODE_KINDS[code] = kind
+    return kind
+
+
 def _site():
-    """(module, src) of the running op: inside a compiled graph (aot_eager runs fx GraphModules as
-    Python code), module is the path from the graph node's nn_module_stack, relative to the compiled
-    root; else module is None and src the user's innermost frame outside torch and tracekit."""
+    """(module, src, compiled) of the running op. Inside an aot_eager graph (fx GraphModules run
+    as Python code), module is the path from the graph node's nn_module_stack, relative to the
+    compiled root; else module is None and src the user's innermost frame outside torch and
+    tracekit. compiled is "inductor" when inductor's generated code called the op (an extern
+    kernel or fallback): its module path is unknown, and what its own kernels computed is unseen."""
     f = sys._getframe(3)
+    kinds = _CODE_KINDS
+    compiled = None
     while f is not None:
-        name = f.f_code.co_filename
-        if name.startswith(_GRAPH_CODE):
-            key = (name, f.f_lineno)
-            hit = _NODE_SITES.get(key)
+        code = f.f_code
+        kind = kinds.get(code)
+        if kind is None:
+            kind = _code_kind(code)
+        if kind == _INTERNAL or kind == _INDUCTOR:
+            if kind == _INDUCTOR:
+                compiled = "inductor"
+            f = f.f_back
+            continue
+        key = (code, f.f_lineno)
+        if kind == _GRAPH:
+            hit = _NODE_SITES.get((code.co_filename, key[1]))
             if hit is None:
-                hit = _NODE_SITES[key] = _graph_node_site(f)
-            return hit
-        if not (name.startswith(_TORCH_DIR) or name.startswith(_OWN_DIRS) or name.startswith("<")):
-            return None, f"{_short(name)}:{f.f_lineno}"
-        f = f.f_back
-    return None
+                hit = _NODE_SITES[(code.co_filename, key[1])] = _graph_node_site(f)
+            return hit[0], hit[1], compiled
+        src = _USER_SITES.get(key)
+        if src is None:
+            src = _USER_SITES[key] = f"{_short(code.co_filename)}:{key[1]}"
+        return None, src, compiled
+    return None, None, compiled
 
 
 def _graph_node_site(frame) -> tuple[str, str | None]:
@@ -229,6 +324,11 @@ class _Encoder:
         return {"object": type(v).__name__}
 
 
+def _forget(info: dict, key: int, entry: list, _ref) -> None:
+    if info.get(key) is entry:
+        del info[key]
+
+
 class StepTrace:
     """One traced step of one rank: the events, and the full tensors asked for with --trace-full."""
 
@@ -239,14 +339,19 @@ class StepTrace:
         self.events: list[dict] = []
         self.full: list[tuple[str, torch.Tensor]] = []
         self._calls: dict[tuple, int] = {}
-        # per live tensor, one entry (one weak-dict lookup per use): [version, summary of that
-        # version (unchanged inputs are summarized once), (producing event, output position), name]
-        self._info = WeakTensorKeyDictionary()
+        # per live tensor, one entry: [version, summary of that version (unchanged inputs are
+        # summarized once), (producing event, output position), name, weakref]. Keyed by id(),
+        # the entry leaving with the tensor (the weakref's callback): a plain dict lookup, where
+        # torch's WeakTensorKeyDictionary built a key object per lookup (~10 us, profiled)
+        self._info: dict[int, list] = {}
+        self._inductor = False  # the op being recorded was called from inductor's generated code
 
     def _entry(self, t: torch.Tensor) -> list:
-        e = self._info.get(t)
+        e = self._info.get(id(t))
         if e is None:
-            e = self._info[t] = [None, None, None, None]
+            e = [None, None, None, None, None]
+            e[4] = weakref.ref(t, functools.partial(_forget, self._info, id(t), e))
+            self._info[id(t)] = e
         return e
 
     def name_tensor(self, t: torch.Tensor, name: str) -> None:
@@ -261,7 +366,15 @@ class StepTrace:
         e = self._entry(t)
         version = t._version
         if fresh or e[0] != version or e[1] is None:
+            old = e[1]
             e[0], e[1] = version, summarize(t)
+            if self._inductor and not fresh and old is not None and e[2] is not None and old.get("hash") != e[1]["hash"]:
+                # read by inductor's code and changed since the event that produced it, by a write
+                # the mode never saw (inductor's kernels work in place on its buffers): that event
+                # is no longer its producer. Only there: in eager code every write is an op the
+                # mode sees, and a view's bytes also change with its base's
+                e[2] = None
+                e[1]["unseen_write"] = True
         s = dict(e[1])
         if e[2] is not None:
             s["producer"] = list(e[2])
@@ -272,26 +385,35 @@ class StepTrace:
     def wants_full(self, label: str) -> bool:
         return any(fnmatch.fnmatchcase(label, g) for g in self.full_globs)
 
-    def add(self, phase: str, module: str, op: str, args, kwargs, run, src: str | None, view: bool = False) -> object:
+    def add(self, phase: str, module: str, op: str, args, kwargs, run, src: str | None, view: bool = False,
+            info: "_OpInfo | None" = None, compiled: str | None = None) -> object:
         """Record one call: summarize the inputs, run it, summarize the outputs; returns its result."""
+        if info is None:
+            info = _OpInfo.of_name(op, view)
         key = (phase, module, op)
         call = self._calls.get(key, 0)
         self._calls[key] = call + 1
         index = len(self.events)
-        collective = op.startswith(_COLLECTIVE_NAMESPACES)
+        collective = info.collective
         enc = _Encoder(self._summary, collective)
-        enc_args = enc(list(args))
-        enc_kwargs = {k: enc(v) for k, v in kwargs.items()}
-        label = f"{phase}:{module}:{op}#{call}"
-        full = self.wants_full(label)
+        self._inductor = compiled == "inductor"
+        enc_args = [enc(a) for a in args]
+        # an out= argument's values before the op are never read (often uninitialized): not an input
+        enc_kwargs = {k: ({"out": True} if k in info.out_args else enc(v)) for k, v in kwargs.items()} if kwargs else {}
+        full = bool(self.full_globs) and self.wants_full(f"{phase}:{module}:{op}#{call}")
         in_tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)] if full else []
         if full:  # inputs before the op: an in-place op overwrites them
             self._keep(index, "in", in_tensors, enc.inputs)
         result = run()
-        outs = [x for x in tree_flatten(result)[0] if isinstance(x, torch.Tensor)]
+        if isinstance(result, torch.Tensor):  # most ops: no pytree walk
+            outs = [result]
+        elif isinstance(result, (tuple, list)) and all(isinstance(x, torch.Tensor) for x in result):
+            outs = list(result)
+        else:
+            outs = [x for x in tree_flatten(result)[0] if isinstance(x, torch.Tensor)]
         outputs = []
-        uninitialized = op.startswith(_UNINITIALIZED)
-        relabel = op in _RELABEL and len(outs) == 1 and len(enc.inputs) >= 1 and "subclass" not in enc.inputs[0]
+        uninitialized = info.uninitialized
+        relabel = info.relabel and len(outs) == 1 and len(enc.inputs) >= 1 and "subclass" not in enc.inputs[0]
         for k, o in enumerate(outs):
             if relabel:
                 shown = enc.inputs[0]
@@ -308,19 +430,25 @@ class StepTrace:
                      "stats": None, "hash": None, "pending": True}
                 if uninitialized:
                     s["uninitialized"] = s.pop("pending")
+                entry = self._entry(o)
             else:
-                s = self._summary(o, fresh=True)
-                s.pop("producer", None)
+                entry = self._entry(o)
+                entry[0], entry[1] = o._version, summarize(o)
+                s = dict(entry[1])
+                if entry[3] is not None:
+                    s["name"] = entry[3]
             outputs.append(s)
-            self._entry(o)[2] = (index, k)
+            entry[2] = (index, k)
         if full and not collective:
             self._keep(index, "out", outs, outputs)
         event = {"index": index, "phase": phase, "module": module, "op": op, "call": call,
                  "args": enc_args, "kwargs": enc_kwargs, "inputs": enc.inputs, "outputs": outputs, "src": src}
         if enc.group is not None:
             event["group"] = enc.group
-        if view:
+        if info.view:
             event["view"] = True
+        if compiled:
+            event["compiled"] = compiled
         self.events.append(event)
         return result
 
@@ -335,20 +463,45 @@ class StepTrace:
         return sum(t.numel() * t.element_size() for _, t in self.full) + 256 * len(self.events)
 
 
-_VIEWS: dict = {}
+class _OpInfo:
+    """What the trace needs to know of an op, worked out once per op (not once per call)."""
+
+    __slots__ = ("name", "view", "collective", "uninitialized", "relabel", "func", "out_args")
+
+    def __init__(self, name: str, view: bool, func=None):
+        self.name = name
+        try:
+            self.out_args = frozenset(a.name for a in func._schema.arguments if a.is_out) if func is not None else frozenset()
+        except Exception:
+            self.out_args = frozenset()
+        self.view = view
+        self.collective = name.startswith(_COLLECTIVE_NAMESPACES)
+        self.uninitialized = name.startswith(_UNINITIALIZED)
+        self.relabel = name in _RELABEL
+        self.func = func  # held: the cache is keyed by its id()
+
+    @staticmethod
+    def of_name(name: str, view: bool = False) -> "_OpInfo":
+        return _OpInfo(name, view)
+
+
+_OPS: dict[int, _OpInfo] = {}  # id(OpOverload) -> its info (an OpOverload's own __hash__ is Python code)
+
+
+def _op_info(func) -> _OpInfo:
+    info = _OPS.get(id(func))
+    if info is None:
+        info = _OPS[id(func)] = _OpInfo(str(func), _is_view(func), func)
+    return info
 
 
 def _is_view(func) -> bool:
     """Whether the op returns a view of an input (as_strided, slice, view, ...): it computes
     nothing, and may show memory its input's summary never covered (a window of a larger buffer)."""
-    v = _VIEWS.get(func)
-    if v is None:
-        try:
-            v = any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
-        except Exception:
-            v = False
-        _VIEWS[func] = v
-    return v
+    try:
+        return any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns)
+    except Exception:
+        return False
 
 
 class _OpMode(TorchDispatchMode):
@@ -370,8 +523,10 @@ class _OpMode(TorchDispatchMode):
         trace = tr.current
         if trace is None or tr.paused or func.namespace == "profiler":
             return func(*args, **kwargs)
-        phase, module, src = tr.where()
-        return trace.add(phase, module, str(func), args, kwargs, lambda: func(*args, **kwargs), src, _is_view(func))
+        phase, module, src, compiled = tr.where()
+        info = _op_info(func)
+        return trace.add(phase, module, info.name, args, kwargs, lambda: func(*args, **kwargs), src, info=info,
+                         compiled=compiled)
 
 
 class Tracer:
@@ -392,24 +547,26 @@ class Tracer:
         self._mode: _OpMode | None = None
 
     # ---- where an op runs -------------------------------------------------------------------
-    def where(self) -> tuple[str, str, str | None]:
-        site = _site()
+    def where(self) -> tuple[str, str, str | None, str | None]:
+        """(phase, module path, source line, compiled) of the op being dispatched."""
+        site, src, compiled = _site()
         if self.phase == "opt":
-            return "opt", "", site[1] if site else None
+            return "opt", "", src, compiled
         node = torch._C._current_autograd_node()
         base = self._stack[-1] if self._stack else ""
-        if site is not None and site[0] is not None:  # inside a compiled graph: its node knows the module
-            module = ".".join(p for p in (base, site[0]) if p)
-            return ("bwd" if node is not None else "fwd"), module, site[1]
+        if site is not None:  # inside an aot_eager graph: its node knows the module
+            module = ".".join(p for p in (base, site) if p)
+            return ("bwd" if node is not None else "fwd"), module, src, compiled
+        if compiled:  # inductor's code: no graph node to ask; the compiled module's own path
+            return ("bwd" if node is not None else "fwd"), base, src, compiled
         if node is not None:
             module, src = self._seq_module.get(node._sequence_nr(), ("", None))
-            return "bwd", module, src
+            return "bwd", module, src, compiled
         module = base
-        src = site[1] if site else None
         # the node autograd made for this op (if any) took the latest sequence number: remember
         # where it ran, for its backward (first writer wins: ops with no node see a stale number)
         self._seq_module.setdefault(torch.autograd._get_sequence_nr() - 1, (module, src))
-        return "fwd", module, src
+        return "fwd", module, src, compiled
 
     # ---- lifecycle ----------------------------------------------------------------------------
     def start(self, step: int, named_params=()) -> None:

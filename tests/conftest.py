@@ -1,23 +1,31 @@
-"""Shared fixtures. `recorded_sample` records a reference workload once per test session.
+"""Shared fixtures. `recorded_sample` records a reference workload once per test run.
 
-Real torchrun runs cost ~10-15 s each on the 2-core CI machine, so every test that needs a store
+Real torchrun runs cost ~15-20 s each on the 2-core CI machine, so every test that needs a store
 of a sample mode asks this fixture, and the same (script, mode, ranks, extra args) is recorded
-only once per session.
+only once per test run, whichever pytest-xdist worker asks first.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLES = os.path.join(REPO, "samples")
 # Sample modes and the world size the tests run them at (simplefsdp_tp as a 2 x 2 mesh).
 MODE_RANKS = {"ddp": 2, "fsdp": 2, "tp": 2, "simplefsdp_tp": 4}
 TORCHRUN_TIMEOUT = 300  # a hang becomes a failure, never a stuck CI
+# recorded_sample("ddp", **FOUR_RANK_DDP): samples/plain at 4 ranks, 10 steps, with local_loss; the
+# zero-code loss test needs it, and the 2-vs-4-ranks verdict test reuses it (no launch of its own)
+FOUR_RANK_DDP = dict(script="plain", steps=10, ranks=4, record_args=("--kinds", "+local_loss"))
 
 
 def mode_args(mode: str) -> list[str]:
@@ -40,24 +48,54 @@ def run_recorded(store: str, script: str, mode: str, ranks: int | None = None, e
     return result
 
 
+def _shared_root(tmp_path_factory) -> Path:
+    """A folder every pytest-xdist worker of this run sees (the workers' basetemps' parent); without
+    xdist, this process's own basetemp (the parent would be shared with earlier runs)."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def recorded_sample(tmp_path_factory):
     """recorded_sample(mode, script="tutorial", steps=3, ranks=None, extra=(), tag="") -> (store path, result).
 
-    Same arguments, same store: record once, share across tests. Use `tag` to force a separate run.
+    Same arguments, same store: recorded once per test run and shared across tests and across
+    pytest-xdist workers (the first worker to ask records under a file lock; the others wait for it
+    and read the store and the command's output). Use `tag` to force a separate run.
     """
-    cache: dict = {}
+    root = _shared_root(tmp_path_factory) / "recorded-samples"
+    root.mkdir(exist_ok=True)
 
     def get(mode: str, script: str = "tutorial", steps: int = 3, ranks: int | None = None, extra=(), tag: str = "",
             record_args=()):
-        key = (mode, script, steps, ranks, tuple(extra), tag, tuple(record_args))
-        if key not in cache:
-            store = str(tmp_path_factory.mktemp(f"{script}-{mode}") / "store")
-            result = run_recorded(store, script, mode, ranks, ["--steps", str(steps), *extra], record_args)
-            cache[key] = (store, result)
-        return cache[key]
+        ranks = ranks or MODE_RANKS[mode]
+        key = json.dumps([mode, script, steps, ranks, list(extra), tag, list(record_args)])
+        folder = root / f"{script}-{mode}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+        done = folder / "result.json"
+        with FileLock(str(folder) + ".lock", timeout=2 * TORCHRUN_TIMEOUT):
+            if not done.exists():
+                shutil.rmtree(folder, ignore_errors=True)  # a failed attempt of another worker
+                result = run_recorded(str(folder / "store"), script, mode, ranks, ["--steps", str(steps), *extra],
+                                      record_args)
+                done.write_text(json.dumps({"key": key, "args": result.args, "returncode": result.returncode,
+                                            "stdout": result.stdout, "stderr": result.stderr}))
+        saved = json.loads(done.read_text())
+        assert saved["key"] == key, (saved["key"], key)
+        return str(folder / "store"), subprocess.CompletedProcess(saved["args"], saved["returncode"], saved["stdout"],
+                                                                  saved["stderr"])
 
     return get
+
+
+def second_recording(recorded_sample, mode: str) -> str:
+    """Another recording of the same job, from its own launch, for run-to-run comparisons. For ddp,
+    fsdp and tp it is samples/plain's zero-code recording, which tests/recorders/test_zerocode_torchrun.py
+    shows equal bit for bit to the explicit one (every rank's tensors, rank 0's loss), so no launch is
+    spent on it. For simplefsdp_tp that test compares no loss (zero-code records the tensor backward
+    ran on, the local loss over the mesh's loss divisor): there a second explicit run."""
+    if mode == "simplefsdp_tp":
+        return recorded_sample(mode, tag="again")[0]
+    return recorded_sample(mode, script="plain")[0]
 
 
 @pytest.fixture(scope="session")

@@ -6,6 +6,8 @@ from step STEP on, the kind of fault a device port produces. The root-cause sear
   matmul_bf16  module 0 (the first Linear) computes its matmul in bfloat16 (inputs cast, output cast back)
   reduce_order module 2 (the second Linear) sums its inner products in reversed order (inputs flipped
                along the reduced dimension): the same math, rounded differently
+  roll_rows    module 1 (the ReLU) returns its rows rolled by one (a layout bug): every summary of its
+               output (min, max, mean, L2) is unchanged, so only --trace-full bytes can place it
 
 The module's parameters, names and call structure stay as they are; only its forward changes.
 """
@@ -18,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-OP_FAULTS = ("act", "matmul_bf16", "reduce_order")
-_MODULE_OF = {"act": 1, "matmul_bf16": 0, "reduce_order": 2}
+OP_FAULTS = ("act", "matmul_bf16", "reduce_order", "roll_rows")
+_MODULE_OF = {"act": 1, "matmul_bf16": 0, "reduce_order": 2, "roll_rows": 1}
 
 
 class FaultSwitch:
@@ -58,7 +60,15 @@ def _reduce_order(switch: FaultSwitch, original):
     return forward
 
 
-_FORWARDS = {"act": _act, "matmul_bf16": _matmul_bf16, "reduce_order": _reduce_order}
+def _roll_rows(switch: FaultSwitch, original):
+    def forward(self, x):
+        if switch.on:
+            return original(x).roll(1, 0)
+        return original(x)
+    return forward
+
+
+_FORWARDS = {"act": _act, "matmul_bf16": _matmul_bf16, "reduce_order": _reduce_order, "roll_rows": _roll_rows}
 
 
 def install_op_fault(model: nn.Sequential, switch: FaultSwitch) -> None:

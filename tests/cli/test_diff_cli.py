@@ -278,3 +278,43 @@ def test_unwritable_json_destination_fails_before_comparing(stores, tmp_path, mo
         r = invoke(stores["ref"], stores["same"], "--json-file", dest)
         assert r.exit_code == 2 and r.stderr.strip().startswith(f"Error: --json-file {dest}: "), r.output
         assert why in r.stderr and "Traceback" not in r.output
+
+
+def _violation_table(output: str) -> tuple[str, list[list[str]]]:
+    """The Violations title line and its rows (split on runs of spaces), up to the next blank line."""
+    lines = output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("Violations:"))
+    end = next(i for i in range(start + 3, len(lines) + 1) if i == len(lines) or not lines[i].strip())
+    return lines[start], [line.split() for line in lines[start + 3:end]]
+
+
+def test_identical_violations_of_several_ranks_share_one_row_and_json_keeps_each_rank(tmp_path):
+    """Issue 12: ranks 0-2 fail identically at step 2 (an all-reduced gradient does); rank 3 fails
+    otherwise. The table has one row per distinct result, naming its ranks; the JSON every rank."""
+    ref, cand = _run(ranks=4), _run(ranks=4)
+    for r in range(4):
+        cand[r][2]["gradients"]["w"] = cand[r][2]["gradients"]["w"] * f32(1.02 if r == 3 else 1.01)
+    a, b = write_store(tmp_path / "ref", ref), write_store(tmp_path / "cand", cand)
+    out = tmp_path / "r.json"
+    r = invoke(a, b, "--json-file", out)
+    assert r.exit_code == 1
+    title, rows = _violation_table(r.stdout)
+    assert title.startswith("Violations: 4 (step, rank, kind, tensor) comparisons outside tolerance, in 2 rows, "
+                            "all shown;")
+    assert [row[:4] for row in rows] == [["2", "0-2", "gradients", "w"], ["2", "3", "gradients", "w"]]
+    assert rows[0][4:] != rows[1][4:]  # rank 3's errors differ
+    assert r.stdout.rstrip().splitlines()[-1].endswith(" violations=4 first_step=2")  # V counts every rank
+    doc = json.loads(out.read_text())
+    assert sorted(x["rank"] for x in doc["results"]) == [0, 1, 2, 3]
+    # --max-rows counts rows
+    title, rows = _violation_table(invoke(a, b, "--max-rows", "1").stdout)
+    assert "in 2 rows, the first 1 shown (--max-rows)" in title and len(rows) == 1
+
+
+def test_the_summary_header_says_what_n_counts(stores):
+    r = invoke(stores["ref"], stores["grad"])
+    assert "FAIL n: n (rank, tensor) pairs outside tolerance" in r.stdout
+    row = next(line.split() for line in r.stdout.splitlines() if line.split()[:1] == ["2"])
+    assert "FAIL" in row and row[row.index("FAIL") + 1] == "2"  # both ranks' 'w' at step 2
+    title, rows = _violation_table(r.stdout)
+    assert "2 (step, rank, kind, tensor) comparisons" in title and [row[:2] for row in rows] == [["2", "0-1"]]

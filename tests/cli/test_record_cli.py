@@ -127,9 +127,29 @@ def test_ends_with_a_one_line_summary(tmp_path):
     store = str(tmp_path / "s")
     result = run_cli("record", "-o", store, "--", sys.executable, TINY, "--steps", "3")
     assert result.returncode == 0, result.stderr
-    last = result.stderr.strip().splitlines()[-1]
+    *before, finalizing, last = result.stderr.strip().splitlines()
     assert last.startswith("tracekit record: 1 rank(s), steps 1-3, kinds outputs, loss, gradients, parameters, deltas, ")
     assert last.endswith(f" in {store}; ranks: 1 finished; exit status 0")
+    assert finalizing == f"tracekit record: finalizing {store} ..."  # the wait after training is never silent
+    # the rank closed its Recorder (waiting for its writer) before exiting: nothing left to store then
+    assert not any("the command ended" in line for line in before), result.stderr
+
+
+def test_says_what_it_waits_for_when_writers_outlive_the_command(tmp_path):
+    """A rank killed with steps still spooled (a writer slowed to ~1 s per entry): the launcher
+    says it stores them, then that it finalizes, then the summary."""
+    store = str(tmp_path / "s")
+    result = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "record", "-o", store, "--", sys.executable,
+                             TINY, "--steps", "4", "--die-rank", "0", "--die-step", "4"], capture_output=True, text=True,
+                            timeout=120, env={**os.environ, "TRACEKIT_WRITE_MBPS": "0.004"})
+    assert result.returncode == 137, result.stderr
+    lines = result.stderr.strip().splitlines()
+    ended = next(i for i, line in enumerate(lines) if "the command ended" in line)
+    assert lines[ended].startswith("tracekit record: the command ended (exit status 137); storing ")
+    assert lines[ended].endswith(" of 1 rank (at most 60 s more: --flush-timeout) ...")
+    assert lines[ended + 1:ended + 2] == [f"tracekit record: finalizing {store} ..."]
+    assert lines[-1].startswith("tracekit record: 1 rank(s), steps 1-3,")
+    assert open_store(store).rank(0).completed_steps == [1, 2, 3]
 
 
 @pytest.mark.parametrize("command, why", [

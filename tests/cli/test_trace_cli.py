@@ -45,9 +45,9 @@ def test_zero_code_traces_name_the_planted_op_on_its_rank(recorded_sample, tmp_p
 @pytest.mark.torchrun
 def test_ddp_against_fsdp_traces_name_no_root_cause(recorded_sample):
     """Same model and data, other sharding: the op streams differ (gathers, reduce-scatters, shard
-    shapes) and are reported, but no op is blamed."""
-    ddp, _ = recorded_sample("ddp", record_args=TRACE)
-    fsdp, _ = recorded_sample("fsdp", record_args=TRACE)
+    shapes) and are reported, but no op is blamed. (The ddp store is the previous test's reference.)"""
+    ddp, _ = recorded_sample("ddp", script="plain", record_args=TRACE)
+    fsdp, _ = recorded_sample("fsdp", script="plain", record_args=TRACE)
     assert trace_steps(open_store(fsdp).rank(1).group, "ops") == [2]
     result = CliRunner().invoke(main, ["diff", ddp, fsdp, "--align", "global"])
     assert result.exit_code == 0, result.output

@@ -11,7 +11,7 @@ import pytest
 
 from tracekit import open_store
 
-from conftest import MODE_RANKS
+from conftest import FOUR_RANK_DDP, MODE_RANKS
 
 COMPARED = ("outputs", "gradients", "parameters", "deltas")
 STEPS = 3  # the tutorial stores are shared with tests/samples (same arguments, recorded once)
@@ -94,8 +94,9 @@ def test_zero_code_global_loss_is_the_scripts_own_at_4_ranks(recorded_sample):
     4 ranks on 3 of 10 steps. Every rank's `local_loss` is kept."""
     import re
 
-    steps = 10
-    store, result = recorded_sample("ddp", script="plain", steps=steps, ranks=4, record_args=("--kinds", "+local_loss"))
+    steps = FOUR_RANK_DDP["steps"]
+    store, result = recorded_sample("ddp", **FOUR_RANK_DDP)
+    assert FOUR_RANK_DDP["ranks"] == 4 and steps == 10
     printed = {(int(r), int(k)): float(v) for k, r, v in
                re.findall(r"step=(\d+)/\d+ training=completed rank=(\d+) loss=(\S+)", result.stdout)}
     assert len(printed) == 4 * steps

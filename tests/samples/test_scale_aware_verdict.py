@@ -11,6 +11,8 @@ from click.testing import CliRunner
 import tracekit
 from tracekit.cli.main import main
 
+from conftest import FOUR_RANK_DDP, second_recording
+
 pytestmark = pytest.mark.torchrun
 
 
@@ -36,22 +38,27 @@ def test_one_rank_one_step_gradient_perturbation_fails_in_gradients(recorded_sam
 
 
 def _clean_pairs(recorded_sample):
+    """name -> (ref, cand, extra diff arguments, the verdict line's ending)."""
     ddp = recorded_sample("ddp")[0]
+    complete = ((), "")
     return {
-        "ddp vs fsdp": (ddp, recorded_sample("fsdp")[0]),
-        "ddp vs tp": (ddp, recorded_sample("tp")[0]),
-        "2 vs 4 ranks": (ddp, recorded_sample("ddp", ranks=4)[0]),
-        "ddp vs simplefsdp_tp": (recorded_sample("ddp", extra=("--no-bias",))[0], recorded_sample("simplefsdp_tp")[0]),
+        "ddp vs fsdp": (ddp, recorded_sample("fsdp")[0], *complete),
+        "ddp vs tp": (ddp, recorded_sample("tp")[0], *complete),
+        # the zero-code test's 4-rank recording: steps 1-3 compared, its steps 4-10 named on the verdict line
+        "2 vs 4 ranks": (ddp, recorded_sample("ddp", **FOUR_RANK_DDP)[0],
+                         ("--allow-missing", "--kinds", "outputs,loss,gradients,parameters,deltas"), " missing_steps=7"),
+        "ddp vs simplefsdp_tp": (recorded_sample("ddp", extra=("--no-bias",))[0], recorded_sample("simplefsdp_tp")[0],
+                                 *complete),
         "eager vs aot_eager": (recorded_sample("simplefsdp_tp", extra=("--compile-backend", "none"))[0],
-                               recorded_sample("simplefsdp_tp")[0]),
+                               recorded_sample("simplefsdp_tp")[0], *complete),
     }
 
 
 def test_clean_pairs_pass_and_show_their_margins(recorded_sample):
-    for name, (ref, cand) in _clean_pairs(recorded_sample).items():
-        code, lines = cli_diff("--align", "global", ref, cand)
+    for name, (ref, cand, args, ending) in _clean_pairs(recorded_sample).items():
+        code, lines = cli_diff("--align", "global", *args, ref, cand)
         assert code == 0, name + "\n" + "\n".join(lines[-40:])
-        assert lines[-1].startswith("PASS comparison") and "missing" not in lines[-1], name
+        assert lines[-1].startswith("PASS comparison") and lines[-1].endswith(f" steps=3{ending}"), (name, lines[-1])
         start = lines.index("Margin per kind (worst tensor over all steps: error / bound, at most 1 passes):")
         rows = {line.split()[0]: line.split()[1] for line in lines[start + 3:] if line.strip()
                 and line.split()[0] in ("outputs", "loss", "gradients", "parameters", "deltas")}
@@ -61,5 +68,5 @@ def test_clean_pairs_pass_and_show_their_margins(recorded_sample):
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp", "tp", "simplefsdp_tp"])
 def test_two_clean_recordings_pass_the_default_rule(recorded_sample, mode):
-    report = tracekit.diff(recorded_sample(mode)[0], recorded_sample(mode, tag="again")[0])
+    report = tracekit.diff(recorded_sample(mode)[0], second_recording(recorded_sample, mode))
     assert report.passed and all(s.margin is not None and s.margin <= 1 for s in report.summary)

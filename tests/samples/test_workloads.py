@@ -1,8 +1,10 @@
 """The reference workloads in samples/: data, model and flags in-process; each mode under torchrun.
 
-The torchrun tests launch samples/plain/train.py (no tracekit at all) once per mode, 2 ranks
-(simplefsdp_tp as a 2 x 2 mesh, compiled with aot_eager), and share the results through a
-module-level cache so the cross-mode loss comparison costs no extra run.
+The torchrun tests read the output of samples/plain/train.py (no tracekit import) run once per
+mode, 2 ranks (simplefsdp_tp as a 2 x 2 mesh, compiled with aot_eager), 3 steps: the zero-code
+recordings that tests/recorders/test_zerocode_torchrun.py proves bitwise equal to the explicit
+ones (conftest's `recorded_sample`, shared by the whole test run), so checking the training itself
+costs no extra launch. One launch without tracekit at all stays: the refused no-op step.
 """
 
 from __future__ import annotations
@@ -32,16 +34,18 @@ from samples.common.data import GLOBAL_BATCH, batch_slice, global_batch  # noqa:
 from samples.common.faults import Faults, parse_faults  # noqa: E402
 from samples.common.model import build_model  # noqa: E402
 
+from conftest import MODE_RANKS  # noqa: E402
+
 TIMEOUT_S = 240  # a hung collective becomes a test failure, never a stuck CI
 
-# mode -> (ranks, steps, extra flags, expected local shapes of the weights at that world size)
+# mode -> (ranks, steps, expected local shapes of the weights at that world size); the ranks and
+# flags are conftest's MODE_RANKS and mode_args
 RUNS = {
-    "ddp": (2, 10, [], {"0.weight": "256x128", "2.weight": "128x256"}),
-    "fsdp": (2, 3, [], {"0.weight": "128x128", "2.weight": "64x256"}),  # (256/N, 128), (128/N, 256)
-    "tp": (2, 3, [], {"0.weight": "128x128", "2.weight": "128x128"}),  # (256/N, 128), (128, 256/N)
+    "ddp": (2, 3, {"0.weight": "256x128", "2.weight": "128x256"}),
+    "fsdp": (2, 3, {"0.weight": "128x128", "2.weight": "64x256"}),  # (256/N, 128), (128/N, 256)
+    "tp": (2, 3, {"0.weight": "128x128", "2.weight": "128x128"}),  # (256/N, 128), (128, 256/N)
     # (dp, tp) = (2, 2): (256/tp, 128/dp) and (128/dp, 256/tp)
-    "simplefsdp_tp": (4, 3, ["--tp", "2", "--compile-backend", "aot_eager"],
-                      {"0.weight": "128x64", "2.weight": "64x128"}),
+    "simplefsdp_tp": (4, 3, {"0.weight": "128x64", "2.weight": "64x128"}),
 }
 STEP_LINE = re.compile(r"^step=(\d+)/(\d+) training=completed rank=(\d+) loss=(\S+)$", re.M)
 
@@ -66,16 +70,11 @@ def torchrun(ranks: int, script: Path, args: list[str]) -> subprocess.CompletedP
                    str(script), *args])
 
 
-_RESULTS: dict[str, subprocess.CompletedProcess] = {}
-
-
-def run_mode(mode: str) -> subprocess.CompletedProcess:
-    if mode not in _RESULTS:
-        ranks, steps, extra, _ = RUNS[mode]
-        args = ["--parallelism", mode, "--device", "cpu", "--backend", "gloo", "--steps", str(steps),
-                "--expected-world-size", str(ranks), *extra]
-        _RESULTS[mode] = torchrun(ranks, PLAIN, args)
-    return _RESULTS[mode]
+def run_mode(recorded_sample, mode: str) -> subprocess.CompletedProcess:
+    """samples/plain/train.py's run of `mode` (recorded zero-code; its stdout is the script's own)."""
+    ranks, steps, _ = RUNS[mode]
+    assert MODE_RANKS[mode] == ranks
+    return recorded_sample(mode, script="plain", steps=steps)[1]
 
 
 def losses_by_rank(stdout: str) -> dict[int, list[float]]:
@@ -195,9 +194,9 @@ def test_expected_world_size_mismatch_fails_before_any_collective():
 
 @pytest.mark.torchrun
 @pytest.mark.parametrize("mode", list(RUNS))
-def test_mode_trains_on_every_rank(mode):
-    ranks, steps, _, shapes = RUNS[mode]
-    result = run_mode(mode)
+def test_mode_trains_on_every_rank(recorded_sample, mode):
+    ranks, steps, shapes = RUNS[mode]
+    result = run_mode(recorded_sample, mode)
     assert result.returncode == 0, result.stderr[-4000:]
     for rank in range(ranks):
         assert f"PASS rank={rank} mode={mode} world_size={ranks}" in result.stdout
@@ -215,9 +214,9 @@ def test_mode_trains_on_every_rank(mode):
 
 
 @pytest.mark.torchrun
-def test_eager_modes_follow_the_same_loss_trajectory():
+def test_eager_modes_follow_the_same_loss_trajectory(recorded_sample):
     common = min(RUNS[m][1] for m in ("ddp", "fsdp", "tp"))
-    trajectories = {m: losses_by_rank(run_mode(m).stdout)[0][:common] for m in ("ddp", "fsdp", "tp")}
+    trajectories = {m: losses_by_rank(run_mode(recorded_sample, m).stdout)[0][:common] for m in ("ddp", "fsdp", "tp")}
     assert all(len(t) == common for t in trajectories.values()), trajectories
     for mode in ("fsdp", "tp"):
         torch.testing.assert_close(torch.tensor(trajectories[mode]), torch.tensor(trajectories["ddp"]),

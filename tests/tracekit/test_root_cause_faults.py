@@ -26,16 +26,21 @@ FAULT_STEP = 2
 
 
 def record(path, fault=None, compiled=False, lr=0.01, steps=3, trace_steps=(FAULT_STEP, FAULT_STEP), level="ops",
-           fault_step=FAULT_STEP, replay_from=None, replay_steps=(1, None)):
+           fault_step=FAULT_STEP, replay_from=None, replay_steps=(1, None), trace_full=()):
+    """compiled: False (eager), True or "aot_eager", or "inductor"."""
     model = build_model(0)
     switch = None
     if fault is not None:
         switch = FaultSwitch(fault, 0, fault_step)
         install_op_fault(model, switch)
-    run = torch.compile(model, backend="aot_eager") if compiled else model
+    if compiled:
+        # a fresh dynamo per run: each model's fault switch is a new guard on the same code, and
+        # recompiles pile up to dynamo's limit (then it runs eagerly) across the module's runs
+        torch._dynamo.reset()
+    run = torch.compile(model, backend="aot_eager" if compiled is True else compiled) if compiled else model
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     config = RecordConfig(store=str(path), trace=level, trace_steps=trace_steps, replay_from=replay_from,
-                          replay_steps=replay_steps)
+                          replay_steps=replay_steps, trace_full=tuple(trace_full))
     with Recorder(model, opt, config=config) as rec:
         for step in range(1, steps + 1):
             if switch is not None:
@@ -51,12 +56,17 @@ def record(path, fault=None, compiled=False, lr=0.01, steps=3, trace_steps=(FAUL
     return str(path)
 
 
+def _line_of(code: str) -> int:
+    with open(__file__) as f:
+        return next(i for i, line in enumerate(f, 1) if line.strip() == code)
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     cache = {}
 
     def get(fault=None, compiled=False, **kw):
-        key = (fault, compiled, tuple(sorted(kw.items())))
+        key = (fault, compiled, tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in kw.items())))
         if key not in cache:
             name = f"{fault or 'clean'}-{'compiled' if compiled else 'eager'}-{len(cache)}"
             cache[key] = record(tmp_path_factory.mktemp(name) / "s", fault, compiled, **kw)
@@ -149,7 +159,11 @@ def test_trace_stream_content(runs):
     addmm = [e for e in events if e["op"] == "aten.addmm.default" and e["phase"] == "fwd"]
     assert [e["module"] for e in addmm] == ["0", "2"]
     x = addmm[0]["inputs"][1]
-    assert x["shape"] == [64, 128] and x["dtype"] == "float32" and len(x["stats"]) == 6 and x["hash"]
+    assert x["shape"] == [64, 128] and x["dtype"] == "float32" and x["device"] == "cpu" and len(x["stats"]) == 6 and x["hash"]
+    # the user's line: the forward's ops point at the model's call, the update's at opt.step()
+    here = os.path.basename(__file__)
+    assert {e["src"].rsplit("/", 1)[-1] for e in addmm} == {f"{here}:{_line_of('out = run(x)')}"}
+    assert {e["src"].rsplit("/", 1)[-1] for e in events if e["phase"] == "opt"} == {f"{here}:{_line_of('opt.step()')}"}
     updates = [e for e in events if e["phase"] == "opt" and e["op"].startswith("aten.add_")]
     assert {e["outputs"][0].get("name") for e in updates} == {f"param:{n}" for n in ("0.weight", "0.bias", "2.weight", "2.bias")}
     assert all(e["kwargs"].get("alpha") == -0.01 for e in updates)
@@ -231,3 +245,89 @@ def test_report_has_the_root_cause_and_a_per_module_error_plot(runs):
     fwd = dict(zip(order, errs["fwd"]))
     # forward: module 0 computes as the reference does; the error appears at module 1, the fault
     assert fwd["0"] == 0.0 and fwd["1"] > 0.0 and fwd["2"] > 0.0
+
+
+# --trace-full: where both stores kept a tensor's bytes, it is judged elementwise. roll_rows keeps
+# every summary of module 1's output (a permutation of its rows), so summaries cannot place it.
+def test_trace_full_bytes_place_a_fault_summaries_cannot_see(runs):
+    ref, cand = runs(None, trace_full=("*",)), runs("roll_rows", trace_full=("*",))
+    rc = tracekit.diff(ref, cand).root_cause
+    assert rc is not None and (rc.step, rc.kind, rc.event["module"], rc.event["op"]) == (FAULT_STEP, "extra op", "1", "aten.roll.default")
+    assert "elementwise" in rc.reason and rc.check.metrics["elements_beyond"] > 0
+    # the same pair through summaries only: the roll's output matches them, so the blame lands
+    # downstream (where the rolled rows meet the unrolled targets), not on module 1
+    plain = tracekit.diff(runs(None), runs("roll_rows")).root_cause
+    assert plain is not None and (plain.event["module"], plain.event["op"]) != ("1", "aten.roll.default")
+
+
+def test_trace_full_clean_pair_names_nothing(runs, tmp_path):
+    again = record(tmp_path / "again", trace_full=("*",))
+    report = tracekit.diff(runs(None, trace_full=("*",)), again)
+    assert report.traces and report.root_cause is None
+
+
+def test_trace_full_elementwise_uses_the_tolerance():
+    """Bytes are compared with the kind's rtol/atol, not bitwise: a change inside rtol passes."""
+    import numpy as np
+
+    from tracekit.compare.rootcause import compare_full
+
+    ref = {"dtype": "float32", "shape": [4]}
+    r = np.array([1.0, 2.0, 3.0, np.nan], dtype=np.float32)
+    assert compare_full(ref, dict(ref), r, r * (1 + 1e-7), rtol=1e-5, atol=0.0).status == "ok"
+    bad = r.copy()
+    bad[1] = 2.1
+    chk = compare_full(ref, dict(ref), r, bad, rtol=1e-5, atol=0.0)
+    assert chk.status == "bad" and chk.metrics["elements_beyond"] == 1 and "[1]" in chk.reason
+    nan_moved = np.array([1.0, 2.0, np.nan, 3.0], dtype=np.float32)
+    assert compare_full(ref, dict(ref), r, nan_moved, rtol=1e-5, atol=0.0).status == "bad"
+
+
+# inductor: its generated kernels are not aten ops, so the mode sees only the ops inductor's code
+# calls (extern kernels such as addmm.out/mm.out, fallbacks) and the eager code around the model.
+# A fault fused into a kernel is placed between the last event that matched and the first event
+# reading what the kernel computed (kind "compiled"); module paths are not known there.
+INDUCTOR_EXPECTED = {  # fault: (exact comparison, call index of the fwd addmm.out that reads the fault first)
+    "act": (False, 1),  # the ReLU is fused into a kernel between module 0's and module 2's matmul
+    "matmul_bf16": (False, 0),  # the casts are fused; module 0's matmul itself runs in bfloat16
+    "reduce_order": (True, 1),
+}
+
+
+@pytest.fixture(scope="module")
+def inductor():
+    import shutil
+
+    try:
+        torch._dynamo.reset()
+        torch.compile(lambda x: x.sin() + 1, backend="inductor")(torch.ones(3))
+    except Exception as e:  # no C++ compiler, or inductor broken on this platform
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        pytest.skip(f"inductor cannot compile on this machine (C++ compiler: {shutil.which('g++') or 'none'}): {first}")
+    finally:
+        torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("fault", sorted(INDUCTOR_EXPECTED))
+def test_inductor_places_the_fault_between_visible_ops(runs, inductor, fault):
+    exact, call = INDUCTOR_EXPECTED[fault]
+    report = tracekit.diff(runs(None, "inductor"), runs(fault, "inductor"), exact=exact)
+    rc = report.root_cause
+    assert rc is not None
+    assert (rc.step, rc.kind, rc.event["phase"], rc.event["op"], rc.event["call"]) == (FAULT_STEP, "compiled", "fwd", "aten.addmm.out", call)
+    assert rc.event.get("compiled") == "inductor" and "inductor" in rc.reason
+    if fault == "matmul_bf16":
+        assert rc.event["outputs"][0]["dtype"] == "bfloat16"
+
+
+def test_inductor_clean_pair_names_nothing_and_hides_fused_ops(runs, inductor, tmp_path):
+    ref = runs(None, "inductor")
+    report = tracekit.diff(ref, record(tmp_path / "again", None, "inductor"), exact=True)
+    assert report.passed and report.traces and report.root_cause is None
+    events = read_events(open_store(ref).rank(0).group, "ops", FAULT_STEP)
+    ops = {e["op"] for e in events}
+    # what inductor hides: the ReLU (fused into a kernel); what it shows: its extern matmuls, the
+    # loss and the optimizer's update (outside the compiled model)
+    assert not any("relu" in op or "threshold" in op for op in ops)
+    assert {"aten.addmm.out", "aten.mm.out", "aten.mse_loss.default", "aten.add_.Tensor"} <= ops
+    assert all(e.get("compiled") == "inductor" for e in events if e["op"] in ("aten.addmm.out", "aten.mm.out"))

@@ -141,8 +141,12 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
     out += render_root_cause(report.traces)
     bad = report.violations
     if bad:
-        out += ["", f"Violations ({min(len(bad), max_rows)} of {report.num_violations} shown):"]
-        out += table(*_violation_rows(bad[:max_rows]), right={0, 1, 4, 5, 6, 7, 8, 9})
+        groups = group_violations(bad)
+        shown_rows = f"the first {max_rows} shown (--max-rows)" if len(groups) > max_rows else "all shown"
+        out += ["", f"Violations: {len(bad)} (step, rank, kind, tensor) comparisons outside tolerance, in "
+                    f"{len(groups)} row{'s' if len(groups) != 1 else ''}, {shown_rows}; ranks with identical "
+                    "results share a row (--json lists every rank):"]
+        out += table(*_violation_rows(groups[:max_rows]), right={0, 4, 5, 6, 7, 8, 9})
     if report.stopped_early:
         out += ["", "Stopped after the first violating step (--fail-fast)."]
     out += ["", report.summary_line]
@@ -151,19 +155,33 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
     return terminal_safe("\n".join(out))
 
 
-def _violation_rows(results: list[TensorResult]):
-    oracle = any(r.metrics.oracle for r in results)
-    headers = ["step", "rank", "kind", "tensor", "violating", "max abs", "max rel", "rel L2", "cosine", "margin",
+def group_violations(results: list[TensorResult]) -> list[tuple[list[int], TensorResult]]:
+    """Join the results that differ only in their rank: (the candidate ranks, the first result), in
+    the order of each group's first result. Identical means every metric equal, bit for bit (a
+    gradient all-reduced by DDP fails the same way on every rank)."""
+    groups: dict[str, tuple[list[int], TensorResult]] = {}
+    for r in results:
+        fields = r.to_dict()
+        for per_rank in ("rank", "ref_rank", "oracle_rank"):
+            fields.pop(per_rank)
+        key = repr(sorted(fields.items()))  # repr: exact floats, and nan equals nan
+        groups.setdefault(key, ([], r))[0].append(r.rank)
+    return list(groups.values())
+
+
+def _violation_rows(groups: list[tuple[list[int], TensorResult]]):
+    oracle = any(r.metrics.oracle for _, r in groups)
+    headers = ["step", "ranks", "kind", "tensor", "violating", "max abs", "max rel", "rel L2", "cosine", "margin",
                "worst (index: ref -> cand)"]
     if oracle:
         headers += ["|cand-oracle|", "|ref-oracle|"]
     rows = []
-    for r in results:
+    for ranks, r in groups:
         m, w = r.metrics, r.metrics.worst
         worst = f"{list(w.index)}: {_v(w.ref)} -> {_v(w.cand)}" if w else "-"
         nf = f", {m.nonfinite} NaN/Inf" if m.nonfinite else ""
         nr = ", norm rule" if m.norm_failed else ""
-        row = [str(r.step), str(r.rank), r.kind, shown(r.tensor), f"{m.violations} ({m.violation_fraction:.1%}{nf}{nr})", _g(m.max_abs_err),
+        row = [str(r.step), ranges(ranks), r.kind, shown(r.tensor), f"{m.violations} ({m.violation_fraction:.1%}{nf}{nr})", _g(m.max_abs_err),
                _g(m.max_rel_err), _g(m.rel_l2_err), _cos(m.cosine, 6), _m(m.margin), worst]
         if oracle:
             row += [_g(m.oracle.cand_max_err), _g(m.oracle.ref_max_err)] if m.oracle else ["-", "-"]

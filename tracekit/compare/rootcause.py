@@ -16,12 +16,17 @@ recorded (the event that produced each input):
     paired consumer's input that it produced differs from the reference's, it is the root cause;
   - a paired event reading a tensor from before the step (a parameter, the batch) that already
     differs means the step started from a different state (`kind: "state"`): trace an earlier
-    step, or replay this one from the reference (tracekit record --replay-from).
+    step, or replay this one from the reference (tracekit record --replay-from);
+  - under inductor, whose generated kernels the dispatch mode never sees, an event called from
+    inductor's code reading an unnamed tensor no event produced (or one changed since its producer
+    by an unseen write) that differs is `kind: "compiled"`: the fault lies in a compiled kernel
+    between the last matching event and it.
 The first root cause in execution order is reported, then the chain of events that carried its
 error on, down to the named tensors (gradients, parameters) the step-level diff compares.
 
 Tensors are compared through their summaries (min, max, mean, L2 norm, NaN and Inf counts) and
-hashes; with full tensors on both sides (--trace-full), elementwise. No torch import here.
+hashes; where both stores kept a tensor's bytes (--trace-full), elementwise with the same rtol and
+atol (compare_full). No torch import here.
 """
 
 from __future__ import annotations
@@ -224,9 +229,47 @@ def _count(events) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
+def compare_full(ref: dict, cand: dict, rv, cv, rtol: float, atol: float) -> TensorCheck:
+    """Judge one traced tensor elementwise from its bytes (both stores kept it, --trace-full):
+    |cand - ref| <= atol + rtol * |ref| for every element, NaN where the reference has NaN; whole
+    numbers and booleans must be equal. rv, cv: numpy values (bfloat16 widened exactly)."""
+    import numpy as np
+
+    if ref.get("dtype") != cand.get("dtype"):
+        return TensorCheck(BAD, f"dtype {cand.get('dtype')} vs {ref.get('dtype')}")
+    if rv.shape != cv.shape:
+        return TensorCheck(UNKNOWN, f"shape {list(cv.shape)} vs {list(rv.shape)}")
+    if rv.dtype.kind in "fc":
+        r64, c64 = rv.astype(np.float64), cv.astype(np.float64)
+        close = np.isclose(c64, r64, rtol=rtol, atol=atol, equal_nan=True)
+        with np.errstate(invalid="ignore", over="ignore"):
+            diff = np.abs(c64 - r64)
+            finite = np.isfinite(diff)
+            max_abs = float(diff[finite].max()) if finite.any() else 0.0
+            rl2 = float(np.linalg.norm(r64[np.isfinite(r64)]))
+            dl2 = float(np.linalg.norm(diff[finite]))
+    else:
+        close = rv == cv
+        diff = np.abs(cv.astype(np.float64) - rv.astype(np.float64))
+        max_abs = float(diff.max()) if diff.size else 0.0
+        rl2 = float(np.linalg.norm(rv.astype(np.float64)))
+        dl2 = float(np.linalg.norm(diff))
+    bad = int(close.size - np.count_nonzero(close))
+    metrics = {"max_abs_err": max_abs, "rel_l2_err": dl2 / rl2 if rl2 else (0.0 if dl2 == 0 else math.inf),
+               "max_stat_abs_err": math.nan, "elements_beyond": bad, "elements": int(close.size)}
+    if bad:
+        worst = np.unravel_index(int(np.argmin(close.reshape(-1))), close.shape) if close.ndim else ()
+        return TensorCheck(BAD, f"elementwise: {bad} of {close.size} elements beyond rtol={rtol:g} atol={atol:g} "
+                                f"(first at {list(map(int, worst))}, max |diff| {max_abs:.4g})", metrics)
+    return TensorCheck(OK, "elementwise within tolerance", metrics)
+
+
 def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: Tolerances | None = None, *,
-                   rank: int = 0, ref_rank: int = 0, step: int = 0, level: str = "ops") -> TraceComparison:
-    """Align two event streams of one step and search the root cause (see the module docstring)."""
+                   rank: int = 0, ref_rank: int = 0, step: int = 0, level: str = "ops",
+                   ref_full=None, cand_full=None) -> TraceComparison:
+    """Align two event streams of one step and search the root cause (see the module docstring).
+    ref_full, cand_full: key -> numpy values of a tensor kept whole (--trace-full), or None; where
+    both sides kept a tensor's bytes, it is judged elementwise instead of by its summaries."""
     tolerances = tolerances or Tolerances()
     by_key = {event_key(e): e for e in ref_events}
     pairs: dict[int, dict] = {}
@@ -240,7 +283,15 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
 
     def check(r: dict, c: dict) -> TensorCheck:
         tol = tolerances.resolve("traces", r.get("dtype") or "float32")
-        return compare_tensor_refs(r, c, tol.rtol, tol.atol)
+        chk = compare_tensor_refs(r, c, tol.rtol, tol.atol)
+        if chk.status == OK and chk.reason == "bitwise equal" or not (r.get("full") and c.get("full")):
+            return chk
+        if ref_full is None or cand_full is None or chk.status == UNKNOWN and "shape" in chk.reason:
+            return chk
+        rv, cv = ref_full(r["full"]), cand_full(c["full"])
+        if rv is None or cv is None:
+            return chk
+        return compare_full(r, c, rv, cv, tol.rtol, tol.atol)
 
     status: dict[int, str] = {}  # candidate event index -> status of its outputs
     by_index = {c["index"]: c for c in cand_events}
@@ -250,6 +301,7 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
     not_comparable = 0
     first_out: dict[int, TensorCheck] = {}
     same: set[int] = set()  # paired events whose outputs equal the reference's bit for bit
+    last_ok: dict | None = None  # the latest paired event whose inputs and outputs matched
 
     def found(kind, event, ref_event, reason, chk, seen_at=None):
         candidates.append(RootCause(rank, ref_rank, step, level, kind, event, ref_event, reason, chk, seen_at))
@@ -285,7 +337,14 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
             p = ct.get("producer")
             pstat = status.get(p[0], UNKNOWN) if p else None
             if chk.status == BAD:
-                if p is None:
+                if p is None and (c.get("compiled") == "inductor" or ct.get("unseen_write")) and not ct.get("name"):
+                    # inductor's own kernels run unseen: an input with no producer event was made
+                    # by one of them (or before the step); the fault lies between the last event
+                    # that still matched and this one
+                    after = f" after {event_label(last_ok)}" if last_ok is not None else ""
+                    found("compiled", c, r, f"input {k} differs: {chk.reason}; it was computed by compiled "
+                                            f"(inductor) code the trace cannot see{after}", chk, seen_at=c)
+                elif p is None:
                     found("state", c, r, f"input {k}{_named(ct)} differs already at the start of the step: "
                                          f"{chk.reason}", chk, seen_at=c)
                 elif pstat == SUSPECT:
@@ -325,6 +384,8 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
             status[i] = BAD
         elif out_states and all(s == OK for s in out_states):
             status[i] = OK
+            if inputs_ok:
+                last_ok = c
         else:
             status[i] = UNKNOWN if UNKNOWN in out_states or UNKNOWN in in_states else OK
 
@@ -370,7 +431,7 @@ def first_root_cause(comparisons: list[TraceComparison]) -> RootCause | None:
     found = [tc.root_cause for tc in comparisons if tc.root_cause is not None]
     if not found:
         return None
-    return min(found, key=lambda rc: (rc.step, rc.kind == "state", rc.level != "ops", rc.event.get("index", 0), rc.rank))
+    return min(found, key=lambda rc: (rc.step, rc.kind in ("state", "compiled"), rc.level != "ops", rc.event.get("index", 0), rc.rank))
 
 
 def render_root_cause(comparisons: list[TraceComparison], max_chain: int = 8) -> list[str]:
@@ -405,8 +466,12 @@ def render_root_cause(comparisons: list[TraceComparison], max_chain: int = 8) ->
     if rc.check is not None and rc.check.metrics:
         m = rc.check.metrics
         ref, cand = m.get("ref", {}), m.get("cand", {})
-        out.append(f"  error: max |stat diff| {_g(m.get('max_stat_abs_err'))}, rel L2 diff {_g(m.get('rel_l2_err'))}; "
-                   f"L2 {_g(ref.get('l2'))} -> {_g(cand.get('l2'))}, max {_g(ref.get('max'))} -> {_g(cand.get('max'))}")
+        if "elements_beyond" in m:  # judged from the bytes both stores kept (--trace-full)
+            out.append(f"  error (elementwise): {m['elements_beyond']} of {m['elements']} elements beyond tolerance, "
+                       f"max |diff| {_g(m.get('max_abs_err'))}, rel L2 diff {_g(m.get('rel_l2_err'))}")
+        else:
+            out.append(f"  error: max |stat diff| {_g(m.get('max_stat_abs_err'))}, rel L2 diff {_g(m.get('rel_l2_err'))}; "
+                       f"L2 {_g(ref.get('l2'))} -> {_g(cand.get('l2'))}, max {_g(ref.get('max'))} -> {_g(cand.get('max'))}")
     if e.get("src"):
         out.append(f"  source: {e['src']}")
     if rc.seen_at is not None and rc.seen_at is not e:

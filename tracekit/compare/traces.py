@@ -10,7 +10,20 @@ from __future__ import annotations
 from tracekit.compare.catalog import StoreCatalog
 from tracekit.compare.rootcause import TraceComparison, compare_traces
 from tracekit.compare.tolerances import Tolerances
-from tracekit.store.traces import LEVELS, read_events, trace_steps
+from tracekit.dtypes import to_numpy_values
+from tracekit.store.traces import LEVELS, read_events, read_full, trace_steps
+
+
+def _full_loader(group, level: str, step: int):
+    """key -> numpy values of a tensor the trace kept whole (None: not kept), each read once."""
+    cache: dict = {}
+
+    def load(key: str):
+        if key not in cache:
+            got = read_full(group, level, step, key)
+            cache[key] = None if got is None else to_numpy_values(got[0], got[1]).reshape(got[2])
+        return cache[key]
+    return load
 
 
 def compare_store_traces(ref: StoreCatalog, cand: StoreCatalog, rank_pairs: dict[int, int],
@@ -27,5 +40,6 @@ def compare_store_traces(ref: StoreCatalog, cand: StoreCatalog, rank_pairs: dict
                 if steps is not None and step not in steps:
                     continue
                 out.append(compare_traces(read_events(rg, level, step), read_events(cg, level, step), tolerances,
-                                          rank=rank, ref_rank=ref_rank, step=step, level=level))
+                                          rank=rank, ref_rank=ref_rank, step=step, level=level,
+                                          ref_full=_full_loader(rg, level, step), cand_full=_full_loader(cg, level, step)))
     return out
