@@ -50,6 +50,10 @@ def summary_line(done: dict, status: int) -> str:
               help=f"Kinds to record: a list replaces the defaults, +KIND/-KIND edits them. Known: {', '.join(RECORDABLE_KINDS)}.")
 @click.option("--params", "param_globs", multiple=True, metavar="GLOB",
               help="Record only parameters whose name matches GLOB (repeatable), e.g. 'layers.0.*'.")
+@click.option("--full", "full", multiple=True, metavar="GLOB",
+              help="Keep the bytes only of tensors whose name matches GLOB, or KIND:GLOB for one kind "
+                   "(repeatable or comma-separated, e.g. 'loss:*,parameters:*'); the others keep only their "
+                   "summary (min, max, mean, L2, NaN/Inf counts) and hash. Default: every tensor's bytes. See docs/FORMAT.md.")
 @click.option("--ranks", default=None, metavar="LIST", help="Ranks that write, e.g. 0,2-3 (all ranks still gather). Default: all.")
 @click.option("--every", default=1, show_default=True, type=click.IntRange(min=1), help="Record every k-th step (k, 2k, ...).")
 @click.option("--queue-mb", default=DEFAULT_QUEUE_MB, show_default=True, type=click.IntRange(min=1),
@@ -79,7 +83,7 @@ def summary_line(done: dict, status: int) -> str:
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @one_line_errors
 @storage_options
-def record(store, force, kinds, param_globs, ranks, every, queue_mb, flush_timeout, replay_from, replay_steps, zero_code, strict,
+def record(store, force, kinds, param_globs, full, ranks, every, queue_mb, flush_timeout, replay_from, replay_steps, zero_code, strict,
            optimizer_name, trace, trace_steps, trace_full, command):
     """Run COMMAND (usually torchrun ...) and record what every rank computes into STORE.
 
@@ -95,7 +99,7 @@ def record(store, force, kinds, param_globs, ranks, every, queue_mb, flush_timeo
     config = RecordConfig(store=store, kinds=parse_kinds(kinds), params=tuple(param_globs),
                           ranks=parse_ranks(ranks), every=every, queue_mb=queue_mb,
                           replay_from=replay_from, replay_steps=parse_step_range(replay_steps),
-                          trace=trace, trace_steps=parse_step_range(trace_steps or "1"), trace_full=tuple(trace_full))
+                          trace=trace, trace_steps=parse_step_range(trace_steps or "1"), trace_full=tuple(trace_full), full=tuple(full))
     if (trace_steps or trace_full) and not trace:
         raise UsageError("--trace-steps and --trace-full need --trace modules|ops")
     if replay_steps and not replay_from:

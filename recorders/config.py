@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 
 from tracekit.store.location import canonical
 from tracekit.errors import UsageError
+from tracekit.store.keep import parse_full
 from tracekit.store.kinds import DEFAULT_KINDS, KINDS
 from tracekit.store.ownership import ENV_RUN_ID
 
@@ -21,6 +22,7 @@ ENV_REPLAY_STEPS = "TRACEKIT_REPLAY_STEPS"
 ENV_TRACE = "TRACEKIT_TRACE"
 ENV_TRACE_STEPS = "TRACEKIT_TRACE_STEPS"
 ENV_TRACE_FULL = "TRACEKIT_TRACE_FULL"
+ENV_FULL = "TRACEKIT_FULL"  # --full patterns, one a line
 TRACE_LEVELS = ("modules", "ops")
 
 RECORDABLE_KINDS = KINDS  # every registered kind
@@ -114,6 +116,9 @@ class RecordConfig:
     trace: str | None = None  # "modules" or "ops": trace the chosen steps at that level
     trace_steps: tuple[int, int | None] = (1, 1)  # traced steps, inclusive
     trace_full: tuple[str, ...] = ()  # fnmatch globs over event labels whose tensors are kept whole
+    # tensors that keep their bytes: GLOB or KIND:GLOB (tracekit/store/keep.py); empty: all of them.
+    # The others keep only their summary and hash (format 2 stores).
+    full: tuple[str, ...] = ()
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -121,6 +126,7 @@ class RecordConfig:
             raise UsageError(f"every must be at least 1, got {self.every}")
         if self.queue_mb < 1:
             raise UsageError(f"queue size must be at least 1 MB, got {self.queue_mb}")
+        object.__setattr__(self, "full", parse_full(self.full))  # checked, commas split, once
 
     @classmethod
     def from_env(cls, environ=None) -> "RecordConfig":
@@ -143,6 +149,7 @@ class RecordConfig:
             trace=parse_trace_level(env.get(ENV_TRACE)),
             trace_steps=parse_step_range(env.get(ENV_TRACE_STEPS) or "1"),
             trace_full=tuple(g for g in env.get(ENV_TRACE_FULL, "").split("\n") if g),
+            full=tuple(g for g in env.get(ENV_FULL, "").split("\n") if g),
         )
 
     def to_env(self) -> dict[str, str]:
@@ -158,6 +165,8 @@ class RecordConfig:
         if self.replay_from:
             env[ENV_REPLAY_FROM] = canonical(self.replay_from)
             env[ENV_REPLAY_STEPS] = format_step_range(self.replay_steps)
+        if self.full:
+            env[ENV_FULL] = "\n".join(self.full)
         if self.trace:
             env[ENV_TRACE] = self.trace
             env[ENV_TRACE_STEPS] = format_step_range(self.trace_steps)

@@ -242,7 +242,8 @@ class Recorder:
             "env": numeric_env(),
             "versions": package_versions(),  # per rank: torch-neuronx is only loaded in the workers
             "pid": os.getpid(),
-            "config": {"kinds": list(self.config.kinds), "params": list(self.config.params), "every": self.config.every},
+            "config": {"kinds": list(self.config.kinds), "params": list(self.config.params), "every": self.config.every,
+                       **({"full": list(self.config.full)} if self.config.full else {})},
             **(self._replay.attrs() if self._replay is not None else {}),
         }
 

@@ -42,14 +42,15 @@ def _tensor_data(name: str, value):
 
 def write_store(path, data: Mapping[int, Mapping[int, Mapping[str, Mapping[str, object]]]], *,
                 coords: Mapping[int, dict] | None = None, run: dict | None = None, meta: dict | None = None,
-                force: bool = False, format_version: int | None = None) -> str:
+                force: bool = False, format_version: int | None = None, full=()) -> str:
     """Write a store from `data[rank][step][kind][tensor name] = array`.
 
     Steps are written in increasing order and each is marked complete (parameters may have a
     step 0, the initial parameters). `coords[rank]` are the rank's coordinates (default: a 1-D
     data-parallel layout over the given ranks), `run` the run facts every rank reports, `meta`
     extra root metadata, `format_version` the store format (default: the current one for a
-    folder, see create_store; 1 writes the packed layout of older tracekits). Returns the path.
+    folder, see create_store; 1 writes the packed layout of older tracekits), `full` the patterns of
+    the tensors whose bytes are kept (tracekit/store/keep.py; empty: all). Returns the path.
     """
     from tracekit.store import RankWriter, create_store
 
@@ -60,7 +61,7 @@ def write_store(path, data: Mapping[int, Mapping[int, Mapping[str, Mapping[str, 
         c = dict(coords[rank]) if coords and rank in coords else {
             "rank": rank, "local_rank": rank, "world_size": world, "dp_degree": world, "dp_rank": rank,
             "tp_degree": 1, "tp_rank": 0}
-        w = RankWriter(path, rank, {"coords": c, "run": dict(run or {})})
+        w = RankWriter(path, rank, {"coords": c, "run": dict(run or {})}, full=full)
         for step in sorted(data[rank]):
             for kind, tensors in data[rank][step].items():
                 w.write(step, kind, [_tensor_data(n, v) for n, v in tensors.items()])

@@ -16,8 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
+
 from tracekit.compare import alignment
 from tracekit.compare.alignment import KindPair, TensorPair
+from tracekit.compare.by_summary import compare_summaries
 from tracekit.compare.catalog import StoreCatalog, load_catalog
 from tracekit.compare.metrics import MetricsAccumulator, identical_metrics
 from tracekit.compare.report import DiffReport, Divergence, KindSummary, LossRow, TensorResult
@@ -27,6 +30,7 @@ from tracekit.store.dtypes import to_numpy_values
 from tracekit.errors import UsageError
 from tracekit.store.kinds import kind_order
 from tracekit.store.rows import Buffers, RowReader
+from tracekit.store.summaries import summarize
 
 DETAILS = ("violations", "all")
 # Elements read per side at a time: small enough to stay in the CPU cache while compared.
@@ -144,6 +148,25 @@ def _check_hash_decided(pair: KindPair, step: int, ref_rc, cand_rc, names: froze
             ref_rc.view.check_entry(pair.kind, step, t.ref.name)
             cand_rc.view.check_entry(pair.kind, step, t.cand.name)
     return 0
+
+
+def _by_summaries(pair: KindPair, same: frozenset) -> frozenset:
+    """Tensors a side kept no bytes of (format 2, --full), not decided by equal hashes: compared by
+    their summaries (compare/by_summary.py), never read."""
+    return frozenset(
+        t.name for t in pair.tensors if t.name not in same
+        and not (t.ref.keeps_bytes and t.cand.keeps_bytes and (t.oracle is None or t.oracle.keeps_bytes)))
+
+
+def _summary(rc, kind: str, step: int, info, cache: dict) -> np.ndarray:
+    """A tensor's summary at a step: as stored, or (a store without summaries) from its bytes."""
+    key = (id(rc), kind, step)
+    if key not in cache:
+        cache[key] = rc.view.summaries(kind, step)
+    stored = cache[key]
+    if stored is not None:
+        return stored[info.name]
+    return summarize(rc.view.read_bits(kind, step, info.name), info.dtype)
 
 
 class _Engine:
@@ -273,6 +296,9 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
     # Decided by content hash (format 2), before any data is read: these bytes are never read.
     same = {(id(kp), s): _identical_by_hash(kp, s, refc.ranks[kp.ref_rank], candc.ranks[kp.rank], orac is not None)
             for kp in plan.pairs if kp.tensors for s in kp.steps}
+    # Where a side kept no bytes (--full): compared by summaries, never read.
+    by_summary = {(id(kp), s): _by_summaries(kp, same[(id(kp), s)]) for kp in plan.pairs if kp.tensors for s in kp.steps}
+    unread = {k: v | by_summary[k] for k, v in same.items()}
 
     def pair_bytes(t) -> int:
         return t.ref.nbytes + t.cand.nbytes + (t.oracle.nbytes if t.oracle else 0)
@@ -281,7 +307,7 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
     # Hash-equal tensors are read by no one: here they are skipped below, Dask workers skip the
     # same ones (step_parts), so the report and its byte counts are the same either way.
     total = sum(pair_bytes(t) for kp in plan.pairs if kp.tensors for s in kp.steps
-                for t in kp.tensors if t.name not in same[(id(kp), s)])
+                for t in kp.tensors if t.name not in unread[(id(kp), s)])
     report.bytes_identical_by_hash = sum(
         pair_bytes(t) for kp in plan.pairs if kp.tensors for s in kp.steps for t in kp.tensors if t.name in same[(id(kp), s)])
     done = 0
@@ -298,13 +324,15 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
         spec = DiffSpec.of(refc, candc, orac, align, kinds, tolerances, equal_nan, oracle_factor)
         stepwise = compare_steps(spec, plan, steps, workers, scheduler, tick)
     else:
-        stepwise = _compare_steps_here(engine, plan, steps, jobs, tick, same)
+        stepwise = _compare_steps_here(engine, plan, steps, jobs, tick, same, unread)
     try:
         for step, partial in stepwise:
             pairs = [kp for kp in plan.pairs if step in kp.steps and kp.tensors]
             skip = {id(kp): same[(id(kp), step)] for kp in pairs}
-            results = _step_results(step, pairs, partial, engine, skip)
+            summ = {id(kp): by_summary[(id(kp), step)] for kp in pairs}
+            results = _step_results(step, pairs, partial, engine, skip, summ)
             report.identical_by_hash += sum(len(v) for v in skip.values())
+            report.compared_by_summaries += sum(len(v) for v in summ.values())
             _add_step(report, step, results, details)
             if fail_fast and any(not r.passed for r in results):
                 report.stopped_early = step != steps[-1]
@@ -324,22 +352,22 @@ def step_parts(engine: "_Engine", kp: KindPair, step: int) -> tuple[list[tuple[s
     ref_rc, cand_rc = engine.ref.ranks[kp.ref_rank], engine.cand.ranks[kp.rank]
     skip = _identical_by_hash(kp, step, ref_rc, cand_rc, engine.oracle is not None)
     _check_hash_decided(kp, step, ref_rc, cand_rc, skip)
-    for u in _units(kp, step, ref_rc, skip):
+    for u in _units(kp, step, ref_rc, skip | _by_summaries(kp, skip)):
         p, n = engine.run_unit(u)
         parts.extend(p)
         nbytes += n
     return parts, nbytes
 
 
-def _compare_steps_here(engine: "_Engine", plan, steps: list[int], jobs: int | None, tick, same: dict):
+def _compare_steps_here(engine: "_Engine", plan, steps: list[int], jobs: int | None, tick, same: dict, unread: dict):
     """In this process, on a thread pool: yields (step, {(id(pair), tensor): [(start, metrics)]}) in step order;
-    the tensors in same[(id(pair), step)] (equal content hashes) are not read."""
+    the tensors in unread[(id(pair), step)] (equal content hashes, same[...], or no bytes) are not read."""
     if jobs is None:
         jobs = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=max(1, int(jobs)), thread_name_prefix="tracekit-diff") as pool:
         for step in steps:
             pairs = [kp for kp in plan.pairs if step in kp.steps and kp.tensors]
-            units = [u for kp in pairs for u in _units(kp, step, engine.ref.ranks[kp.ref_rank], same[(id(kp), step)])]
+            units = [u for kp in pairs for u in _units(kp, step, engine.ref.ranks[kp.ref_rank], unread[(id(kp), step)])]
             futures = [pool.submit(engine.run_unit, u) for u in units]
             checks = [pool.submit(_check_hash_decided, kp, step, engine.ref.ranks[kp.ref_rank],
                                   engine.cand.ranks[kp.rank], same[(id(kp), step)])
@@ -390,15 +418,24 @@ def _applied_tolerances(plan, engine) -> list[dict]:
     return sorted(seen.values(), key=lambda d: (kind_order(d["kind"]), d["kind"], d["dtype"]))
 
 
-def _step_results(step, pairs, partial, engine, same) -> list[TensorResult]:
+def _step_results(step, pairs, partial, engine, same, summ) -> list[TensorResult]:
     results = []
+    cache: dict = {}  # each side's summaries of a (rank, kind) at this step, read once
     for kp in sorted(pairs, key=lambda kp: (kind_order(kp.kind), kp.kind, kp.rank)):
         for t in kp.tensors:
             parts = sorted(partial.get((id(kp), t.name), []), key=lambda x: x[0])
             tol = engine.tol(kp.kind, t.ref.dtype)
             if t.name in same[id(kp)]:
                 results.append(TensorResult(step, kp.kind, kp.rank, kp.ref_rank, t.name, t.ref.dtype, t.ref.shape,
-                                            identical_metrics(t.ref.numel, tol.rtol, tol.atol, tol.rel_l2), tol.source, kp.oracle_rank))
+                                            identical_metrics(t.ref.numel, tol.rtol, tol.atol, tol.rel_l2), tol.source, kp.oracle_rank,
+                                            compared_by="hash"))
+                continue
+            if t.name in summ[id(kp)]:
+                rs = _summary(engine.ref.ranks[kp.ref_rank], kp.kind, step, t.ref, cache)
+                cs = _summary(engine.cand.ranks[kp.rank], kp.kind, step, t.cand, cache)
+                results.append(TensorResult(step, kp.kind, kp.rank, kp.ref_rank, t.name, t.ref.dtype, t.ref.shape,
+                                            compare_summaries(rs, cs, t.ref.shape, tol.rtol, tol.atol, engine.equal_nan),
+                                            tol.source, kp.oracle_rank, compared_by="summaries"))
                 continue
             if not parts:
                 if t.ref.numel:
@@ -463,4 +500,4 @@ def _first_divergence(report: DiffReport) -> Divergence | None:
 
     worst = max((r for r in rs if r.tensor == first), key=badness)
     return Divergence(step, kind, first, names, sorted({r.rank for r in rs}), worst.rank, worst.ref_rank,
-                      worst.metrics.worst, worst.metrics)
+                      worst.metrics.worst, worst.metrics, worst.compared_by)

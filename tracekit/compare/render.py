@@ -129,14 +129,21 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
             if w.oracle is not None:
                 line += f" oracle={_v(w.oracle)} |cand-oracle|={_g(w.cand_oracle_err)} |ref-oracle|={_g(w.ref_oracle_err)}"
             out.append(line)
-        out.append(f"  {m.violations}/{m.numel} elements ({m.violation_fraction:.2%}) outside "
-                   + (f"oracle rule (factor {m.oracle.factor:g}, atol={m.atol:g})" if m.oracle else f"rtol={m.rtol:g} atol={m.atol:g}")
-                   + (f", {m.nonfinite} NaN/Inf" if m.nonfinite else "")
-                   + (f" (NaN/Inf: {m.counts.ref_nan}/{m.counts.ref_inf} in ref, {m.counts.cand_nan}/{m.counts.cand_inf} in cand)"
-                      if m.counts else "")
-                   + f"; max rel err {_g(m.max_rel_err)}, rel L2 err {_g(m.rel_l2_err)}"
-                   + (f" (bound {m.rel_l2:.2g}{', outside the norm rule' if m.norm_failed else ''})" if not math.isinf(m.rel_l2) else "")
-                   + f", cosine {_cos(m.cosine, 9)}, margin {_m(m.margin)}")
+        if d.compared_by == "summaries":
+            out.append(f"  compared by summaries (a side kept no bytes; see --full): {m.violations} of its statistics "
+                       f"(min, max, mean, L2 norm, NaN/Inf counts) outside rtol={m.rtol:g} atol={m.atol:g}"
+                       + (f" (NaN/Inf: {m.counts.ref_nan}/{m.counts.ref_inf} in ref, {m.counts.cand_nan}/{m.counts.cand_inf} in cand)"
+                          if m.counts else "")
+                       + f"; max rel err {_g(m.max_rel_err)}, margin {_m(m.margin)}")
+        else:
+            out.append(f"  {m.violations}/{m.numel} elements ({m.violation_fraction:.2%}) outside "
+                       + (f"oracle rule (factor {m.oracle.factor:g}, atol={m.atol:g})" if m.oracle else f"rtol={m.rtol:g} atol={m.atol:g}")
+                       + (f", {m.nonfinite} NaN/Inf" if m.nonfinite else "")
+                       + (f" (NaN/Inf: {m.counts.ref_nan}/{m.counts.ref_inf} in ref, {m.counts.cand_nan}/{m.counts.cand_inf} in cand)"
+                          if m.counts else "")
+                       + f"; max rel err {_g(m.max_rel_err)}, rel L2 err {_g(m.rel_l2_err)}"
+                       + (f" (bound {m.rel_l2:.2g}{', outside the norm rule' if m.norm_failed else ''})" if not math.isinf(m.rel_l2) else "")
+                       + f", cosine {_cos(m.cosine, 9)}, margin {_m(m.margin)}")
 
     out += render_root_cause(report.traces)
     bad = report.violations
@@ -149,6 +156,10 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
         out += table(*_violation_rows(groups[:max_rows]), right={0, 4, 5, 6, 7, 8, 9})
     if report.stopped_early:
         out += ["", "Stopped after the first violating step (--fail-fast)."]
+    if report.compared_by_summaries:
+        out += ["", f"Note: compared by summaries: {report.compared_by_summaries} (step, rank, kind, tensor) comparisons "
+                    "had no bytes on a side (recorded without matching --full); their min, max, mean, L2 norm and "
+                    "NaN/Inf counts were compared, not their elements (docs/DIFF.md)."]
     out += ["", report.summary_line]
     # names are escaped where they are put in (a newline in one is data, not a line); this sweep
     # catches controls anywhere else (paths, run facts)

@@ -26,6 +26,9 @@ class TensorResult:
     metrics: TensorMetrics
     tolerance_source: str = ""
     oracle_rank: int | None = None
+    # how it was decided: "elements" (bytes read), "hash" (equal content hashes) or "summaries"
+    # (a side kept no bytes, --full: statistics compared, compare/by_summary.py)
+    compared_by: str = "elements"
 
     @property
     def passed(self) -> bool:
@@ -34,7 +37,8 @@ class TensorResult:
     def to_dict(self) -> dict:
         return {"step": self.step, "kind": self.kind, "rank": self.rank, "ref_rank": self.ref_rank,
                 "oracle_rank": self.oracle_rank, "tensor": self.tensor, "dtype": self.dtype,
-                "shape": list(self.shape), "tolerance_source": self.tolerance_source, **self.metrics.to_dict()}
+                "shape": list(self.shape), "tolerance_source": self.tolerance_source, "compared_by": self.compared_by,
+                **self.metrics.to_dict()}
 
 
 @dataclass
@@ -116,10 +120,11 @@ class Divergence:
     ref_rank: int
     worst: WorstElement | None
     metrics: TensorMetrics
+    compared_by: str = "elements"  # as TensorResult.compared_by
 
     def to_dict(self) -> dict:
         return {"step": self.step, "kind": self.kind, "tensor": self.tensor, "tensors": self.tensors,
-                "ranks": self.ranks, "rank": self.rank, "ref_rank": self.ref_rank,
+                "ranks": self.ranks, "rank": self.rank, "ref_rank": self.ref_rank, "compared_by": self.compared_by,
                 "worst": self.worst.to_dict() if self.worst else None, "metrics": self.metrics.to_dict()}
 
 
@@ -144,6 +149,7 @@ class DiffReport:
     bytes_compared: int = 0
     identical_by_hash: int = 0  # tensor comparisons decided by equal content hashes, without reading
     bytes_identical_by_hash: int = 0  # the bytes those comparisons did not need to read (both sides)
+    compared_by_summaries: int = 0  # tensor comparisons decided by summaries: a side kept no bytes (--full)
     seconds: float = 0.0
 
     @property
@@ -262,6 +268,9 @@ class DiffReport:
             line += f" violations={self.num_violations} first_step={self.first_divergence.step}"
         # a partial comparison says so: a plain PASS is for complete comparisons only
         line += "".join(f" {k}={v}" for k, v in self.missing_counts.items())
+        # nor for one that judged some tensors by their summaries, not their elements
+        if self.compared_by_summaries:
+            line += f" by_summaries={self.compared_by_summaries}"
         return line
 
     def to_dict(self) -> dict:
@@ -291,6 +300,7 @@ class DiffReport:
             "root_cause": rc.to_dict() if (rc := self.root_cause) is not None else None,
             "stats": {"bytes_compared": self.bytes_compared, "identical_by_hash": self.identical_by_hash,
                       "bytes_identical_by_hash": self.bytes_identical_by_hash,
+                      "compared_by_summaries": self.compared_by_summaries,
                       "seconds": round(self.seconds, 3)},
         }
 

@@ -8,6 +8,7 @@ import os
 from tracekit.errors import StoreError, UsageError
 from tracekit.store import open_store
 from tracekit.store.kinds import LOSS_KINDS
+from tracekit.store.summaries import MEAN
 
 # The global loss is what the training reports and what runs are compared on; a store recorded
 # without it still has each rank's local loss, which is better than nothing.
@@ -35,7 +36,10 @@ def run_losses(path) -> tuple[str, dict[int, float]]:
             raise StoreError(f"{path}: the {kind} tensor {info.name!r} has {info.numel} elements, not one")
         for step in view.steps(kind):
             if step not in out:
-                out[step] = float(view.read(kind, step, info.name).reshape(-1)[0])
+                if info.keeps_bytes:
+                    out[step] = float(view.read(kind, step, info.name).reshape(-1)[0])
+                else:  # summary only (--full): a one-element tensor's mean is its value, exactly
+                    out[step] = float(view.summaries(kind, step)[info.name][MEAN])
     return kind, dict(sorted(out.items()))
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -21,6 +21,7 @@ TENSORS = "tensors"
 STEPS = "steps"
 HASH = "hash"
 SHARD = "shard"  # an index entry's field (v2): the rank's piece of a sharded tensor
+BYTES = "bytes"  # an index entry's field (v2), present only as false: summary and hash only (--full)
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,8 @@ class TensorInfo:
     numel: int
     # v2 only: the piece of the tensor this rank wrote, when it holds a shard (tracekit/store/shards.py)
     shard: Shard | None = None
+    # v2 only: False when the recording kept only this tensor's summary and hash (--full), no object
+    keeps_bytes: bool = True
 
     @property
     def nbytes(self) -> int:
@@ -60,6 +63,10 @@ class TensorInfo:
         if SHARD in entry:
             info = cls(info.name, info.dtype, info.shape, info.array, info.offset, info.numel,
                        Shard.from_attrs(entry[SHARD], info.shape))
+        if BYTES in entry:
+            if entry[BYTES] is not False:
+                raise ValueError(f"tensor {info.name!r}: {BYTES} is {entry[BYTES]!r}; only false may be written")
+            info = replace(info, keeps_bytes=False)
         storage_dtype(info.dtype)  # raises ValueError for an unknown dtype
         # math.prod: exact for any size (np.prod would wrap a hostile shape around int64)
         if any(d < 0 for d in info.shape) or info.offset < 0 or info.numel != math.prod(info.shape):
@@ -71,6 +78,8 @@ class TensorInfo:
                "offset": self.offset, "numel": self.numel}
         if self.shard is not None:
             out[SHARD] = self.shard.to_attrs()
+        if not self.keeps_bytes:
+            out[BYTES] = False
         return out
 
 

@@ -46,6 +46,11 @@ def damaged(where: str, what: str) -> StoreError:
     return StoreError(f"damaged store: {where}: {what}")
 
 
+def no_bytes(where: str) -> StoreError:
+    """Reading the bytes of a tensor recorded as summary and hash only (--full did not match it)."""
+    return StoreError(f"{where}: its bytes were not kept (recorded as summary and hash only; see --full)")
+
+
 def scan_object(root: str, digest: bytes, info, buf: np.ndarray | None = None) -> tuple[str | None, bool]:
     """Read the object of tensor `info` whose hash is `digest` once: (what is wrong with it, or None
     when its bytes match; whether every element is finite). `buf`: a reusable read buffer."""
@@ -172,6 +177,8 @@ class ObjectRows:
         while s < stop:
             t = self.tensors[i]
             e = min(stop, t.offset + t.numel)
+            if e > s and not t.keeps_bytes:
+                raise no_bytes(self._where(row, t.name))
             if e > s and t.shard is not None:
                 full = self._full(row, t)
                 out[s - start : e - start] = full[s - t.offset : e - t.offset]

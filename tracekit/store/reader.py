@@ -23,9 +23,10 @@ from tracekit.errors import StoreError
 from tracekit.store import io
 from tracekit.store.chunks import check_size_claims, chunk_cols, first_missing_chunk, irregular_metadata
 from tracekit.store.rows import read_row_bytes
-from tracekit.store.format import FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX_STEP, RANK_PREFIX, ROOT_KEY
+from tracekit.store.format import FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX_STEP, RANK_PREFIX, ROOT_KEY, SUMMARY_ARRAY
 from tracekit.store.hashing import HASH_BYTES, combined
-from tracekit.store.objects import ObjectRows, Verified, check_object, read_object
+from tracekit.store.objects import ObjectRows, Verified, check_object, no_bytes, read_object
+from tracekit.store.summaries import N_FIELDS, combine
 from tracekit.store.kinds import kind_order
 from tracekit.store.location import Location, resolve
 from tracekit.store.meta import STEPS, TENSORS, KindMeta, TensorInfo, index_of
@@ -397,11 +398,48 @@ class RankView:
             out.append((pv, row, info, pv.row_digests(kind, row)[pv.position(kind, t.name)]))
         return out
 
+    def has_summaries(self, kind: str) -> bool:
+        """Whether `kind` holds per-tensor summaries (format 2 stores written since summaries exist)."""
+        if self.store.format_version == 1:
+            return False
+        try:
+            return SUMMARY_ARRAY in self._kind(kind)
+        except StoreError:
+            raise
+        except Exception as e:  # zarr parses the member's metadata to answer: damaged JSON is one line
+            raise StoreError(f"{self.store.path}: rank {self.rank} {kind}/{SUMMARY_ARRAY}: unreadable array metadata "
+                             f"({e.__class__.__name__}: {e})") from None
+
+    def row_summaries(self, kind: str, row: int) -> np.ndarray:
+        """Each tensor's summary at a row, in index order: float64 (tensors, N_FIELDS) (store/summaries.py)."""
+        n = len(self.tensors(kind))
+        return self._index_row(kind, SUMMARY_ARRAY, row, N_FIELDS * n).view(np.float64).reshape(n, N_FIELDS)
+
+    def summaries(self, kind: str, step: int) -> dict[str, np.ndarray] | None:
+        """{tensor: summary (min, max, mean, L2, NaN count, Inf count)} at a step; None where the
+        store holds no summaries (format 1, or format 2 before summaries). A sharded tensor's
+        summary combines its pieces' (summaries.combine)."""
+        if not self.has_summaries(kind):
+            return None
+        rows = self.row_summaries(kind, self._row(kind, step))
+        out = {t.name: rows[i] for i, t in enumerate(self.tensors(kind))}
+        for t in self.tensors(kind):
+            if t.shard is not None:
+                parts = []
+                for pv, row, info, _ in self._pieces(kind, step, t):
+                    if not pv.has_summaries(kind):
+                        return None
+                    parts.append((pv.row_summaries(kind, row)[pv.position(kind, t.name)], info.stored_numel))
+                out[t.name] = combine(parts)
+        return out
+
     def assemble(self, kind: str, step: int, name: str) -> np.ndarray:
         """A sharded tensor at a step, whole (storage dtype, its shape): every piece read from the
         rank that wrote it, checked against its hash and finiteness flag; the pieces must tile it."""
         t = self.tensor(kind, name)
         where = self.where(kind, step, name)
+        if not t.keeps_bytes:
+            raise no_bytes(where)
         full = np.empty(t.shape, dtype=storage_dtype(t.dtype))
         covered = np.zeros(t.shape, dtype=bool)
         for pv, row, info, digest in self._pieces(kind, step, t):
@@ -459,6 +497,8 @@ class RankView:
             return
         row = self._row(kind, step)
         info = self.tensor(kind, name)
+        if not info.keeps_bytes:
+            return  # summary and hash only (--full): there is no object to check the hash against
         if info.shard is not None:  # every piece, on the rank that wrote it
             for pv, prow, pinfo, digest in self._pieces(kind, step, info):
                 where = pv.where(kind, step, name)

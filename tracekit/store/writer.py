@@ -27,11 +27,13 @@ from tracekit.store import io
 from tracekit.store.chunks import chunk_key, chunk_path
 from tracekit.store.dtypes import all_finite, storage_dtype
 from tracekit.store.format import (FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX_CHUNK_BYTES, OBJECTS_DIR, READABLE_VERSIONS,
-                                   ROOT_KEY, object_key, rank_group_name)
+                                   ROOT_KEY, SUMMARY_ARRAY, object_key, rank_group_name)
 from tracekit.store.hashing import ALGORITHM, HASH_BYTES, tensor_hash
+from tracekit.store.keep import keeps_bytes, parse_full
 from tracekit.store.location import resolve
 from tracekit.store.meta import STEPS, KindMeta, TensorInfo, index_of
 from tracekit.store.shards import unpack as unpack_shard
+from tracekit.store.summaries import N_FIELDS, summarize
 
 
 def now_iso() -> str:
@@ -222,24 +224,28 @@ def _row_array(group: zarr.Group, name: str, width: int, dtype) -> zarr.Array:
 
 
 class _ObjectKindWriter:
-    """Format v2: each tensor's bytes once as a content-addressed object, then one index row per step."""
+    """Format v2: each tensor's bytes once as a content-addressed object (only the tensors `full`
+    keeps; store/keep.py), then one index row per step: hashes, finiteness flags and summaries."""
 
-    def __init__(self, group: zarr.Group, kind: str, store_root: str):
+    def __init__(self, group: zarr.Group, kind: str, store_root: str, full: Sequence[str] = ()):
         self.group = group
+        self.full = tuple(full)
         self.kind = kind
         self.root = store_root
         self.index: list[dict] | None = None
         self.hash_array: zarr.Array | None = None
         self.finite_array: zarr.Array | None = None
+        self.summary_array: zarr.Array | None = None
         self.steps: list[int] = []
         self.objects_written = 0  # new objects; the rest were already in the store (dedup)
 
     def _create(self, tensors: Sequence[TensorData], shards) -> None:
         index, _ = index_of((t.name, t.dtype, t.shape if sh is None else sh.full_shape) for t, sh in zip(tensors, shards))
-        index = [e if sh is None else replace(e, shard=sh) for e, sh in zip(index, shards)]
+        index = [replace(e, shard=sh, keeps_bytes=keeps_bytes(self.full, self.kind, e.name)) for e, sh in zip(index, shards)]
         n = len(index)
         self.hash_array = _row_array(self.group, HASH_ARRAY, HASH_BYTES * n, np.uint8)
         self.finite_array = _row_array(self.group, FINITE_ARRAY, n, np.uint8)
+        self.summary_array = _row_array(self.group, SUMMARY_ARRAY, N_FIELDS * n, np.float64)
         self.index = index
         self.meta = KindMeta(index, [], ALGORITHM)
         self.group.attrs.update(self.meta.to_attrs())
@@ -253,6 +259,7 @@ class _ObjectKindWriter:
             _check_same_tensors(self.kind, self.index, tensors, shards)
         digests = np.empty((len(tensors), HASH_BYTES), dtype=np.uint8)
         finite = np.empty(len(tensors), dtype=np.uint8)
+        summaries = np.empty((len(tensors), N_FIELDS), dtype=np.float64)
         for i, (t, sh) in enumerate(zip(tensors, shards)):
             data = np.ascontiguousarray(t.data).reshape(-1)
             if sh is not None and (tuple(t.shape) != sh.shape or data.size != sh.numel):
@@ -260,11 +267,15 @@ class _ObjectKindWriter:
             digest = tensor_hash(t.name, t.dtype, t.shape if sh is None else sh.full_shape, data, sh)
             digests[i] = np.frombuffer(digest, dtype=np.uint8)
             finite[i] = all_finite(data, t.dtype)
+            summaries[i] = summarize(data, t.dtype)
+            if not self.index[i].keeps_bytes:
+                continue  # summary and hash only (--full)
             # objects first: an index row never names an object that is not there
             if io.write_once(self.root, object_key(digest), [memoryview(data).cast("B")]):
                 self.objects_written += 1
         row = len(self.steps)
-        for arr, values in ((self.hash_array, digests.reshape(-1)), (self.finite_array, finite)):
+        for arr, values in ((self.hash_array, digests.reshape(-1)), (self.finite_array, finite),
+                            (self.summary_array, summaries.reshape(-1))):
             arr.resize((row + 1, arr.shape[1]))
             _write_row_chunks(arr, row, [values])
         # The row counts only once it is listed: a crash mid-write leaves an unlisted row behind.
@@ -310,8 +321,11 @@ class _KindWriter:
 class RankWriter:
     """Writes rank R's group. Not thread-safe: one writer (thread) per rank."""
 
-    def __init__(self, store_path, rank: int, attrs: dict, storage_options=None, run_id: str | None = None):
-        """run_id: the job this rank belongs to; the rank refuses a store that names another (None: adopt it)."""
+    def __init__(self, store_path, rank: int, attrs: dict, storage_options=None, run_id: str | None = None,
+                 full: Sequence[str] = ()):
+        """run_id: the job this rank belongs to; the rank refuses a store that names another (None: adopt it).
+        full: patterns of the tensors whose bytes are kept (store/keep.py; empty: all); the others
+        keep their summary and hash only (format 2; format 1 keeps every tensor's bytes)."""
         from tracekit.store.ownership import WriterClaim
 
         location = resolve(store_path, storage_options)
@@ -329,12 +343,15 @@ class RankWriter:
             self.format_version = root_meta.get("format_version")
             if self.format_version not in READABLE_VERSIONS or (self.format_version >= 2 and not location.is_local):
                 raise StoreError(f"{store_path}: cannot append to store format {self.format_version} here")
+            self.full = parse_full(full)
+            if self.full and self.format_version == 1:
+                raise StoreError(f"{store_path}: store format 1 keeps every tensor's bytes; --full needs format 2")
             name = rank_group_name(rank)
             if name in root:
                 raise StoreError(f"{store_path} already holds data of rank {rank}")
             self.group = root.create_group(
                 name, attributes={**attrs, "run_id": self.run_id, "completed_steps": [], "status": "running",
-                                  "start_time": now_iso()}
+                                  "start_time": now_iso(), **({"full": list(self.full)} if self.full else {})}
             )
         except BaseException:
             self._claim.release()
@@ -380,7 +397,7 @@ class RankWriter:
         if kw is None:
             group = self.group.create_group(kind)
             kw = self.kinds[kind] = (_KindWriter(group, kind) if self.format_version == 1
-                                     else _ObjectKindWriter(group, kind, self.store_path))
+                                     else _ObjectKindWriter(group, kind, self.store_path, self.full))
         if self.format_version == 1:
             kw.append(step, tensors)
         else:

@@ -1,0 +1,228 @@
+"""Summaries always, bytes by choice (format 2, --full): every tensor's summary and hash are in
+the store, only the tensors --full names keep their bytes, and the diff compares the others by
+summaries and hashes and says so."""
+
+import json
+import math
+import os
+from pathlib import Path
+
+import jsonschema
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import tracekit
+from tracekit.cli.diff import diff as diff_cli
+from tracekit.compare import diff
+from tracekit.compare.by_summary import compare_summaries
+from tracekit.errors import StoreError, UsageError
+from tracekit.store import open_store
+from tracekit.store.format import object_key
+from tracekit.store.keep import keeps_bytes, parse_full
+from tracekit.store.summaries import SUMMARY_FIELDS, combine, summarize
+from tracekit.store.verify import verify_store
+from tracekit.testing import write_store
+
+SCHEMA = json.loads((Path(__file__).parents[2] / "schemas" / "diff-report.schema.json").read_text())
+f32 = np.float32
+FULL = ("parameters:*", "loss:*")  # gradients, deltas and outputs keep summaries and hashes only
+
+
+def _run(steps=3, ranks=2, grad_fault=None, grad_noise=0.0, grad_nan=None):
+    """A tiny run; grad_fault=(step, factor) scales gradient w, grad_noise adds a relative wobble
+    to every gradient (within float32 tolerance), grad_nan=step plants a NaN in gradient w."""
+    data = {}
+    for r in range(ranks):
+        data[r] = {0: {"parameters": {"w": np.linspace(-1, 1, 12, dtype=f32).reshape(3, 4)}}}
+        for s in range(1, steps + 1):
+            g = np.linspace(0.1, 0.3, 12, dtype=f32).reshape(3, 4) * f32(s)
+            if grad_noise:
+                g = g * (f32(1) + f32(grad_noise) * np.cos(np.arange(12, dtype=f32)).reshape(3, 4))
+            if grad_fault and grad_fault[0] == s:
+                g = g * f32(grad_fault[1])
+            if grad_nan == s:
+                g = g.copy()
+                g[1, 2] = np.nan
+            data[r][s] = {"outputs": {"y": np.full((2, 4), r + s, f32)}, "loss": {"loss": f32(2.0 / s)},
+                          "gradients": {"w": g, "b": np.arange(4, dtype=f32) * f32(s)},
+                          "parameters": {"w": np.full((3, 4), -0.1 * s, f32)}, "deltas": {"w": np.full((3, 4), -0.1, f32)}}
+    return data
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    d = tmp_path_factory.mktemp("summaries")
+    return {
+        "ref": write_store(d / "ref", _run(), full=FULL),
+        "same": write_store(d / "same", _run(), full=FULL),
+        "noise": write_store(d / "noise", _run(grad_noise=1e-7), full=FULL),
+        "fault": write_store(d / "fault", _run(grad_fault=(2, 1.01)), full=FULL),
+        "nan": write_store(d / "nan", _run(grad_nan=3), full=FULL),
+        "all": write_store(d / "all", _run()),  # every tensor's bytes (no --full)
+        "partial": write_store(d / "partial", _run(), full=("gradients:w",)),  # w kept, b not
+    }
+
+
+def test_every_tensor_has_a_summary_and_only_full_tensors_keep_bytes(stores):
+    path = stores["ref"]
+    store = open_store(path)
+    kept_digests, dropped = set(), []
+    for rank in store.ranks:
+        view = store.rank(rank)
+        data = _run()[rank]
+        for kind in view.kinds:
+            for step in view.steps(kind):
+                sums, digests = view.summaries(kind, step), view.digests(kind, step)
+                for t in view.tensors(kind):
+                    values = np.asarray(data[step][kind][t.name], dtype=np.float64).reshape(-1)
+                    expected = [values.min(), values.max(), values.mean(), np.linalg.norm(values), 0, 0]
+                    np.testing.assert_allclose(sums[t.name], expected, rtol=1e-12)
+                    assert t.keeps_bytes == (kind in ("parameters", "loss"))
+                    (kept_digests.add if t.keeps_bytes else lambda d: dropped.append((kind, t.name, d)))(digests[t.name])
+        assert view.group.attrs["full"] == list(FULL)
+    assert all(os.path.exists(os.path.join(path, object_key(d))) for d in kept_digests)
+    # a dropped tensor has no object, unless a kept tensor of the same name holds the same bytes
+    # (the hash covers name, dtype, shape and bytes, not the kind: deltas w == step 1's parameters w)
+    assert dropped and all(os.path.exists(os.path.join(path, object_key(d))) == (d in kept_digests) for _, _, d in dropped)
+    assert sum(d not in kept_digests for _, _, d in dropped) >= 12  # gradients w, b and outputs y at 3 steps, 2 ranks
+
+
+def test_summary_counts_nan_and_inf_and_skips_them_in_the_statistics():
+    s = summarize(np.array([1.0, np.nan, -3.0, np.inf, np.nan], dtype=f32), "float32")
+    assert list(s[4:]) == [2, 1]
+    assert (s[0], s[1], s[2], s[3]) == (-3.0, 1.0, -1.0, math.sqrt(10.0))
+    assert math.isnan(summarize(np.array([np.nan], dtype=f32), "float32")[0])
+    # pieces combine to the whole tensor's summary
+    x = np.linspace(-2, 5, 10, dtype=np.float64)
+    whole = summarize(x, "float64")
+    np.testing.assert_allclose(combine([(summarize(x[:3], "float64"), 3), (summarize(x[3:], "float64"), 7)]), whole, rtol=1e-12)
+    bits = (np.array([1.5, -2.0], dtype=f32).view(np.uint32) >> 16).astype(np.uint16)  # bfloat16 bits
+    assert list(summarize(bits, "bfloat16")[:2]) == [-2.0, 1.5]
+
+
+def test_reading_the_bytes_of_a_summaries_only_tensor_is_one_line_naming_it(stores):
+    view = open_store(stores["ref"]).rank(0)
+    assert view.read("parameters", 2, "w").shape == (3, 4)  # kept
+    with pytest.raises(StoreError) as e:
+        view.read("gradients", 2, "w")
+    assert "gradients step 2 tensor w" in str(e.value) and "not kept" in str(e.value) and "\n" not in str(e.value)
+    ds = tracekit.open(stores["ref"])  # opening is lazy: it works, values of kept tensors read
+    assert float(ds["loss"]["loss"].sel(rank=0, step=2)) == pytest.approx(1.0)
+    with pytest.raises(StoreError, match="not kept"):
+        ds["gradients"]["w"].sel(rank=0, step=2).values
+    # a kept tensor reads even where a tensor beside it in its row kept no bytes
+    part = tracekit.open(stores["partial"])
+    np.testing.assert_array_equal(part["gradients"]["w"].sel(rank=1, step=3).values, _run()[1][3]["gradients"]["w"])
+    with pytest.raises(StoreError, match="tensor b: its bytes were not kept"):
+        part["gradients"]["b"].sel(rank=1, step=3).values
+
+
+def test_verify_accepts_a_summaries_only_store(stores):
+    result = verify_store(stores["ref"])
+    assert result.ok, result
+
+
+def test_two_clean_summaries_only_recordings_pass_and_say_by_summaries(stores):
+    r = diff(stores["ref"], stores["noise"])
+    assert r.status == "pass", r.summary_line
+    assert r.compared_by_summaries > 0
+    assert "by_summaries=" in r.summary_line
+    from tracekit.compare.render import render
+
+    assert "compared by summaries" in render(r)
+    # identical bytes are decided by hash; the scalar loss (always read) keeps its bytes
+    same = diff(stores["ref"], stores["same"], details="all")
+    assert same.status == "pass"
+    by = {(x.kind, x.tensor): x.compared_by for x in same.results}
+    assert by[("gradients", "w")] == "hash" and by[("parameters", "w")] == "hash"
+    assert by[("loss", "loss")] == "elements"
+
+
+def test_a_planted_fault_in_a_summaries_only_tensor_fails(stores):
+    r = diff(stores["ref"], stores["fault"])
+    assert r.status == "fail"
+    d = r.first_divergence
+    assert (d.step, d.kind, d.tensor, d.compared_by) == (2, "gradients", "w", "summaries")
+    assert {(v.step, v.kind, v.tensor) for v in r.violations} == {(2, "gradients", "w")}
+
+
+def test_a_nan_in_a_summaries_only_tensor_fails(stores):
+    r = diff(stores["ref"], stores["nan"])
+    assert r.status == "fail"
+    assert r.first_divergence.step == 3 and r.first_divergence.metrics.counts.cand_nan == 1
+
+
+def test_bytes_on_one_side_only_compare_by_summaries(stores):
+    ok = diff(stores["all"], stores["noise"])
+    assert ok.status == "pass" and ok.compared_by_summaries > 0
+    bad = diff(stores["all"], stores["fault"])
+    assert bad.status == "fail" and bad.first_divergence.compared_by == "summaries"
+
+
+def test_json_report_says_how_each_tensor_was_compared(stores):
+    res = CliRunner().invoke(diff_cli, [stores["ref"], stores["fault"], "--json"])
+    assert res.exit_code == 1, res.output
+    doc = json.loads(res.stdout)
+    jsonschema.validate(doc, SCHEMA)
+    assert doc["stats"]["compared_by_summaries"] > 0
+    assert doc["first_divergence"]["compared_by"] == "summaries"
+    assert all(r["compared_by"] == "summaries" for r in doc["results"] if r["kind"] == "gradients")
+    human = CliRunner().invoke(diff_cli, [stores["ref"], stores["noise"]])
+    assert human.exit_code == 0, human.output
+    assert "Note: compared by summaries" in human.stdout
+    assert human.stdout.strip().splitlines()[-1].startswith("PASS comparison ranks=2 steps=3 by_summaries=")
+
+
+def test_summary_rule_never_fails_what_elementwise_passes():
+    rng = np.random.default_rng(0)
+    rtol, atol = 1.3e-6, 1e-5
+    for _ in range(200):
+        ref = rng.standard_normal(50) * 10 ** rng.uniform(-3, 3)
+        err = (atol + rtol * np.abs(ref)) * rng.uniform(-1, 1, 50)  # every element within tolerance
+        cand = ref + err
+        m = compare_summaries(summarize(ref, "float64"), summarize(cand, "float64"), (50,), rtol, atol)
+        assert m.passed, m
+    m = compare_summaries(summarize(ref, "float64"), summarize(ref * 1.01, "float64"), (50,), rtol, atol)
+    assert not m.passed
+
+
+def test_full_patterns():
+    assert parse_full(["loss:*,parameters:layers.0.*", " *.bias "]) == ("loss:*", "parameters:layers.0.*", "*.bias")
+    assert keeps_bytes((), "gradients", "x")
+    assert keeps_bytes(("loss:*",), "loss", "loss") and not keeps_bytes(("loss:*",), "gradients", "loss")
+    assert keeps_bytes(("*.bias",), "gradients", "l.bias") and not keeps_bytes(("*.bias",), "gradients", "l.weight")
+    with pytest.raises(UsageError, match="unknown kind 'gradient'"):
+        parse_full(["gradient:*"])
+    with pytest.raises(UsageError, match="give a glob"):
+        parse_full(["loss:"])
+
+
+def test_full_travels_through_the_environment():
+    from tracekit.recorders.config import RecordConfig
+
+    cfg = RecordConfig(store="/tmp/x", full=("loss:*,parameters:*",))
+    assert cfg.full == ("loss:*", "parameters:*")
+    assert RecordConfig.from_env(cfg.to_env()).full == cfg.full
+    assert RecordConfig.from_env({}).full == ()
+
+
+def test_a_summaries_only_loss_still_shows_its_values_and_fails_when_it_differs(tmp_path):
+    ref = write_store(tmp_path / "ref", _run(), full=("parameters:*",))
+    data = _run()
+    for r in data:
+        data[r][2]["loss"]["loss"] = f32(1.0001)  # step 2's loss is 1.0
+    cand = write_store(tmp_path / "cand", data, full=("parameters:*",))
+    from tracekit.inspect.loss import run_losses
+
+    assert run_losses(cand) == ("loss", {1: 2.0, 2: float(f32(1.0001)), 3: float(f32(2.0 / 3))})
+    r = diff(ref, cand)
+    assert r.status == "fail" and (r.first_divergence.step, r.first_divergence.kind) == (2, "loss")
+    rows = {row.step: row for row in r.loss_table}
+    assert (rows[2].ref, rows[2].cand) == (1.0, float(f32(1.0001)))
+    assert rows[1].passed and not rows[2].passed
+
+
+def test_format_1_refuses_full(tmp_path):
+    with pytest.raises(StoreError, match="format 1"):
+        write_store(tmp_path / "v1", _run(steps=1), full=("loss:*",), format_version=1)
