@@ -226,3 +226,18 @@ def test_a_summaries_only_loss_still_shows_its_values_and_fails_when_it_differs(
 def test_format_1_refuses_full(tmp_path):
     with pytest.raises(StoreError, match="format 1"):
         write_store(tmp_path / "v1", _run(steps=1), full=("loss:*",), format_version=1)
+
+
+def test_a_damaged_summary_is_a_damaged_store_not_a_verdict(stores, tmp_path):
+    import shutil
+
+    cand = tmp_path / "cand"
+    shutil.copytree(stores["ref"], cand)
+    chunk = cand / "rank_0" / "gradients" / "summary" / "c" / "1" / "0"
+    raw = bytearray(chunk.read_bytes())
+    raw[8] ^= 0x01  # one bit of gradient w's max at step 2
+    chunk.write_bytes(bytes(raw))
+    res = CliRunner().invoke(diff_cli, [stores["ref"], str(cand)])
+    assert res.exit_code == 2, res.output
+    assert "damaged store" in res.output and "rank 0 gradients step 2" in res.output
+    assert not verify_store(str(cand)).ok

@@ -422,6 +422,9 @@ def _step_results(step, pairs, partial, engine, same, summ) -> list[TensorResult
     results = []
     cache: dict = {}  # each side's summaries of a (rank, kind) at this step, read once
     for kp in sorted(pairs, key=lambda kp: (kind_order(kp.kind), kp.kind, kp.rank)):
+        # a summary row is part of the store: damage to it is reported even where bytes decided
+        engine.ref.ranks[kp.ref_rank].view.check_summaries(kp.kind, step)
+        engine.cand.ranks[kp.rank].view.check_summaries(kp.kind, step)
         for t in kp.tensors:
             parts = sorted(partial.get((id(kp), t.name), []), key=lambda x: x[0])
             tol = engine.tol(kp.kind, t.ref.dtype)

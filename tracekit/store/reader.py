@@ -26,7 +26,7 @@ from tracekit.store.rows import read_row_bytes
 from tracekit.store.format import FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX_STEP, RANK_PREFIX, ROOT_KEY, SUMMARY_ARRAY
 from tracekit.store.hashing import HASH_BYTES, combined
 from tracekit.store.objects import ObjectRows, Verified, check_object, no_bytes, read_object
-from tracekit.store.summaries import N_FIELDS, combine
+from tracekit.store.summaries import combine, row_width, unseal
 from tracekit.store.kinds import kind_order
 from tracekit.store.location import Location, resolve
 from tracekit.store.meta import STEPS, TENSORS, KindMeta, TensorInfo, index_of
@@ -117,6 +117,7 @@ class RankView:
         self._positions: dict[str, dict[str, int]] = {}
         self._peers: dict[str, set[int]] = {}
         self._steps: dict[str, list[int]] = {}
+        self._has_summaries: dict[str, bool] = {}
 
     @property
     def coords(self) -> dict:
@@ -402,8 +403,15 @@ class RankView:
         """Whether `kind` holds per-tensor summaries (format 2 stores written since summaries exist)."""
         if self.store.format_version == 1:
             return False
+        with self._lock:
+            known = self._has_summaries.get(kind)
+        if known is not None:
+            return known
         try:
-            return SUMMARY_ARRAY in self._kind(kind)
+            known = SUMMARY_ARRAY in self._kind(kind)
+            with self._lock:
+                self._has_summaries[kind] = known
+            return known
         except StoreError:
             raise
         except Exception as e:  # zarr parses the member's metadata to answer: damaged JSON is one line
@@ -412,8 +420,16 @@ class RankView:
 
     def row_summaries(self, kind: str, row: int) -> np.ndarray:
         """Each tensor's summary at a row, in index order: float64 (tensors, N_FIELDS) (store/summaries.py)."""
-        n = len(self.tensors(kind))
-        return self._index_row(kind, SUMMARY_ARRAY, row, N_FIELDS * n).view(np.float64).reshape(n, N_FIELDS)
+        values = unseal(self._index_row(kind, SUMMARY_ARRAY, row, row_width(len(self.tensors(kind)))))
+        if values is None:
+            raise StoreError(f"damaged store: {self.store.path}: rank {self.rank} {kind} step {self.step_of_row(kind, row)}: "
+                             f"its {SUMMARY_ARRAY} index does not match its checksum")
+        return values
+
+    def check_summaries(self, kind: str, step: int) -> None:
+        """StoreError (damage) unless the kind's summary row at `step` is intact (nothing without summaries)."""
+        if self.has_summaries(kind):
+            self.row_summaries(kind, self._row(kind, step))
 
     def summaries(self, kind: str, step: int) -> dict[str, np.ndarray] | None:
         """{tensor: summary (min, max, mean, L2, NaN count, Inf count)} at a step; None where the

@@ -13,12 +13,38 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import xxhash
 
 from tracekit.store.dtypes import to_numpy_values
 
 SUMMARY_FIELDS = ("min", "max", "mean", "l2", "nan", "inf")
 N_FIELDS = len(SUMMARY_FIELDS)
 MIN, MAX, MEAN, L2, NAN, INF = range(N_FIELDS)
+# A summary row ends in SEAL_SLOTS float64 slots holding the xxh3-128 of the values before them:
+# a summary is read only where bytes are missing, so damage to it must show without the bytes.
+SEAL_SLOTS = 2
+
+
+def row_width(tensors: int) -> int:
+    """float64 values in one summary row of a kind with this many tensors."""
+    return N_FIELDS * tensors + SEAL_SLOTS
+
+
+def seal(values: np.ndarray) -> np.ndarray:
+    """A summary row: the flat float64 values, then their checksum."""
+    values = np.ascontiguousarray(values, dtype=np.float64).reshape(-1)
+    digest = np.frombuffer(xxhash.xxh3_128_digest(values.tobytes()), dtype=np.float64)
+    return np.concatenate([values, digest])
+
+
+def unseal(row: np.ndarray) -> np.ndarray | None:
+    """The values of a summary row, shaped (tensors, N_FIELDS); None when its checksum does not match."""
+    values, digest = row[:-SEAL_SLOTS], row[-SEAL_SLOTS:]
+    if xxhash.xxh3_128_digest(np.ascontiguousarray(values).tobytes()) != np.ascontiguousarray(digest).tobytes():
+        return None
+    return values.reshape(-1, N_FIELDS)
+
+
 # Elements summarized at a time: the float64 temporaries stay bounded whatever the tensor size.
 _BLOCK = 1 << 20
 

@@ -108,6 +108,7 @@ def _verify_v2_kind(view: RankView, kind, tensors, rows, result, report, known, 
         try:
             digests = view.row_digests(kind, row)
             flags = view.finite(kind, step)
+            view.check_summaries(kind, step)
         except StoreError as e:
             report(Problem(view.rank, kind, step, None, _strip(str(e), root).split(": ", 1)[-1]))
             continue

@@ -33,7 +33,7 @@ from tracekit.store.keep import keeps_bytes, parse_full
 from tracekit.store.location import resolve
 from tracekit.store.meta import STEPS, KindMeta, TensorInfo, index_of
 from tracekit.store.shards import unpack as unpack_shard
-from tracekit.store.summaries import N_FIELDS, summarize
+from tracekit.store.summaries import N_FIELDS, row_width, seal, summarize
 
 
 def now_iso() -> str:
@@ -245,7 +245,7 @@ class _ObjectKindWriter:
         n = len(index)
         self.hash_array = _row_array(self.group, HASH_ARRAY, HASH_BYTES * n, np.uint8)
         self.finite_array = _row_array(self.group, FINITE_ARRAY, n, np.uint8)
-        self.summary_array = _row_array(self.group, SUMMARY_ARRAY, N_FIELDS * n, np.float64)
+        self.summary_array = _row_array(self.group, SUMMARY_ARRAY, row_width(n), np.float64)
         self.index = index
         self.meta = KindMeta(index, [], ALGORITHM)
         self.group.attrs.update(self.meta.to_attrs())
@@ -275,7 +275,7 @@ class _ObjectKindWriter:
                 self.objects_written += 1
         row = len(self.steps)
         for arr, values in ((self.hash_array, digests.reshape(-1)), (self.finite_array, finite),
-                            (self.summary_array, summaries.reshape(-1))):
+                            (self.summary_array, seal(summaries))):
             arr.resize((row + 1, arr.shape[1]))
             _write_row_chunks(arr, row, [values])
         # The row counts only once it is listed: a crash mid-write leaves an unlisted row behind.
