@@ -59,7 +59,9 @@ def summarize(data: np.ndarray, dtype: str) -> np.ndarray:
             vals = np.where(np.isnan(vals), np.nan, np.abs(vals))  # a NaN part stays a NaN
         vals = vals.astype(np.float64, copy=False)
         finite = vals
-        if vals.dtype.kind == "f" and not np.isfinite(np.add.reduce(vals)):
+        with np.errstate(over="ignore", invalid="ignore"):  # a NaN/Inf sum only says: look closer
+            suspect = vals.dtype.kind == "f" and not np.isfinite(np.add.reduce(vals))
+        if suspect:
             nan_mask = np.isnan(vals)
             inf_mask = np.isinf(vals)
             nans += int(nan_mask.sum())
