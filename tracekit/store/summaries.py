@@ -58,20 +58,20 @@ def summarize(data: np.ndarray, dtype: str) -> np.ndarray:
         if vals.dtype.kind == "c":
             vals = np.where(np.isnan(vals), np.nan, np.abs(vals))  # a NaN part stays a NaN
         vals = vals.astype(np.float64, copy=False)
-        finite = vals
-        with np.errstate(over="ignore", invalid="ignore"):  # a NaN/Inf sum only says: look closer
-            suspect = vals.dtype.kind == "f" and not np.isfinite(np.add.reduce(vals))
-        if suspect:
+        with np.errstate(over="ignore", invalid="ignore"):
+            block_sum = float(np.add.reduce(vals))
+        if vals.dtype.kind == "f" and not math.isfinite(block_sum):  # a NaN/Inf (or overflow): look closer
             nan_mask = np.isnan(vals)
             inf_mask = np.isinf(vals)
             nans += int(nan_mask.sum())
             infs += int(inf_mask.sum())
-            finite = vals[~(nan_mask | inf_mask)]
-        if finite.size:
-            lo, hi = min(lo, float(finite.min())), max(hi, float(finite.max()))
-            total += float(finite.sum())
-            ss += float(np.dot(finite, finite))
-            n_fin += finite.size
+            vals = vals[~(nan_mask | inf_mask)]
+            block_sum = float(vals.sum())
+        if vals.size:
+            lo, hi = min(lo, float(vals.min())), max(hi, float(vals.max()))
+            total += block_sum
+            ss += float(np.dot(vals, vals))
+            n_fin += vals.size
     if n_fin == 0:
         return np.array([math.nan, math.nan, math.nan, 0.0, nans, infs], dtype=np.float64)
     return np.array([lo, hi, total / n_fin, math.sqrt(ss), nans, infs], dtype=np.float64)
