@@ -126,7 +126,10 @@ def test_signal_keeps_every_completed_step(tmp_path, sig, timing, target, mode):
                                 list(range(1, 7)))
     assert _rank(job).status in _expected_status(sig, timing)
     meta = open_store(job.store).meta
-    assert meta["exit_status"] == rc and meta["ranks"]["0"]["completed_steps"] == job.done_steps()
+    assert meta["ranks"]["0"]["completed_steps"] == job.done_steps()
+    # A signal in the exit flush may reach the worker after its last bytecode: the command then ends
+    # 0, which the store keeps as the truth, while tracekit record still ends 128+N (it was signalled).
+    assert meta["exit_status"] == rc or (timing == "exit" and meta["exit_status"] == 0), (meta["exit_status"], rc)
 
 
 @pytest.mark.parametrize("mode", ["zero", "explicit"])
