@@ -131,7 +131,7 @@ class _Writer:
         if self.bytes_per_s:  # a capped rate: wait out the rest of this entry's time (a SIGTERM cuts it short)
             until = t0 + size / self.bytes_per_s
             while not self.stopped and time.monotonic() < until:
-                time.sleep(min(0.05, until - time.monotonic()))
+                time.sleep(max(0.0, min(0.05, until - time.monotonic())))  # the clock moved on since the test
         self.say(f"done {seq}")
 
     def _unwritten_steps(self, final: bool) -> list[int]:
@@ -209,7 +209,10 @@ def main(argv=None) -> int:
                 writer.writer.close(status="failed", cause=f"recording: {message}")
             except Exception:
                 pass
-        print("error " + " ".join(message.split()), flush=True)
+        try:
+            print("error " + " ".join(message.split()), flush=True)
+        except OSError:  # the rank is gone: the store's status says it
+            pass
         return 1
     finally:
         shutil.rmtree(args.spool, ignore_errors=True)  # the entries are written, or can never be

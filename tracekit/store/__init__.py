@@ -1,11 +1,19 @@
-"""The run store: one zarr v3 group per run, one subgroup per rank, packed arrays per kind."""
+"""The run store: one zarr v3 group per run, one subgroup per rank, packed arrays per kind.
 
-from tracekit.store.finalize import finalize_store
-from tracekit.store.format import DEFAULT_KINDS, FORMAT_VERSION, KINDS
-from tracekit.store.reader import RankView, RunStore, TensorInfo, open_store
-from tracekit.store.writer import RankWriter, TensorData, create_store, holds_pieces, is_store, update_root_meta
+Public names load on first use: `tracekit.store.kinds` (the kind registry) is read by commands
+that must start fast (`tracekit diff --help`), and must not pull in zarr through this package.
+"""
 
-__all__ = [
-    "DEFAULT_KINDS", "FORMAT_VERSION", "KINDS", "RankView", "RankWriter", "RunStore", "TensorData",
-    "TensorInfo", "create_store", "finalize_store", "holds_pieces", "is_store", "open_store", "update_root_meta",
-]
+from tracekit._lazy import lazy_names
+
+_LAZY = {
+    "finalize_store": "finalize",
+    "DEFAULT_KINDS": "format", "FORMAT_VERSION": "format", "KINDS": "format",
+    "RankView": "reader", "RunStore": "reader", "TensorInfo": "reader", "open_store": "reader",
+    "RankWriter": "writer", "TensorData": "writer", "create_store": "writer", "holds_pieces": "writer",
+    "is_store": "writer", "update_root_meta": "writer",
+}
+
+__all__ = sorted(_LAZY)
+
+__getattr__, __dir__ = lazy_names("tracekit.store", {k: f"tracekit.store.{v}" for k, v in _LAZY.items()}, globals())
