@@ -33,6 +33,14 @@ def store(tmp_path):
     return str(path)
 
 
+def _plant_claim(store: str, owner: dict) -> None:
+    """The claim file another job left behind, as the fallback writes it."""
+    path = os.path.join(store, CLAIM_FILE)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump({"zarr_format": 3, "node_type": "group", "attributes": {"tracekit_job": owner}}, f)
+
+
 def test_without_locks_the_first_claim_wins_until_released(no_locks, store):
     first = JobClaim.acquire(store)
     assert os.path.exists(os.path.join(store, CLAIM_FILE))
@@ -50,11 +58,7 @@ def test_without_locks_the_first_claim_wins_until_released(no_locks, store):
 def test_without_locks_a_dead_owners_claim_is_stale_and_taken_over(no_locks, store):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead_pid = int(dead.stdout)  # exited and reaped: no process has this pid now (reuse aside)
-    path = os.path.join(store, CLAIM_FILE)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    owner = {"run_id": "deadbeef", "pid": dead_pid, "host": socket.gethostname(), "start_time": "x"}
-    with open(path, "w") as f:
-        json.dump({"zarr_format": 3, "node_type": "group", "attributes": {"tracekit_job": owner}}, f)
+    _plant_claim(store, {"run_id": "deadbeef", "pid": dead_pid, "host": socket.gethostname(), "start_time": "x"})
     # the job lock file exists (the dead job made it) but, without locks, only the claim file tells
     open(os.path.join(store, ownership.JOB_LOCK), "a").close()
     assert job_alive(store) is False
@@ -64,10 +68,6 @@ def test_without_locks_a_dead_owners_claim_is_stale_and_taken_over(no_locks, sto
 
 
 def test_without_locks_another_hosts_claim_is_never_taken(no_locks, store):
-    path = os.path.join(store, CLAIM_FILE)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    owner = {"run_id": "elsewhere", "pid": 1, "host": "another-host", "start_time": "x"}
-    with open(path, "w") as f:
-        json.dump({"zarr_format": 3, "node_type": "group", "attributes": {"tracekit_job": owner}}, f)
+    _plant_claim(store, {"run_id": "elsewhere", "pid": 1, "host": "another-host", "start_time": "x"})
     with pytest.raises(StoreError, match="another-host"):
         JobClaim.acquire(store)
