@@ -8,6 +8,7 @@ to local folders only (format 2 is written locally; a URL store is written in fo
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import stat
@@ -16,6 +17,17 @@ from typing import Iterable
 
 import zarr
 from zarr.storage import LocalStore
+
+
+def compact_metadata(fn):
+    """Run a metadata-writing entry point with zarr writing its zarr.json files unindented. Their
+    indentation (zarr's default: 2) doubled the metadata bytes, which grow with ranks while a DDP
+    run's unique tensor bytes don't: at 16 ranks of the tutorial sample it was 6-8% of the store."""
+    @functools.wraps(fn)
+    def compact(*args, **kwargs):
+        with zarr.config.set({"json_indent": None}):
+            return fn(*args, **kwargs)
+    return compact
 
 
 def is_local(root) -> bool:
