@@ -101,9 +101,19 @@ def test_a_deleted_or_altered_object_of_a_format_2_bucket_store_is_damage(s3):
         open_store(url).rank(1).read("gradients", 2, "w")
 
 
-def test_an_object_already_in_the_bucket_is_not_put_again(s3):
+def test_an_object_already_in_the_bucket_is_not_put_again(s3, monkeypatch):
     """Content addressing on an object store: bytes identical across ranks or steps are one object,
     PUT once (the second writer finds it with a HEAD, or in its own list of what it wrote)."""
+    from tracekit.store.location import Location
+
+    asked = []  # the object keys each call asks the bucket about (HEAD, then PUT if absent)
+    put_missing = Location.put_missing
+
+    def counted(self, items):
+        asked.append([k for k, _ in items])
+        return put_missing(self, items)
+
+    monkeypatch.setattr(Location, "put_missing", counted)
     url = s3.url("dedup")
     create_store(url, {})
     w = np.arange(12, dtype=np.float32)
@@ -116,6 +126,8 @@ def test_an_object_already_in_the_bucket_is_not_put_again(s3):
         written.append(rw.kinds["parameters"].objects_written)
         rw.close()
     assert written == [1, 0]
+    key = object_key(tensor_hash("w", "float32", (12,), w))
+    assert asked == [[key], [key]]  # once per writer: steps 2 and 3 of a writer ask nothing
     objects = [k for k in s3.objects() if f"/dedup/{OBJECTS_DIR}/" in k and not k.endswith("zarr.json")]
     assert len(objects) == 1
     store = open_store(url)

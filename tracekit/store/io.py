@@ -128,7 +128,7 @@ def write_objects(root, items, present: set | None = None) -> int:
     every key of `items`, so a writer asks about an unchanged object once. On an object store
     the HEAD and PUT requests of all items run concurrently (tracekit/store/location.py)."""
     todo = [(k, p) for k, p in items if present is None or k not in present]
-    if is_local(root):
+    if is_local(root) or not todo:
         written = sum(write_once(root, k, p) for k, p in todo)
     else:
         written = root.put_missing([(k, _joined(p)) for k, p in todo])
