@@ -9,6 +9,7 @@ atomic on an object store, so no temporary name is needed there).
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import stat
@@ -17,6 +18,17 @@ from typing import Iterable
 
 import zarr
 from zarr.storage import LocalStore
+
+
+def compact_metadata(fn):
+    """Run a metadata-writing entry point with zarr writing its zarr.json files unindented. Their
+    indentation (zarr's default: 2) doubled the metadata bytes, which grow with ranks while a DDP
+    run's unique tensor bytes don't: at 16 ranks of the tutorial sample it was 6-8% of the store."""
+    @functools.wraps(fn)
+    def compact(*args, **kwargs):
+        with zarr.config.set({"json_indent": None}):
+            return fn(*args, **kwargs)
+    return compact
 
 
 def is_local(root) -> bool:

@@ -127,6 +127,7 @@ def _create_local(path: str, root_meta: dict, force: bool) -> zarr.Group:
         raise StoreError(f"{path}: cannot create the store ({e.strerror or e})") from None
 
 
+@io.compact_metadata
 def create_store(path, meta: dict, force: bool = False, storage_options=None, format_version: int | None = None) -> None:
     """Create the root group with its metadata. Refuses to clobber anything not asked for.
 
@@ -155,6 +156,7 @@ def create_store(path, meta: dict, force: bool = False, storage_options=None, fo
                           attributes={ROOT_KEY: "content-addressed tensor bytes (docs/FORMAT.md)"})
 
 
+@io.compact_metadata
 def update_root_meta(path, storage_options=None, **fields) -> None:
     """Merge fields into the root metadata (only while no rank writes: before start or after end)."""
     root = zarr.open_group(resolve(path, storage_options).zarr_store(), mode="r+", use_consolidated=False)
@@ -322,6 +324,7 @@ class _KindWriter:
 class RankWriter:
     """Writes rank R's group. Not thread-safe: one writer (thread) per rank."""
 
+    @io.compact_metadata
     def __init__(self, store_path, rank: int, attrs: dict, storage_options=None, run_id: str | None = None,
                  full: Sequence[str] = ()):
         """run_id: the job this rank belongs to; the rank refuses a store that names another (None: adopt it).
@@ -385,6 +388,7 @@ class RankWriter:
         self._check_owner(meta, self.run_id)
         self._checked_step = step
 
+    @io.compact_metadata
     def write(self, step: int, kind: str, tensors: Sequence[TensorData]) -> None:
         if not tensors:
             return
@@ -405,14 +409,17 @@ class RankWriter:
         else:
             kw.append(step, tensors, shards)
 
+    @io.compact_metadata
     def complete_step(self, step: int) -> None:
         """Mark a step complete: all of its kinds are written."""
         self.completed.append(step)
         self.group.attrs["completed_steps"] = self.completed
 
+    @io.compact_metadata
     def update_attrs(self, **fields) -> None:
         self.group.attrs.update(fields)
 
+    @io.compact_metadata
     def close(self, status: str = "finished", cause: str | None = None) -> None:
         try:
             self.group.attrs.update({"status": status, "end_time": now_iso(), **({"cause": cause} if cause else {})})
