@@ -210,36 +210,21 @@ def flatten_output(obj: Any, prefix: str = "output") -> Iterator[tuple[str, torc
             yield from flatten_output(getattr(obj, k), f"{prefix}.{k}")
 
 
-def _into(reuse, like: torch.Tensor) -> torch.Tensor | None:
-    """`reuse` (a plain tensor, or the piece of a (piece, Shard) pair) when it can take a copy of
-    `like` in place: same shape, dtype and device, contiguous."""
-    buf = reuse[0] if isinstance(reuse, tuple) else reuse
-    if (isinstance(buf, torch.Tensor) and not is_dtensor(buf) and buf.shape == like.shape and buf.dtype == like.dtype
-            and buf.device == like.device and buf.is_contiguous()):
-        return buf
-    return None
-
-
-def snapshot_piece(t: torch.Tensor, reuse=None):
+def snapshot_piece(t: torch.Tensor):
     """A copy of a tensor as this rank holds it, taken without DTensor dispatch where it can be: a
     DTensor with a local layout becomes (a copy of its piece, its Shard) - or a copy of its local
-    tensor when replicated -, anything else a detached clone (a DTensor still, gathered later).
-    `reuse`: the previous step's snapshot of the same tensor, whose memory the copy goes into when
-    it fits (a fresh allocation of every piece each step costs page faults on the training thread);
-    the caller must be done with it (spooled: the spool file is its copy)."""
+    tensor when replicated -, anything else a detached clone (a DTensor still, gathered later)."""
     piece = local_piece(t) if is_dtensor(t) else None
     if piece is None:
         return t.detach().clone()
     local, shard = piece
-    buf = _into(reuse, local)
-    copy = buf.copy_(local) if buf is not None else local.clone(memory_format=torch.contiguous_format)
-    return copy if shard is None else (copy, shard)
+    return local.clone() if shard is None else (local.clone(), shard)
 
 
-def minus_piece(current: torch.Tensor, before, name: str, reuse=None):
+def minus_piece(current: torch.Tensor, before, name: str):
     """current - before, elementwise, where `before` came from snapshot_piece(): on this rank's
     pieces when it is one (the same values as the whole tensors' difference, without DTensor
-    dispatch), else as tensors. `reuse`: as for snapshot_piece, memory for the difference."""
+    dispatch), else as tensors."""
     if not is_dtensor(current) or is_dtensor(before):
         return current.detach() - before
     piece = local_piece(current)
@@ -248,7 +233,5 @@ def minus_piece(current: torch.Tensor, before, name: str, reuse=None):
         from tracekit.errors import TracekitError
 
         raise TracekitError(f"the layout of parameter {name!r} changed within a step; tracekit records a fixed layout")
-    after, before = piece[0], (before[0] if isinstance(before, tuple) else before)
-    buf = _into(reuse, after) if after.dtype == before.dtype else None
-    diff = torch.sub(after, before, out=buf) if buf is not None else after - before
+    diff = piece[0] - (before[0] if isinstance(before, tuple) else before)
     return diff if shard is None else (diff, shard)

@@ -147,7 +147,6 @@ class Recorder:
         self._in_step = False
         self._initial_done = False
         self._grad_snapshot: list | None = None
-        self._reuse: dict = {}  # (kind, name) -> last step's snapshot or delta, memory for this step's (pieces mode)
         self._hooks: list = []
         self._handoff: Handoff | None = None  # this rank's spool and the writer process behind it
         self._spooled = False  # the open step's capture is in the spool, not yet sealed
@@ -345,7 +344,6 @@ class Recorder:
             self._tracer.close()
             self._tracer = None
         self._closed = True
-        self._reuse = {}
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
@@ -429,15 +427,13 @@ class Recorder:
                 self._submit(INITIAL_STEP, {"parameters": initial_params}, complete=False)
         # Local snapshots only (no communication): the gathers of gradients, parameters and deltas
         # happen together after the update, in one collective per mesh and dtype.
-        # In pieces mode the copies are of this rank's pieces (snapshot_piece), taken without DTensor
-        # dispatch, into the memory of the previous step's (spooled by now: the spool holds its copy).
-        reuse = self._reuse if self._pieces else {}
-        snap = snapshot_piece if self._pieces else (lambda t, reuse=None: t.detach().clone())
+        # In pieces mode the copies are of this rank's pieces (snapshot_piece), taken without DTensor dispatch.
+        snap = snapshot_piece if self._pieces else (lambda t: t.detach().clone())
         if recording and "gradients" in kinds:
-            self._grad_snapshot = [(n, snap(p.grad, reuse.get(("gradients", n)))) for n, p in self._params
+            self._grad_snapshot = [(n, snap(p.grad)) for n, p in self._params
                                    if p.grad is not None and n in self._recorded_names]
         if recording and "deltas" in kinds:
-            self._before = [(n, snap(p, reuse.get(("before", n)))) for n, p in self._params if n in self._recorded_names]
+            self._before = [(n, snap(p)) for n, p in self._params if n in self._recorded_names]
 
     def end_step(self) -> None:
         """After the optimizer update: capture parameters and deltas, and hand the step to the writer."""
@@ -484,13 +480,7 @@ class Recorder:
         if "parameters" in kinds:
             wanted += [("parameters", n, p) for n, p in self._params if n in self._recorded_names]
         # delta on the local shards, in the parameter's dtype: elementwise, so it equals after - before of the full tensors
-        if self._pieces:
-            wanted += [("deltas", n, minus_piece(current[n], b, n, self._reuse.get(("deltas", n)))) for n, b in before]
-            # kept for the next step's copies to go into; each is spooled before that step begins
-            self._reuse = {**{("gradients", n): g for n, g in grads}, **{("before", n): b for n, b in before},
-                           **{("deltas", n): d for k, n, d in wanted if k == "deltas"}}
-        else:
-            wanted += [("deltas", n, current[n].detach() - b) for n, b in before]
+        wanted += [("deltas", n, minus_piece(current[n], b, n) if self._pieces else current[n].detach() - b) for n, b in before]
         if "optimizer_state" in kinds:
             chosen = [(n, p) for n, p in self._params if n in self._recorded_names]
             wanted += [("optimizer_state", n, t) for n, t in state_tensors(self.optimizer, chosen)]
