@@ -270,8 +270,19 @@ class MetricsAccumulator:
         self.n += ref.size
 
     def _offer_worst(self, cat: int, err: float, index: int, ref: float, cand: float, oracle=None) -> None:
-        if self.worst is None or (cat, err) > self.worst[:2]:
+        # ties go to the lower flat index, whatever the order blocks arrive in (pieces of a
+        # sharded tensor are not consecutive in flat order)
+        w = self.worst
+        if w is None or (cat, err) > w[:2] or ((cat, err) == w[:2] and index < w[2]):
             self.worst = (cat, err, index, ref, cand, oracle)
+
+    def relocate(self, index_of) -> "MetricsAccumulator":
+        """Renumber the worst element: fed as a piece of a larger tensor with flat indices local
+        to the piece, `index_of(local)` gives its flat index in the whole tensor."""
+        if self.worst is not None:
+            w = self.worst
+            self.worst = (w[0], w[1], int(index_of(w[2])), *w[3:])
+        return self
 
     def _block(self, a: np.ndarray, b: np.ndarray, o: np.ndarray | None, base: int, native=None) -> None:
         """native: the (ref, cand) integer/bool blocks, judged on their exact difference."""

@@ -100,6 +100,34 @@ def _step_list(value, where: str) -> list[int]:
     return value
 
 
+@dataclass(frozen=True)
+class Piece:
+    """One piece of a sharded tensor (format 2): the rank view that wrote it, its row there, its
+    index entry (entry.shard: where it sits) and its content hash."""
+
+    view: "RankView"
+    row: int
+    info: TensorInfo
+    digest: bytes
+
+    @property
+    def region(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        return self.info.shard.offset, self.info.shard.shape
+
+
+def _check_tiling(pieces: list[Piece], t: TensorInfo, where: str) -> None:
+    """StoreError (damage) unless the pieces tile the tensor: no two overlap and together they
+    hold every element (boxes compared pairwise: no mask the size of the tensor)."""
+    boxes = [(p.info.shard.offset, p.info.shard.shape) for p in pieces]
+    boxes = [b for b in boxes if all(n > 0 for n in b[1])]
+    for i, (o1, s1) in enumerate(boxes):
+        for o2, s2 in boxes[i + 1:]:
+            if all(a < b + m and b < a + n for a, n, b, m in zip(o1, s1, o2, s2)):
+                raise StoreError(f"damaged store: {where}: the pieces of ranks {list(t.shard.peers)} overlap")
+    if sum(int(np.prod(s, dtype=np.int64)) for _, s in boxes) != t.numel:
+        raise StoreError(f"damaged store: {where}: the pieces of ranks {list(t.shard.peers)} do not cover it")
+
+
 class RankView:
     """One rank's recorded data."""
 
@@ -449,6 +477,25 @@ class RankView:
                 out[t.name] = combine(parts)
         return out
 
+    def pieces(self, kind: str, step: int, name: str) -> list["Piece"]:
+        """The pieces of sharded tensor `name` at `step`, each on the rank that wrote it, in peer
+        order (StoreError: damage, when a peer's entry does not fit this rank's layout)."""
+        t = self.tensor(kind, name)
+        if t.shard is None:
+            raise StoreError(f"rank {self.rank} {kind} tensor {name!r} is not sharded")
+        return [Piece(pv, row, info, digest) for pv, row, info, digest in self._pieces(kind, step, t)]
+
+    def read_piece(self, kind: str, step: int, piece: "Piece") -> np.ndarray:
+        """One piece's bytes (flat, storage dtype), checked against its hash (once per open store)
+        and its finiteness flag, as assemble() checks them."""
+        pv, name = piece.view, piece.info.name
+        where = pv.where(kind, step, name)
+        if not piece.info.keeps_bytes:
+            raise no_bytes(where)
+        data, finite = read_object(self.store, piece.digest, piece.info, where)
+        pv.check_finite_flag(kind, piece.row, pv.position(kind, name), finite, where)
+        return data
+
     def assemble(self, kind: str, step: int, name: str) -> np.ndarray:
         """A sharded tensor at a step, whole (storage dtype, its shape): every piece read from the
         rank that wrote it, checked against its hash and finiteness flag; the pieces must tile it."""
@@ -456,19 +503,11 @@ class RankView:
         where = self.where(kind, step, name)
         if not t.keeps_bytes:
             raise no_bytes(where)
+        pieces = self.pieces(kind, step, name)
+        _check_tiling(pieces, t, where)  # before reading: no full-size coverage mask is needed
         full = np.empty(t.shape, dtype=storage_dtype(t.dtype))
-        covered = np.zeros(t.shape, dtype=bool)
-        for pv, row, info, digest in self._pieces(kind, step, t):
-            piece_where = pv.where(kind, step, name)
-            data, finite = read_object(self.store, digest, info, piece_where)
-            pv.check_finite_flag(kind, row, pv.position(kind, name), finite, piece_where)
-            place = info.shard.slices()
-            if covered[place].any():
-                raise StoreError(f"damaged store: {where}: the pieces of ranks {list(t.shard.peers)} overlap")
-            covered[place] = True
-            full[place] = data.reshape(info.shard.shape)
-        if not covered.all():
-            raise StoreError(f"damaged store: {where}: the pieces of ranks {list(t.shard.peers)} do not cover it")
+        for piece in pieces:
+            full[piece.info.shard.slices()] = self.read_piece(kind, step, piece).reshape(piece.info.shard.shape)
         return full
 
     def _finite_flags(self, kind: str, row: int) -> np.ndarray:
