@@ -108,11 +108,16 @@ def test_shared_layout_gives_the_report_of_the_whole_tensor_path(tmp_path, nan):
 def test_a_region_shared_by_rank_pairs_is_read_once(tmp_path, monkeypatch):
     ref = _data(1)
     r, c = _write(str(tmp_path / "r"), ref, SHARDED), _write(str(tmp_path / "c"), _cand(ref), SHARDED)
-    from tracekit.store.reader import RankView
+    from tracekit.compare import pieces
 
     reads = []
-    original = RankView.read_piece
-    monkeypatch.setattr(RankView, "read_piece", lambda self, kind, step, piece: reads.append(piece.digest) or original(self, kind, step, piece))
+    original = pieces.PieceReader
+
+    def counted(kind, step, piece, **options):
+        reads.append(piece.digest)
+        return original(kind, step, piece, **options)
+
+    monkeypatch.setattr(pieces, "PieceReader", counted)
     report = tracekit.diff(r, c, details="all")
     assert {x.rank for x in report.results} == {0, 1}  # both ranks report every tensor
     assert len(reads) == len(set(reads)) == 2 * 2 * len(SHARDED)  # each piece of each side once
@@ -147,3 +152,38 @@ def test_shared_layout_holds_one_piece_per_side(tmp_path):
     assert peaks["shared"] < whole / 2, peaks
     # another layout: the candidate whole, once (the reference still piece by piece), per worker
     assert whole <= peaks["gathered"] < whole * 1.5, peaks
+
+
+@pytest.mark.parametrize("lie", ["finite flag", "flipped bit"])
+@pytest.mark.parametrize("sharded", [True, False])
+def test_streamed_objects_are_checked_before_their_metrics_count(tmp_path, lie, sharded):
+    """Region by region, each object is hashed as it streams past and its finiteness is taken from
+    the metrics' NaN/Inf counts: a flag calling NaN data finite, or a flipped bit, in a tensor
+    that differs (so it is compared, not decided by hash) is a damaged store, never a result."""
+    import os
+
+    from tracekit.errors import StoreError
+    from tracekit.store import open_store
+    from tracekit.store.format import FINITE_ARRAY, object_key
+
+    ref = _data(4, nan=True)  # "w" holds a NaN in rank 1's piece (row 5)
+    layout = SHARDED if sharded else {}
+    r, c = _write(str(tmp_path / "r"), ref, layout), _write(str(tmp_path / "c"), _cand(ref), layout)
+    view = open_store(r).rank(1)
+    if lie == "finite flag":
+        chunk = os.path.join(r, "rank_1", "parameters", FINITE_ARRAY, "c", "0", "0")
+        raw = bytearray(open(chunk, "rb").read())
+        raw[view.position("parameters", "w")] = 1  # "all finite"
+        open(chunk, "wb").write(bytes(raw))
+    else:
+        digest = (view.pieces("parameters", 1, "w")[1] if sharded else view.object_piece("parameters", 1, "w")).digest
+        with open(os.path.join(r, object_key(digest)), "r+b") as f:
+            f.seek(4)
+            b = f.read(1)[0]
+            f.seek(4)
+            f.write(bytes([b ^ 0x01]))
+    # the flag is rank 1's entry, the sharded piece rank 1's; an unsharded w is one object that
+    # both ranks' entries name, reported through whichever reads it
+    rank = "1" if lie == "finite flag" or sharded else "[01]"
+    with pytest.raises(StoreError, match=rf"^damaged store: .*rank {rank} parameters step 1 tensor w"):
+        tracekit.diff(r, c)

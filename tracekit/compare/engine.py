@@ -1,4 +1,5 @@
-"""The diff itself: plan the comparison, stream it chunk by chunk on a thread pool, build the report.
+"""The diff itself: plan the comparison, stream it chunk by chunk on a thread pool, build the report
+(format 2 tensors: region by region from their objects, compare/pieces.py).
 
 Memory stays bounded whatever the store size: a unit of work is the part of one packed row (a
 (rank, kind, step) row holds all tensors of a kind) that lies in one chunk; it is read and
@@ -191,16 +192,20 @@ class _Engine:
         return lambda: MetricsAccumulator(tol.rtol, tol.atol, self.equal_nan, self.oracle_factor, tol.rel_l2)
 
     def sharded_plans(self, kp: KindPair, step: int, skip: frozenset) -> dict[str, "pieces.TensorPlan"]:
-        """The tensors of a (rank pair, kind, step) sharded on some side (format 2), to be compared
-        region by region (compare/pieces.py) instead of through the packed-row units."""
+        """The tensors of a (rank pair, kind, step) compared region by region from their objects
+        (compare/pieces.py) instead of through the packed-row units: those sharded on some side,
+        and every tensor where all sides are format 2 stores (one read per object, hashed as it is
+        compared, and a pair of objects that several rank pairs share compared once)."""
+        views = [self.ref.ranks[kp.ref_rank].view, self.cand.ranks[kp.rank].view]
+        if self.oracle is not None:
+            views.append(self.oracle.ranks[kp.oracle_rank].view)
+        objects = all(v.store.format_version >= 2 for v in views)
         out = {}
         for t in kp.tensors:
-            if t.name in skip or not pieces.is_sharded((t.ref, t.cand, t.oracle)):
+            infos = (t.ref, t.cand, t.oracle)[:len(views)]
+            if t.name in skip or not (objects or pieces.is_sharded(infos)):
                 continue
-            sides = [(self.ref.ranks[kp.ref_rank].view, t.ref), (self.cand.ranks[kp.rank].view, t.cand)]
-            if self.oracle is not None:
-                sides.append((self.oracle.ranks[kp.oracle_rank].view, t.oracle))
-            out[t.name] = pieces.plan_tensor(kp.kind, step, sides)
+            out[t.name] = pieces.plan_tensor(kp.kind, step, list(zip(views, infos)))
         return out
 
     def run_unit(self, u: _Unit) -> tuple[list[tuple[str, int, MetricsAccumulator]], int]:
@@ -433,6 +438,7 @@ def _compare_steps_here(engine: "_Engine", plan, steps: list[int], jobs: int | N
                             continue
                         if tp.shared:
                             accs = [regions[tp.key(i)].result() for i in range(len(tp.regions))]
+                            pieces.check_entries(tp)  # this pair's own index entries (flags)
                         else:
                             accs = wholes[(id(kp), t.name)].result()
                         partial[(id(kp), t.name)] = [(0, pieces.merged(accs, engine.new_acc(kp.kind, t.ref.dtype)))]

@@ -25,7 +25,10 @@ from tracekit.store.chunks import check_size_claims, chunk_cols, first_missing_c
 from tracekit.store.rows import read_row_bytes
 from tracekit.store.format import FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX_STEP, RANK_PREFIX, ROOT_KEY, SUMMARY_ARRAY
 from tracekit.store.hashing import HASH_BYTES, combined
-from tracekit.store.objects import ObjectRows, Verified, check_object, no_bytes, read_object
+from tracekit.store.dtypes import all_finite
+from tracekit.store.format import object_key
+from tracekit.store.hashing import hasher
+from tracekit.store.objects import ObjectRows, Verified, check_object, damaged, no_bytes, read_object
 from tracekit.store.summaries import combine, row_width, unseal
 from tracekit.store.kinds import kind_order
 from tracekit.store.location import Location, resolve
@@ -112,7 +115,89 @@ class Piece:
 
     @property
     def region(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(offset, shape) in the whole tensor; an unsharded tensor's object is one piece: all of it."""
+        if self.info.shard is None:
+            return (0,) * len(self.info.shape), tuple(self.info.shape)
         return self.info.shard.offset, self.info.shard.shape
+
+    @property
+    def numel(self) -> int:
+        return self.info.stored_numel
+
+
+class PieceReader:
+    """A piece's object read front to back in ranges (bounded memory), its bytes hashed as they
+    pass unless this open store verified the object already; finish() then checks the hash and
+    the finiteness flag (StoreError: damage). Nothing read is to be trusted before finish()."""
+
+    def __init__(self, kind: str, step: int, piece: Piece, finite_from_caller: bool = False):
+        """finite_from_caller: the caller counts the NaN/Inf of the values it reads (the diff's
+        metrics do, exactly) and passes finish() the answer, saving a pass over the bytes."""
+        self.kind, self.piece = kind, piece
+        self.count_finite = not finite_from_caller
+        pv, info = piece.view, piece.info
+        self.store = pv.store
+        self.where = pv.where(kind, step, info.name)
+        if not info.keeps_bytes:
+            raise no_bytes(self.where)
+        self.dtype = storage_dtype(info.dtype)
+        self.key = object_key(piece.digest)
+        self.known = self.store.verified.get(piece.digest)  # finiteness, once verified
+        self.hash = None if self.known is not None else hasher(info.name, info.dtype, info.shape, info.shard)
+        self.finite = True
+        self.pos = 0
+        try:
+            self.reader = io.reader(self.store.io_root, self.key)
+        except FileNotFoundError:
+            raise damaged(self.where, f"its object {self.key} is missing") from None
+        except OSError as err:
+            raise damaged(self.where, f"its object is unreadable ({err.strerror or err})") from None
+        expected = piece.numel * self.dtype.itemsize
+        if self.reader.size() != expected:
+            self.close()
+            raise damaged(self.where, f"its object {self.key} has the wrong size (the index says {expected} bytes)")
+
+    def read(self, n: int, out: np.ndarray) -> np.ndarray:
+        """The next n elements (storage dtype) into out[:n]."""
+        data = out[:n]
+        view = memoryview(data.view(np.uint8))
+        try:
+            got = self.reader.readinto(self.pos * self.dtype.itemsize, view) if n else 0
+        except OSError as err:
+            raise damaged(self.where, f"its object is unreadable ({err.strerror or err})") from None
+        if got != len(view):
+            raise damaged(self.where, f"its object {self.key} is truncated")
+        if self.hash is not None:
+            self.hash.update(view)
+            if self.count_finite:
+                self.finite = self.finite and all_finite(data, self.piece.info.dtype)
+        self.pos += n
+        return data
+
+    def finish(self, finite: bool | None = None) -> None:
+        """After the last range: StoreError (damage) unless the bytes match their hash and flag.
+        finite: whether every element read was finite (required with finite_from_caller)."""
+        self.close()
+        pv, info = self.piece.view, self.piece.info
+        if self.pos != self.piece.numel:
+            raise ValueError("a piece is checked only once read whole")
+        if self.known is not None:
+            finite = self.known  # verified before: what its bytes said then
+        else:
+            if self.hash.digest() != self.piece.digest:
+                raise damaged(self.where, f"bytes do not match their hash (object {self.key})")
+            if self.count_finite:
+                finite = self.finite
+            elif finite is None:
+                raise ValueError("finish() needs the finiteness the caller counted")
+            finite = bool(finite)
+            self.store.verified.add(self.piece.digest, finite)
+        pv.check_finite_flag(self.kind, self.piece.row, pv.position(self.kind, info.name), finite, self.where)
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
 
 
 def _check_tiling(pieces: list[Piece], t: TensorInfo, where: str) -> None:
@@ -484,6 +569,12 @@ class RankView:
         if t.shard is None:
             raise StoreError(f"rank {self.rank} {kind} tensor {name!r} is not sharded")
         return [Piece(pv, row, info, digest) for pv, row, info, digest in self._pieces(kind, step, t)]
+
+    def object_piece(self, kind: str, step: int, name: str) -> "Piece":
+        """An unsharded tensor's object (format 2) as a piece covering the whole tensor."""
+        info = self.tensor(kind, name)
+        row = self._row(kind, step)
+        return Piece(self, row, info, self.row_digests(kind, row)[self.position(kind, name)])
 
     def read_piece(self, kind: str, step: int, piece: "Piece") -> np.ndarray:
         """One piece's bytes (flat, storage dtype), checked against its hash (once per open store)
