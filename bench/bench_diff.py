@@ -175,11 +175,13 @@ def identical(a, size: int) -> None:
                 trusted = [run(DIFF_TRUSTED, 5, ROOT, ref, same, a.jobs) + [_load()] for _ in range(a.repeat)]
                 times["trusted"] = min(float(r[1]) for r in trusted)
                 print(f"identical {layout} stores, format 2 without reading the hash-decided objects back (not an "
-                      f"option; what an opt-in would give): {' / '.join(f'{float(r[1]):.2f} s ({r[5]})' for r in trusted)}",
+                      f"option; what an opt-in would give): "
+                      f"{' / '.join(f'{float(r[1]):.2f} s, {float(r[2]):.2f} CPU-s ({r[5]})' for r in trusted)}",
                       flush=True)
             print(f"identical {layout} stores, {a.ranks} ranks, format {version}: {n / 2**20:.0f} MiB of tensors presented, "
                   f"{_disk(ref) / 2**20:.0f} MiB on disk each (built in {built:.0f} s); diff "
-                  f"{' / '.join(f'{float(r[1]):.2f} s ({r[5]})' for r in runs)}, {int(nb) / 2**20:.1f} MiB compared, "
+                  f"{' / '.join(f'{float(r[1]):.2f} s, {float(r[2]):.2f} CPU-s ({r[5]})' for r in runs)}, "
+                  f"{int(nb) / 2**20:.1f} MiB compared, "
                   f"peak RSS {int(peak) / 2**20:.0f} MiB   [{line.strip()}]", flush=True)
             if not a.keep:
                 shutil.rmtree(ref, ignore_errors=True)
