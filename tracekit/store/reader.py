@@ -28,7 +28,8 @@ from tracekit.store.hashing import HASH_BYTES, combined
 from tracekit.store.dtypes import all_finite
 from tracekit.store.format import object_key
 from tracekit.store.hashing import hasher
-from tracekit.store.objects import ObjectRows, Verified, damaged, no_bytes, read_object, scan_object
+from tracekit.store import objects as _objects
+from tracekit.store.objects import ObjectRows, Verified, damaged, no_bytes, read_object
 from tracekit.store.summaries import combine, row_width, unseal
 from tracekit.store.kinds import kind_order
 from tracekit.store.location import Location, resolve
@@ -811,7 +812,7 @@ class RunStore:
             finite = self.verified.get(digest)
             if finite is None:
                 # local files: a small reused buffer; an object store: FILE_PIECE-sized ranged GETs
-                problem, finite = scan_object(self.io_root, digest, info, _scan_buffer() if self.location.is_local else None)
+                problem, finite = _objects.scan_object(self.io_root, digest, info, _scan_buffer() if self.location.is_local else None)
                 if problem is not None:
                     raise damaged(where, problem)
                 self.verified.add(digest, finite)
