@@ -502,9 +502,16 @@ class RankView:
 
     def row_digests(self, kind: str, row: int) -> list[bytes]:
         """Each tensor's 16-byte content hash at a row, in index order (v2 only)."""
-        n = len(self.tensors(kind))
-        flat = self._index_row(kind, HASH_ARRAY, row, HASH_BYTES * n)
-        return [flat[i * HASH_BYTES : (i + 1) * HASH_BYTES].tobytes() for i in range(n)]
+        key = (kind, HASH_ARRAY, row, "split")
+        with self._lock:
+            cached = self._index_cache.get(key)
+        if cached is None:  # asked once per tensor by the diff: split once
+            n = len(self.tensors(kind))
+            raw = self._index_row(kind, HASH_ARRAY, row, HASH_BYTES * n).tobytes()
+            cached = tuple(raw[i * HASH_BYTES : (i + 1) * HASH_BYTES] for i in range(n))
+            with self._lock:
+                self._index_cache[key] = cached
+        return list(cached)
 
     def digests(self, kind: str, step: int) -> dict[str, bytes] | None:
         """{tensor: content hash} at a step; None for a format v1 store (it has no hashes). A sharded
