@@ -173,8 +173,9 @@ def _summary(rc, kind: str, step: int, info, cache: dict) -> np.ndarray:
 
 class _Engine:
     def __init__(self, ref: StoreCatalog, cand: StoreCatalog, oracle: StoreCatalog | None, tolerances: Tolerances,
-                 equal_nan: bool, oracle_factor: float | None):
+                 equal_nan: bool, oracle_factor: float | None, trust_index: bool = False):
         self.ref, self.cand, self.oracle = ref, cand, oracle
+        self.trust_index = trust_index  # hash-decided objects not read back (diff(trust_index=))
         self.tolerances = tolerances
         self.equal_nan = equal_nan
         self.oracle_factor = oracle_factor if oracle is not None else None
@@ -276,7 +277,7 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
          tolerances: Tolerances | None = None, kinds: list[str] | None = None, allow_missing: bool = False,
          fail_fast: bool = False, oracle=None, oracle_factor: float | None = None, details: str = "violations",
          jobs: int | None = None, progress: Callable[[int, int], None] | None = None,
-         workers: int | None = None, scheduler: str | None = None) -> DiffReport:
+         workers: int | None = None, scheduler: str | None = None, trust_index: bool = False) -> DiffReport:
     """Compare two stores of the same job (a reference and a candidate); return a DiffReport.
 
     ref, cand, oracle: store paths or opened RunStores. align: "rank" (default), "coords" or
@@ -292,7 +293,10 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
     (summaries per step and kind are always complete). `progress(bytes_done, bytes_total)` is
     called as data is compared. `workers` > 1 runs the comparison on a local Dask cluster of that
     many processes, `scheduler` ("tcp://host:8786") on an existing one (tracekit.compare.distributed);
-    the report is the same as in one process. Raises StoreError/UsageError (one-line messages) on
+    the report is the same as in one process. `trust_index` (format 2): tensors whose content hashes
+    are equal on both sides are decided from the index alone, their objects not read back to check
+    them (identical stores then diff at metadata speed; damage in those bytes goes unseen, and
+    `tracekit verify` is the check). Raises StoreError/UsageError (one-line messages) on
     unusable input.
     """
     t0 = time.perf_counter()
@@ -306,10 +310,10 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
     plan = alignment.plan(refc, candc, orac, align, kinds)
     options = {"align": align, "exact": tolerances.exact, "equal_nan": equal_nan, "allow_missing": allow_missing,
                "fail_fast": fail_fast, "oracle_factor": oracle_factor if orac is not None else None,
-               "kinds": kinds, "details": details}
+               "kinds": kinds, "details": details, "trust_index": bool(trust_index)}
     report = DiffReport(refc.describe(), candc.describe(), orac.describe() if orac else None, align, options,
                         structural=plan.structural, not_comparable=plan.not_comparable, ranks=plan.ranks)
-    engine = _Engine(refc, candc, orac, tolerances, equal_nan, oracle_factor)
+    engine = _Engine(refc, candc, orac, tolerances, equal_nan, oracle_factor, trust_index=bool(trust_index))
     report.tolerances = _applied_tolerances(plan, engine)
     if not report.usable:
         report.seconds = time.perf_counter() - t0
@@ -344,7 +348,7 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
     if distributed:
         from tracekit.compare.distributed import DiffSpec, compare_steps
 
-        spec = DiffSpec.of(refc, candc, orac, align, kinds, tolerances, equal_nan, oracle_factor)
+        spec = DiffSpec.of(refc, candc, orac, align, kinds, tolerances, equal_nan, oracle_factor, engine.trust_index)
         stepwise = compare_steps(spec, plan, steps, workers, scheduler, tick)
     else:
         stepwise = _compare_steps_here(engine, plan, steps, jobs, tick, same, unread)
@@ -374,7 +378,8 @@ def step_parts(engine: "_Engine", kp: KindPair, step: int) -> tuple[list[tuple[s
     parts, nbytes = [], 0
     ref_rc, cand_rc = engine.ref.ranks[kp.ref_rank], engine.cand.ranks[kp.rank]
     skip = _identical_by_hash(kp, step, ref_rc, cand_rc, engine.oracle is not None)
-    _check_hash_decided(kp, step, ref_rc, cand_rc, skip)
+    if not engine.trust_index:
+        _check_hash_decided(kp, step, ref_rc, cand_rc, skip)
     unread = skip | _by_summaries(kp, skip)
     plans = engine.sharded_plans(kp, step, unread)
     for u in _units(kp, step, ref_rc, unread | set(plans)):
@@ -423,7 +428,7 @@ def _compare_steps_here(engine: "_Engine", plan, steps: list[int], jobs: int | N
                         wholes[(id(kp), t.name)] = pool.submit(pieces.compare_regions, tp, new_acc)
             checks = [pool.submit(_check_hash_decided, kp, step, engine.ref.ranks[kp.ref_rank],
                                   engine.cand.ranks[kp.rank], same[(id(kp), step)])
-                      for kp in pairs if same[(id(kp), step)]]
+                      for kp in pairs if same[(id(kp), step)] and not engine.trust_index]
             partial: dict[tuple[int, str], list[tuple[int, MetricsAccumulator]]] = {}  # (pair, tensor) -> parts
             try:
                 for u, f in zip(units, futures):
