@@ -43,13 +43,14 @@ def _timed(fn, *args):
 
 
 def _chunk_keys(location):
-    """Every chunk object of a store, with its size, listed through zarr's store."""
+    """Every chunk object of a store and (format 2) every tensor object, with its size, listed
+    through zarr's store."""
     from zarr.core.sync import sync
 
     store = location.zarr_store(read_only=True)
 
     async def listing():
-        return [k async for k in store.list() if "/c/" in k]
+        return [k async for k in store.list() if "/c/" in k or (k.startswith("objects/") and not k.endswith("zarr.json"))]
 
     keys = sync(listing())
     return [(k, sync(store.getsize(k))) for k in keys]
