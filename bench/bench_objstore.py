@@ -7,7 +7,12 @@ Starts moto's S3 server on 127.0.0.1 (a child process; it keeps objects in memor
           ratio bucket / disk;
   diff    tracekit.diff of the two local stores, then of the two bucket stores with each client;
   read    the diff's read pattern alone (ranged reads of every chunk, in pieces of the diff's size,
-          8 in flight) through each client.
+          8 in flight) through each client;
+  formats format 2 (content-addressed objects, PUT through the store's API) against format 1
+          (packed arrays) on the bucket, side by side: write MiB/s through RankWriter and read
+          MiB/s of every tensor back through the reader (format 2 checks every object's hash),
+          each the best of two alternating runs, and the ratio format 2 / format 1. `--formats-only`
+          runs this part alone.
 moto is a Python server on this same (shared) machine, so absolute object-store numbers say little
 about S3; the ratios to disk measured side by side are what this prints.
 
@@ -77,6 +82,80 @@ def _read_all(store, keys, piece: int) -> int:
     return sync(go())
 
 
+def _format_tensors(size: int, ranks: int, steps: int, tensors: int):
+    """{(rank, step, kind): [TensorData]} of ~size bytes, every tensor distinct bytes (no dedup in
+    format 2, so both formats store the same bytes), made before any timing starts."""
+    import numpy as np
+
+    from bench_diff import KINDS
+    from tracekit.store import TensorData
+
+    numel = max(tensors, size // (ranks * steps * len(KINDS)) // 4 // tensors)
+    count = ranks * steps * len(KINDS) * tensors
+    pool = np.random.default_rng(0).standard_normal(numel + count, dtype=np.float32)
+    out, i = {}, 0
+    for r in range(ranks):
+        for s in range(1, steps + 1):
+            for kind in KINDS:
+                out[r, s, kind] = [TensorData(f"layer{t}.weight", "float32", (numel,), pool[i + t: i + t + numel])
+                                   for t in range(tensors)]
+                i += tensors
+    return out
+
+
+def _write_format(url: str, version: int, data) -> int:
+    """Write `data` (from _format_tensors) as the recorder's writer does: rank by rank, step by step."""
+    from tracekit.store import RankWriter, create_store
+
+    create_store(url, {"mode": "ddp"}, force=True, format_version=version)
+    written = 0
+    ranks = sorted({r for r, _, _ in data})
+    for r in ranks:
+        w = RankWriter(url, r, {"coords": {"rank": r, "world_size": len(ranks), "dp_degree": len(ranks), "dp_rank": r}})
+        for step in sorted({s for rank, s, _ in data if rank == r}):
+            for (rank, s, kind), row in data.items():
+                if (rank, s) == (r, step):
+                    w.write(step, kind, row)
+                    written += sum(t.data.nbytes for t in row)
+            w.complete_step(step)
+        w.close()
+    return written
+
+
+def _read_format(url: str) -> int:
+    """Every tensor of every rank, kind and step read back through the reader (bytes as stored)."""
+    from tracekit.store import open_store
+
+    store = open_store(url)
+    n = 0
+    for r in store.ranks:
+        view = store.rank(r)
+        for kind in view.kinds:
+            for step in view.steps(kind):
+                for t in view.tensors(kind):
+                    n += view.read_bits(kind, step, t.name).nbytes
+    return n
+
+
+def _formats(out: dict, size: int, a) -> None:
+    data = _format_tensors(size, a.ranks, a.steps, a.tensors)
+    for _ in range(2):  # best of two, alternating, on a shared machine
+        for version in (1, 2):
+            url = f"s3://bench/format{version}"
+            n, sec, cpu = _timed(_write_format, url, version, data)
+            key = f"format{version}_write_mib_s"
+            out[key] = max(out.get(key, 0), round(n / sec / 2**20, 1))
+            print(f"write  format {version}: {n / 2**20:.0f} MiB in {sec:.1f} s = {n / sec / 2**20:.1f} MiB/s "
+                  f"({n / cpu / 2**20:.1f} per CPU-s of this process)", flush=True)
+            n, sec, cpu = _timed(_read_format, url)
+            key = f"format{version}_read_mib_s"
+            out[key] = max(out.get(key, 0), round(n / sec / 2**20, 1))
+            print(f"read   format {version}: {n / 2**20:.0f} MiB in {sec:.1f} s = {n / sec / 2**20:.1f} MiB/s "
+                  f"({n / cpu / 2**20:.1f} per CPU-s of this process)", flush=True)
+    for what in ("write", "read"):
+        out[f"{what}_ratio_format2_to_format1"] = round(out[f"format2_{what}_mib_s"] / out[f"format1_{what}_mib_s"], 3)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mb", type=float, default=128, help="size of each of the two stores (default 128)")
@@ -84,6 +163,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--tensors", type=int, default=8)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--formats-only", action="store_true", help="only format 2 against format 1 on the bucket")
     a = ap.parse_args()
 
     import tracekit
@@ -97,6 +177,11 @@ def main() -> None:
     with MotoServer() as s3:
         os.environ.update(s3.env("bench-secret"))
         s3.make_bucket("bench")
+        out["s3_client"] = os.environ.get("TRACEKIT_S3_CLIENT", "auto")
+        if a.formats_only:
+            _formats(out, size, a)
+            print(json.dumps(out))
+            return
         places = {"disk": (os.path.join(folder, "ref"), os.path.join(folder, "cand"), None),
                   "bucket_obstore": ("s3://bench/ob/ref", "s3://bench/ob/cand", "obstore"),
                   "bucket_fsspec": ("s3://bench/fs/ref", "s3://bench/fs/cand", "fsspec")}
@@ -144,6 +229,8 @@ def main() -> None:
                 print(f"read   {name:7}: {n / 2**20:.0f} MiB in {sec:.1f} s = {n / sec / 2**20:.1f} MiB/s", flush=True)
         if ob is not None:
             out["read_ratio_obstore_to_fsspec"] = round(out["read_obstore_mib_s"] / out["read_fsspec_mib_s"], 3)
+        os.environ["TRACEKIT_S3_CLIENT"] = "auto"
+        _formats(out, size, a)
     shutil.rmtree(folder, ignore_errors=True)
     print(json.dumps(out))
 

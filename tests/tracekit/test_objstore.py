@@ -1,4 +1,7 @@
-"""Stores on an S3-compatible object store (moto on 127.0.0.1): write, read, diff, open, damage."""
+"""Stores on an S3-compatible object store (moto on 127.0.0.1): write, read, diff, open, damage.
+
+Tests that hold for both store formats run on each: format 2 (content-addressed objects PUT
+through the store's API, the default) and format 1 (packed arrays, still readable and writable)."""
 
 import json
 
@@ -9,8 +12,13 @@ import xarray as xr
 import tracekit
 from tracekit.errors import StoreError
 from tracekit.store import RankWriter, TensorData, create_store, finalize_store, open_store
+from tracekit.store.format import OBJECTS_DIR, object_key
+from tracekit.store.hashing import tensor_hash
 from tracekit.store.location import storage_options_scope
+from tracekit.store.verify import verify_store
 from tracekit.testing import write_store
+
+both_formats = pytest.mark.parametrize("fmt", [2, 1])
 
 
 def _data(seed: int, steps=(1, 2, 3)):
@@ -26,11 +34,13 @@ def _data(seed: int, steps=(1, 2, 3)):
     return out
 
 
-def test_a_store_written_to_a_bucket_reads_back_like_the_same_store_on_disk(s3, tmp_path):
-    local = write_store(tmp_path / "local", _data(0))
-    remote = write_store(s3.url("runs/ref"), _data(0))
+@both_formats
+def test_a_store_written_to_a_bucket_reads_back_like_the_same_store_on_disk(s3, tmp_path, fmt):
+    local = write_store(tmp_path / "local", _data(0), format_version=fmt)
+    remote = write_store(s3.url("runs/ref"), _data(0), format_version=fmt)
     a, b = open_store(local), open_store(remote)
     assert b.path == s3.url("runs/ref")
+    assert a.format_version == b.format_version == fmt
     assert a.ranks == b.ranks == [0, 1]
     for r in a.ranks:
         assert a.rank(r).completed_steps == b.rank(r).completed_steps == [1, 2, 3]
@@ -40,12 +50,12 @@ def test_a_store_written_to_a_bucket_reads_back_like_the_same_store_on_disk(s3, 
                     np.testing.assert_array_equal(b.rank(r).read(kind, s, name), value)
 
 
-def test_diff_of_bucket_and_local_stores_is_the_same_report(s3, tmp_path):
-    # bucket stores are written in format 1 for now (docs/FORMAT.md): the local ones too, so that
-    # every byte is read on both (format 2 would decide hash-equal tensors without reading)
-    local_ref = write_store(tmp_path / "ref", _data(0), format_version=1)
-    local_cand = write_store(tmp_path / "cand", _data(1), format_version=1)
-    s3_ref, s3_cand = write_store(s3.url("ref"), _data(0)), write_store(s3.url("cand"), _data(1))
+@both_formats
+def test_diff_of_bucket_and_local_stores_is_the_same_report(s3, tmp_path, fmt):
+    local_ref = write_store(tmp_path / "ref", _data(0), format_version=fmt)
+    local_cand = write_store(tmp_path / "cand", _data(1), format_version=fmt)
+    s3_ref = write_store(s3.url("ref"), _data(0), format_version=fmt)
+    s3_cand = write_store(s3.url("cand"), _data(1), format_version=fmt)
 
     def comparable(report):
         d = report.to_dict()
@@ -63,7 +73,7 @@ def test_diff_of_bucket_and_local_stores_is_the_same_report(s3, tmp_path):
 
 
 def test_a_deleted_chunk_object_is_an_error_not_zeros(s3):
-    url = write_store(s3.url("ref"), _data(0))
+    url = write_store(s3.url("ref"), _data(0), format_version=1)
     chunk = f"{s3.bucket}/ref/rank_1/gradients/float32/c/1/0"
     assert s3.fs.exists(chunk)
     s3.fs.rm(chunk)
@@ -73,11 +83,64 @@ def test_a_deleted_chunk_object_is_an_error_not_zeros(s3):
         tracekit.diff(url, write_store(s3.url("cand"), _data(0)))
 
 
-def test_a_rank_dead_mid_step_leaves_its_completed_steps_readable(s3):
+def test_a_deleted_or_altered_object_of_a_format_2_bucket_store_is_damage(s3):
+    """Reads check each object's bytes against its hash on a bucket as on disk: a missing object
+    or one whose bytes changed (same size) is a damaged store, never zeros or a numeric verdict."""
+    url = write_store(s3.url("ref"), _data(0))
+    view = open_store(url).rank(1)
+    info = view.tensor("gradients", "w")
+    key = object_key(view.digests("gradients", 2)["w"])
+    obj = f"{s3.bucket}/ref/{key}"
+    good = s3.fs.cat_file(obj)
+    assert len(good) == info.nbytes
+    s3.fs.pipe_file(obj, bytes([good[0] ^ 1]) + good[1:])
+    with pytest.raises(StoreError, match=f"damaged store: .*rank 1 gradients step 2.*w.*bytes do not match their hash \\(object {key}\\)"):
+        open_store(url).rank(1).read("gradients", 2, "w")
+    s3.fs.rm(obj)
+    with pytest.raises(StoreError, match=f"its object {key} is missing"):
+        open_store(url).rank(1).read("gradients", 2, "w")
+
+
+def test_an_object_already_in_the_bucket_is_not_put_again(s3, monkeypatch):
+    """Content addressing on an object store: bytes identical across ranks or steps are one object,
+    PUT once (the second writer finds it with a HEAD, or in its own list of what it wrote)."""
+    from tracekit.store.location import Location
+
+    asked = []  # the object keys each call asks the bucket about (HEAD, then PUT if absent)
+    put_missing = Location.put_missing
+
+    def counted(self, items):
+        asked.append([k for k, _ in items])
+        return put_missing(self, items)
+
+    monkeypatch.setattr(Location, "put_missing", counted)
+    url = s3.url("dedup")
+    create_store(url, {})
+    w = np.arange(12, dtype=np.float32)
+    written = []
+    for rank in (0, 1):
+        rw = RankWriter(url, rank, {"coords": {"rank": rank}})
+        for step in (1, 2, 3):  # the same parameters at every step (frozen) and on both ranks (a replica)
+            rw.write(step, "parameters", [TensorData("w", "float32", (12,), w)])
+            rw.complete_step(step)
+        written.append(rw.kinds["parameters"].objects_written)
+        rw.close()
+    assert written == [1, 0]
+    key = object_key(tensor_hash("w", "float32", (12,), w))
+    assert asked == [[key], [key]]  # once per writer: steps 2 and 3 of a writer ask nothing
+    objects = [k for k in s3.objects() if f"/dedup/{OBJECTS_DIR}/" in k and not k.endswith("zarr.json")]
+    assert len(objects) == 1
+    store = open_store(url)
+    for rank in (0, 1):
+        np.testing.assert_array_equal(store.rank(rank).read("parameters", 3, "w"), w)
+
+
+@both_formats
+def test_a_rank_dead_mid_step_leaves_its_completed_steps_readable(s3, fmt):
     """A rank that dies after writing some of a step's objects: the step was never listed, so
     readers see exactly the completed steps (object PUTs are whole; the listing is written last)."""
     url = s3.url("crash")
-    create_store(url, {})
+    create_store(url, {}, format_version=fmt)
     w = RankWriter(url, 0, {"coords": {"rank": 0}})
     grad = lambda s: [TensorData("w", "float32", (4,), np.full(4, s, np.float32))]  # noqa: E731
     for s in (1, 2):
@@ -86,7 +149,9 @@ def test_a_rank_dead_mid_step_leaves_its_completed_steps_readable(s3):
         w.complete_step(s)
     w.write(3, "gradients", grad(3))  # step 3: gradients written, then the rank is gone
     objects = s3.objects()
-    assert f"{s3.bucket}/crash/rank_0/gradients/float32/c/2/0" in objects  # its bytes did land
+    landed = (f"{s3.bucket}/crash/rank_0/gradients/float32/c/2/0" if fmt == 1 else  # its bytes did land
+              f"{s3.bucket}/crash/{object_key(tensor_hash('w', 'float32', (4,), np.full(4, 3, np.float32)))}")
+    assert landed in objects
     view = open_store(url).rank(0)
     assert view.completed_steps == [1, 2]
     assert view.steps("gradients") == [1, 2]
@@ -97,27 +162,34 @@ def test_a_rank_dead_mid_step_leaves_its_completed_steps_readable(s3):
     assert tracekit.diff(url, url).passed
 
 
-def test_plain_xarray_and_tracekit_open_read_a_bucket_store(s3):
-    url = write_store(s3.url("ref"), _data(0))
+@both_formats
+def test_plain_xarray_and_tracekit_open_read_a_bucket_store(s3, fmt):
+    url = write_store(s3.url("ref"), _data(0), format_version=fmt)
     finalize_store(url, 0)
     tree = xr.open_datatree(url, engine="zarr", storage_options={"endpoint_url": s3.endpoint})
-    packed = tree["rank_1/gradients"]["float32"].values
-    assert packed.shape == (3, 45)  # steps 1-3, w (40) and b (5) packed in one row
-    np.testing.assert_array_equal(packed[1, :40], (_data(0)[1][2]["gradients"]["w"]).ravel())
+    expected = _data(0)[1][2]["gradients"]["w"]
+    if fmt == 1:
+        packed = tree["rank_1/gradients"]["float32"].values
+        assert packed.shape == (3, 45)  # steps 1-3, w (40) and b (5) packed in one row
+        np.testing.assert_array_equal(packed[1, :40], expected.ravel())
+    else:  # plain xarray sees the index: one 16-byte hash per tensor and step
+        assert tree["rank_1/gradients"]["hash"].values.shape == (3, 32)
     ds = tracekit.open(url)
     assert ds.attrs["store"] == url
     assert "gradients" in str(ds)
+    np.testing.assert_array_equal(ds["gradients"]["w"].sel(rank=1, step=2).values, expected)
 
 
-def test_nothing_written_or_reported_holds_the_secret(s3, monkeypatch):
+@both_formats
+def test_nothing_written_or_reported_holds_the_secret(s3, monkeypatch, fmt):
     """Credentials come from the environment (the AWS chain) or options, and stay there."""
-    url = write_store(s3.url("ref"), _data(0))
+    url = write_store(s3.url("ref"), _data(0), format_version=fmt)
     finalize_store(url, 0)
     report = tracekit.diff(url, url)
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")  # a second secret travels as a storage option only
     option_secret = "tracekit-option-secret-55aa"
     with storage_options_scope({"key": "k", "secret": option_secret}):  # what --storage-option does
-        write_store(s3.url("cand"), _data(1), meta={"note": "written with options"})
+        write_store(s3.url("cand"), _data(1), meta={"note": "written with options"}, format_version=fmt)
         opened = open_store(s3.url("cand"))
         assert opened.ranks == [0, 1]
         report2 = tracekit.diff(opened, url)
@@ -150,7 +222,8 @@ def test_a_missing_bucket_or_prefix_is_one_line(s3):
         open_store("s3://no-such-bucket-tracekit/ref")
 
 
-def test_both_s3_clients_write_and_read_the_same_store(s3, monkeypatch):
+@both_formats
+def test_both_s3_clients_write_and_read_the_same_store(s3, monkeypatch, fmt):
     """zarr's ObjectStore (obstore) and FsspecStore (s3fs) are interchangeable on one store."""
     from zarr.storage import FsspecStore, ObjectStore
 
@@ -158,13 +231,17 @@ def test_both_s3_clients_write_and_read_the_same_store(s3, monkeypatch):
 
     monkeypatch.setenv("TRACEKIT_S3_CLIENT", "obstore")
     assert isinstance(resolve(s3.url("x")).zarr_store(), ObjectStore)
-    by_obstore = write_store(s3.url("ob"), _data(0))
+    by_obstore = write_store(s3.url("ob"), _data(0), format_version=fmt)
     monkeypatch.setenv("TRACEKIT_S3_CLIENT", "fsspec")
     assert isinstance(resolve(s3.url("x")).zarr_store(), FsspecStore)
-    by_fsspec = write_store(s3.url("fs"), _data(0))
+    by_fsspec = write_store(s3.url("fs"), _data(0), format_version=fmt)
     assert tracekit.diff(by_obstore, by_fsspec, exact=True).passed
     monkeypatch.setenv("TRACEKIT_S3_CLIENT", "obstore")
     assert tracekit.diff(by_fsspec, by_obstore, exact=True).passed
+    for url in (by_obstore, by_fsspec):  # each client reads every byte the other wrote
+        store = open_store(url)
+        np.testing.assert_array_equal(store.rank(1).read("gradients", 3, "w"), _data(0)[1][3]["gradients"]["w"])
+        assert verify_store(url).ok
 
 
 def test_auto_client_choice(monkeypatch):

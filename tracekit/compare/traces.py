@@ -10,7 +10,7 @@ from __future__ import annotations
 from tracekit.compare.catalog import StoreCatalog
 from tracekit.compare.rootcause import TraceComparison, compare_traces
 from tracekit.compare.tolerances import Tolerances
-from tracekit.dtypes import to_numpy_values
+from tracekit.store.dtypes import to_numpy_values
 from tracekit.store.traces import LEVELS, read_events, read_full, trace_steps
 
 

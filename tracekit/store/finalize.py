@@ -8,12 +8,14 @@ import warnings
 
 import zarr
 
+from tracekit.store.io import compact_metadata
 from tracekit.store.location import resolve
 from tracekit.store.reader import open_store
 from tracekit.store.format import ROOT_KEY
 from tracekit.store.writer import now_iso, update_root_meta
 
 
+@compact_metadata
 def finalize_store(path, exit_status: int, worker_exits: dict[int, int] | None = None,
                    storage_options=None) -> dict:
     """Record end time, exit status and per-rank completion in the root metadata; return them.
@@ -56,6 +58,7 @@ def finalize_store(path, exit_status: int, worker_exits: dict[int, int] | None =
     return summary
 
 
+@compact_metadata
 def mark_writers_outlived(path: str, exit_status: int) -> None:
     """The launcher gives up while ranks still write: note it, without finalizing or consolidating.
 

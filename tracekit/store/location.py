@@ -3,7 +3,8 @@
 `resolve(target, storage_options)` turns what a user typed into a `Location`, which hands out the
 zarr store to open (zarr's LocalStore for folders; for s3:// zarr's ObjectStore over obstore, or
 zarr's FsspecStore over s3fs, see ENV_S3_CLIENT; FsspecStore for other URLs) and a few
-whole-object operations on it (read a key, does a key exist, is the prefix empty, clear). Storage
+whole-object operations on it (read a key, does a key exist, its size, put immutable objects,
+is the prefix empty, clear). Storage
 options are spelled as fsspec spells them, as `xarray.open_datatree(url, engine="zarr",
 storage_options=...)` takes them, whichever client serves the URL.
 
@@ -37,6 +38,9 @@ _OBSTORE_KEYS = {"key": "access_key_id", "secret": "secret_access_key", "token":
                  "endpoint_url": "endpoint", "region_name": "region"}
 # Schemes that name a local folder; everything else with "://" goes to fsspec.
 _LOCAL_SCHEMES = ("file",)
+# Object PUTs (with their HEADs) in flight at once per put_missing call: a step's objects go up
+# together instead of one request round trip after another (bench/bench_objstore.py).
+PUT_CONCURRENCY = 16
 
 
 def is_url(target) -> bool:
@@ -166,6 +170,54 @@ class Location:
         if self.is_local:
             return os.path.isfile(os.path.join(self.url, key))
         return bool(_sync(self._remote().exists(key)))
+
+    def size(self, key: str) -> int | None:
+        """The size of the object at `key` (one HEAD request on an object store); None if there is none."""
+        if self.is_local:
+            try:
+                return os.stat(os.path.join(self.url, key)).st_size
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+        store = self._remote()
+
+        async def head():
+            try:
+                return await store.getsize(key)
+            except FileNotFoundError:
+                return None
+
+        size = _sync(head())
+        return None if size is None else int(size)
+
+    def put_missing(self, items) -> int:
+        """PUT each (key, bytes-like) of `items` whose key is not in the store yet; the number put.
+
+        For immutable, content-addressed objects: a HEAD first, so bytes already stored (by another
+        rank, at an earlier step) are not uploaded again; two writers racing on one key put the
+        same bytes, and a PUT replaces an object whole, so no reader sees a mix. The requests of
+        all items run concurrently, at most PUT_CONCURRENCY at a time. URL stores only."""
+        import asyncio
+
+        from zarr.core.buffer import default_buffer_prototype
+
+        items = list(items)
+        if not items:
+            return 0
+        store = self._remote()
+        to_buffer = default_buffer_prototype().buffer.from_bytes
+        limit = asyncio.Semaphore(PUT_CONCURRENCY) if PUT_CONCURRENCY else None
+
+        async def one(key, data) -> bool:
+            async with limit or contextlib.nullcontext():
+                if await store.exists(key):
+                    return False
+                await store.set(key, to_buffer(data))
+                return True
+
+        async def every():
+            return await asyncio.gather(*(one(k, d) for k, d in items))
+
+        return sum(_sync(every()))
 
     def is_empty(self) -> bool:
         """True when nothing is stored under the location (a missing folder or prefix counts as empty)."""

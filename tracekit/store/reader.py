@@ -118,6 +118,10 @@ class RankView:
         self._peers: dict[str, set[int]] = {}
         self._steps: dict[str, list[int]] = {}
         self._has_summaries: dict[str, bool] = {}
+        # The metadata is read once at open and does not change: its step lists are parsed once
+        # (a 32-rank diff spent most of its time re-validating them for every piece of every tensor).
+        self._row_lists: dict[str, tuple[int, ...]] = {}
+        self._own: dict[str, tuple[int, ...]] = {}
 
     @property
     def coords(self) -> dict:
@@ -238,9 +242,14 @@ class RankView:
 
     def own_steps(self, kind: str) -> list[int]:
         """The steps this rank wrote completely for `kind`, whatever its peers wrote."""
-        rows = self._rows(kind)
-        done = set(self.completed_steps) | {0}
-        return [s for s in rows if s in done]
+        with self._lock:
+            cached = self._own.get(kind)
+        if cached is None:
+            done = set(self.completed_steps) | {0}
+            cached = tuple(s for s in self._rows(kind) if s in done)
+            with self._lock:
+                self._own[kind] = cached
+        return list(cached)
 
     def peers(self, kind: str) -> set[int]:
         """Other ranks holding pieces of this rank's sharded tensors of `kind` (empty: none sharded)."""
@@ -256,8 +265,15 @@ class RankView:
                 self._peers[kind] = cached
         return cached
 
-    def _rows(self, kind: str) -> list[int]:
-        return _step_list(self._kind(kind).attrs.get(STEPS, []), f"{self.store.path}: rank {self.rank} {kind}")
+    def _rows(self, kind: str) -> tuple[int, ...]:
+        """The steps of `kind`'s rows, in row order (read-only: cached)."""
+        with self._lock:
+            cached = self._row_lists.get(kind)
+        if cached is None:
+            cached = tuple(_step_list(self._kind(kind).attrs.get(STEPS, []), f"{self.store.path}: rank {self.rank} {kind}"))
+            with self._lock:
+                self._row_lists[kind] = cached
+        return cached
 
     def rows(self, kind: str) -> dict[int, int]:
         """{step: row} for the visible steps of `kind`: the one step-to-row mapping of the store."""
@@ -376,7 +392,15 @@ class RankView:
 
     def _pieces(self, kind: str, step: int, t: TensorInfo):
         """(peer view, its row, its entry, its digest) of each piece of sharded tensor `t` at `step`,
-        in peer order; StoreError (damage) when a peer's entry does not fit this rank's layout."""
+        in peer order; StoreError (damage) when a peer's entry does not fit this rank's layout.
+        Every holder of the tensor asks the same question: the answer is kept once per store."""
+        key = (kind, step, t.name, t.shard.peers, tuple(t.shape), t.dtype)
+        cached = self.store.pieces_cache.get(key)
+        if cached is None:
+            cached = self.store.pieces_cache[key] = self._find_pieces(kind, step, t)
+        return cached
+
+    def _find_pieces(self, kind: str, step: int, t: TensorInfo):
         where = self.where(kind, step, t.name)
         out = []
         for p in t.shard.peers:
@@ -397,7 +421,7 @@ class RankView:
                 raise StoreError(f"damaged store: {where}: rank {p} did not record its piece at this step")
             row = pv._rows(kind).index(step)
             out.append((pv, row, info, pv.row_digests(kind, row)[pv.position(kind, t.name)]))
-        return out
+        return tuple(out)
 
     def has_summaries(self, kind: str) -> bool:
         """Whether `kind` holds per-tensor summaries (format 2 stores written since summaries exist)."""
@@ -487,9 +511,14 @@ class RankView:
         flags = self._finite_flags(kind, self._row(kind, step))
         out = {n: bool(f) for n, f in zip(names, flags)}
         for t in self.tensors(kind):
-            if t.shard is not None:  # finite only if every piece is
-                out[t.name] = all(bool(pv._finite_flags(kind, row)[pv.position(kind, t.name)])
-                                  for pv, row, _, _ in self._pieces(kind, step, t))
+            if t.shard is not None:  # finite only if every piece is (asked by every holder: kept once)
+                pieces = self._pieces(kind, step, t)
+                key = ("finite", kind, step, t.name, t.shard.peers)
+                known = self.store.pieces_cache.get(key)
+                if known is None:
+                    known = self.store.pieces_cache[key] = all(
+                        bool(pv._finite_flags(kind, row)[pv.position(kind, t.name)]) for pv, row, _, _ in pieces)
+                out[t.name] = known
         return out
 
     def check_finite_flag(self, kind: str, row: int, position: int, finite: bool, where: str) -> None:
@@ -581,6 +610,8 @@ class RunStore:
         self.verified = Verified()  # objects whose bytes matched their hash (immutable: checked once)
         self._verify_lock = threading.Lock()
         self._object_locks: dict[bytes, threading.Lock] = {}
+        # (kind, step, tensor, layout) -> its pieces (RankView._pieces): asked by every holder
+        self.pieces_cache: dict[tuple, tuple] = {}
         try:
             self.root = zarr.open_group(self.location.zarr_store(read_only=True), mode="r", use_consolidated=False)
         except Exception as e:

@@ -19,6 +19,7 @@ from typing import Sequence
 import numpy as np
 import zarr
 
+from tracekit.store.io import compact_metadata
 from tracekit.errors import StoreError
 from tracekit.store.writer import TensorData
 
@@ -52,6 +53,7 @@ class TraceWriter:
             self._steps[level] = []
         return g
 
+    @compact_metadata
     def write_step(self, level: str, step: int, events: list[dict], full: Sequence[TensorData] = ()) -> None:
         payload = np.frombuffer(json.dumps(events, separators=(",", ":")).encode(), dtype=np.uint8)
         g = self._level(level)

@@ -130,7 +130,7 @@ def _verify_v2_kind(view: RankView, kind, tensors, rows, result, report, known, 
 
 
 def _verify_v1_kind(view: RankView, kind, tensors, rows, result, report) -> None:
-    root = view.store.path
+    root = view.store.io_root  # a folder, or a URL's Location (one HEAD per chunk object)
     for key in sorted({t.array for t in tensors}):
         try:
             arr = view.array(kind, key)

@@ -127,16 +127,16 @@ def _create_local(path: str, root_meta: dict, force: bool) -> zarr.Group:
         raise StoreError(f"{path}: cannot create the store ({e.strerror or e})") from None
 
 
+@io.compact_metadata
 def create_store(path, meta: dict, force: bool = False, storage_options=None, format_version: int | None = None) -> None:
     """Create the root group with its metadata. Refuses to clobber anything not asked for.
 
-    format_version: by default 2 for a local folder, 1 for a URL (format 2's objects are written
-    through tracekit/store/io.py, which is not URL-aware yet); 1 also makes the packed layout of
-    older tracekits on purpose (tests, benchmarks)."""
+    format_version: by default the current one (2), for folders and URLs alike; 1 makes the packed
+    layout of older tracekits on purpose (tests, benchmarks)."""
     location = resolve(path, storage_options)
     if format_version is None:
-        format_version = FORMAT_VERSION if location.is_local else 1
-    if format_version not in READABLE_VERSIONS or (format_version >= 2 and not location.is_local):
+        format_version = FORMAT_VERSION
+    if format_version not in READABLE_VERSIONS:
         raise StoreError(f"cannot write store format {format_version} at {path}")
     root_meta = {"format_version": format_version, "start_time": now_iso(), **meta}
     if location.is_local:
@@ -156,6 +156,7 @@ def create_store(path, meta: dict, force: bool = False, storage_options=None, fo
                           attributes={ROOT_KEY: "content-addressed tensor bytes (docs/FORMAT.md)"})
 
 
+@io.compact_metadata
 def update_root_meta(path, storage_options=None, **fields) -> None:
     """Merge fields into the root metadata (only while no rank writes: before start or after end)."""
     root = zarr.open_group(resolve(path, storage_options).zarr_store(), mode="r+", use_consolidated=False)
@@ -227,7 +228,8 @@ class _ObjectKindWriter:
     """Format v2: each tensor's bytes once as a content-addressed object (only the tensors `full`
     keeps; store/keep.py), then one index row per step: hashes, finiteness flags and summaries."""
 
-    def __init__(self, group: zarr.Group, kind: str, store_root: str, full: Sequence[str] = ()):
+    def __init__(self, group: zarr.Group, kind: str, store_root, full: Sequence[str] = ()):
+        """store_root: where tracekit/store/io.py writes objects (a folder, or a URL's Location)."""
         self.group = group
         self.full = tuple(full)
         self.kind = kind
@@ -238,6 +240,7 @@ class _ObjectKindWriter:
         self.summary_array: zarr.Array | None = None
         self.steps: list[int] = []
         self.objects_written = 0  # new objects; the rest were already in the store (dedup)
+        self.present: set[str] = set()  # object keys this writer knows are stored (asked once)
 
     def _create(self, tensors: Sequence[TensorData], shards) -> None:
         index, _ = index_of((t.name, t.dtype, t.shape if sh is None else sh.full_shape) for t, sh in zip(tensors, shards))
@@ -260,6 +263,7 @@ class _ObjectKindWriter:
         digests = np.empty((len(tensors), HASH_BYTES), dtype=np.uint8)
         finite = np.empty(len(tensors), dtype=np.uint8)
         summaries = np.empty((len(tensors), N_FIELDS), dtype=np.float64)
+        objects = []  # (key, bytes) of the tensors whose bytes are kept, written together
         for i, (t, sh) in enumerate(zip(tensors, shards)):
             data = np.ascontiguousarray(t.data).reshape(-1)
             if sh is not None and (tuple(t.shape) != sh.shape or data.size != sh.numel):
@@ -268,11 +272,10 @@ class _ObjectKindWriter:
             digests[i] = np.frombuffer(digest, dtype=np.uint8)
             finite[i] = all_finite(data, t.dtype)
             summaries[i] = summarize(data, t.dtype)
-            if not self.index[i].keeps_bytes:
-                continue  # summary and hash only (--full)
-            # objects first: an index row never names an object that is not there
-            if io.write_once(self.root, object_key(digest), [memoryview(data).cast("B")]):
-                self.objects_written += 1
+            if self.index[i].keeps_bytes:  # else summary and hash only (--full)
+                objects.append((object_key(digest), [memoryview(data).cast("B")]))
+        # objects first: an index row never names an object that is not there
+        self.objects_written += io.write_objects(self.root, objects, self.present)
         row = len(self.steps)
         for arr, values in ((self.hash_array, digests.reshape(-1)), (self.finite_array, finite),
                             (self.summary_array, seal(summaries))):
@@ -321,6 +324,7 @@ class _KindWriter:
 class RankWriter:
     """Writes rank R's group. Not thread-safe: one writer (thread) per rank."""
 
+    @io.compact_metadata
     def __init__(self, store_path, rank: int, attrs: dict, storage_options=None, run_id: str | None = None,
                  full: Sequence[str] = ()):
         """run_id: the job this rank belongs to; the rank refuses a store that names another (None: adopt it).
@@ -334,6 +338,7 @@ class RankWriter:
         self.path = str(store_path)
         self.location = location
         self.store_path = location.path if location.is_local else str(location)
+        self.io_root = location.path if location.is_local else location  # what store/io.py writes objects under
         # Held while the group is open: the launcher finalizes only once every writer let go (local stores).
         self._claim = WriterClaim(location.path if location.is_local else None)
         try:
@@ -341,7 +346,7 @@ class RankWriter:
             root_meta = dict(root.attrs[ROOT_KEY])
             self.run_id = self._check_owner(root_meta, run_id)
             self.format_version = root_meta.get("format_version")
-            if self.format_version not in READABLE_VERSIONS or (self.format_version >= 2 and not location.is_local):
+            if self.format_version not in READABLE_VERSIONS:
                 raise StoreError(f"{store_path}: cannot append to store format {self.format_version} here")
             self.full = parse_full(full)
             if self.full and self.format_version == 1:
@@ -383,6 +388,7 @@ class RankWriter:
         self._check_owner(meta, self.run_id)
         self._checked_step = step
 
+    @io.compact_metadata
     def write(self, step: int, kind: str, tensors: Sequence[TensorData]) -> None:
         if not tensors:
             return
@@ -397,20 +403,23 @@ class RankWriter:
         if kw is None:
             group = self.group.create_group(kind)
             kw = self.kinds[kind] = (_KindWriter(group, kind) if self.format_version == 1
-                                     else _ObjectKindWriter(group, kind, self.store_path, self.full))
+                                     else _ObjectKindWriter(group, kind, self.io_root, self.full))
         if self.format_version == 1:
             kw.append(step, tensors)
         else:
             kw.append(step, tensors, shards)
 
+    @io.compact_metadata
     def complete_step(self, step: int) -> None:
         """Mark a step complete: all of its kinds are written."""
         self.completed.append(step)
         self.group.attrs["completed_steps"] = self.completed
 
+    @io.compact_metadata
     def update_attrs(self, **fields) -> None:
         self.group.attrs.update(fields)
 
+    @io.compact_metadata
     def close(self, status: str = "finished", cause: str | None = None) -> None:
         try:
             self.group.attrs.update({"status": status, "end_time": now_iso(), **({"cause": cause} if cause else {})})
