@@ -182,8 +182,9 @@ class Handoff:
         """Hand over a traced step's events and its --trace-full tensors. The events travel as one
         marshal blob (an entry of kind TRACE_EVENTS): ~12x cheaper than JSON on the training thread
         (2.8 against 34 ms for the 10M bench model's 1,800 events); the writer process turns them
-        into the store's JSON. marshal, not pickle: it builds plain values only, and the blob is
-        this process's own, read by the writer it started with the same interpreter."""
+        into the store's JSON. marshal, not pickle: loading it runs no code, and the blob is this
+        process's own (a private spool folder), read by the writer it started with the same
+        interpreter (marshal's format is per Python version)."""
         blob = np.frombuffer(marshal.dumps(events), dtype=np.uint8)
         tensors = [("trace", t) for t in full] + [(TRACE_EVENTS, TensorData("events", "uint8", blob.shape, blob))]
         self.put(step, tensors, complete=False, extra={"trace": {"level": level, "events": TRACE_EVENTS_MARSHAL}})
