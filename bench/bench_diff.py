@@ -5,14 +5,19 @@ reference by float32 rounding noise everywhere, so no shortcut applies), then me
 separate processes:
   raw   numpy.fromfile of every chunk file of both stores (the bytes the diff must read);
   diff  tracekit.diff of the two stores;
-and prints both throughputs (bytes of tensor data per second), their ratio (target >= 0.9 in
-format 2, whose reads also check every object's hash) and the diff's peak RSS (target: bounded).
+and prints both throughputs, the ratio raw read time / diff time of the same files (target >= 0.9
+in format 2, whose reads also check every object's hash) and the diff's peak RSS (target:
+bounded). --diff-layout fsdp builds the pair in row blocks instead (format 2: each rank writes its
+piece, every rank presents the same whole tensors; the diff reads each piece pair once).
 
---identical adds the case content hashes are for: a store diffed against an identical copy,
-in format 1 (every byte read) and format 2 (decided by hash) on the same data, side by side,
-with the speedup (target >= 10x).
+--identical adds the case content hashes are for: two identical stores (same data, written twice)
+diffed in format 1 (every byte read and compared) and in format 2 (decided by hash; each distinct
+object still hash-checked once per open store), side by side, with the speedup (target >= 10x),
+for each of --layouts: ddp (replicas) and fsdp (each rank writes its own row block in format 2).
+--identical-only skips the different-stores case; --identical-mb sizes the identical stores.
 
     python bench/bench_diff.py --size-mb 1024 --dir /tmp/tracekit-bench [--format 1|2] [--identical]
+    python bench/bench_diff.py --identical-only --identical-mb 4096 --ranks 4 --steps 2
 """
 
 from __future__ import annotations
@@ -90,27 +95,98 @@ print(r.bytes_compared, dt, dc, peak, r.summary_line)
 """
 
 
+# The same diff with `tracekit diff --trust-index`: hash-decided objects not read back.
+DIFF_TRUSTED = DIFF.replace("jobs=int(sys.argv[4]))", "jobs=int(sys.argv[4]), trust_index=True)")
+assert DIFF_TRUSTED != DIFF
+
+
 def run(code: str, fields: int, *args) -> list[str]:
     out = subprocess.run([sys.executable, "-c", code, *map(str, args)], check=True, capture_output=True, text=True)
     return out.stdout.split(maxsplit=fields - 1)
 
 
+def build_layout(path: str, layout: str, version: int, size_bytes: int, ranks: int, steps: int, tensors: int,
+                 noise: float = 0.0) -> int:
+    """A store for the identical-store case: `size_bytes` of tensors as the ranks present them
+    (every rank sees every tensor whole), the same data in either format.
+
+    ddp:  every rank holds the same replica (format 2 stores it once, format 1 once per rank);
+    fsdp: rank r holds row block r of every tensor: format 2 stores that piece (distinct pieces,
+          no collective), format 1 (whole tensors only) the gathered tensor on every rank.
+    Returns the bytes of tensor data the ranks present."""
+    from tracekit.store import RankWriter, TensorData, create_store
+    from tracekit.store.shards import Shard, pack
+
+    cols = 1024
+    per_tensor = size_bytes // (ranks * steps * len(KINDS) * tensors)
+    rows = max(ranks, per_tensor // 4 // cols // ranks * ranks)
+    base = np.random.default_rng(0).standard_normal((rows, cols), dtype=np.float32)
+    if noise:  # the candidate: every element moved by a few ulps
+        base *= np.float32(1) + np.float32(noise) * np.random.default_rng(1).standard_normal((rows, cols), dtype=np.float32)
+    per = rows // ranks
+    create_store(path, {"mode": layout}, force=True, format_version=version)
+    presented = 0
+    for r in range(ranks):
+        w = RankWriter(path, r, {"coords": {"rank": r, "world_size": ranks, "dp_degree": ranks, "dp_rank": r}})
+        for s in range(1, steps + 1):
+            for k, kind in enumerate(KINDS):
+                row = []
+                for t in range(tensors):
+                    shift = np.float32(s * 1000 + k * 100 + t)  # every (step, kind, tensor) its own bytes
+                    name = f"layer{t}.weight"
+                    if layout == "fsdp" and version == 2:
+                        part = base[r * per : (r + 1) * per] + shift
+                        shard = Shard((rows, cols), (r * per, 0), part.shape, tuple(range(ranks)))
+                        row.append(TensorData(pack(name, shard), "float32", part.shape, part))
+                    else:
+                        row.append(TensorData(name, "float32", (rows, cols), base + shift))
+                    presented += rows * cols * 4
+                w.write(s, kind, row)
+            w.complete_step(s)
+        w.close()
+    return presented
+
+
+def _disk(path: str) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
+
+
+def _load() -> str:
+    return "load %.2f %.2f %.2f" % os.getloadavg()
+
+
 def identical(a, size: int) -> None:
-    """An identical copy diffed in format 1 and in format 2, same data, timed side by side."""
-    times = {}
-    for version in (1, 2):
-        ref, same = os.path.join(a.dir, f"id{version}-ref"), os.path.join(a.dir, f"id{version}-same")
-        build(ref, size, a.ranks, a.steps, a.tensors, 0.0, 0, version)
-        build(same, size, a.ranks, a.steps, a.tensors, 0.0, 0, version)
-        runs = [run(DIFF, 5, ROOT, ref, same, a.jobs) for _ in range(a.repeat)]
-        times[version] = min(float(r[1]) for r in runs)
-        nb, _, _, peak, line = runs[0]
-        print(f"identical stores, format {version}: diff {times[version]:.3f} s, {int(nb) / 2**20:.1f} MiB read, "
-              f"peak RSS {int(peak) / 2**20:.0f} MiB   [{line.strip()}]")
-        if not a.keep:
-            shutil.rmtree(ref, ignore_errors=True)
-            shutil.rmtree(same, ignore_errors=True)
-    print(f"identical stores: format 2 diff is {times[1] / times[2]:.1f}x faster than format 1 (target >= 10x)")
+    """Two identical stores diffed in format 1 and in format 2, same data, timed side by side,
+    for each layout in --layouts."""
+    for layout in a.layouts.split(","):
+        times = {}
+        for version in (1, 2):
+            ref, same = os.path.join(a.dir, f"id{version}-ref"), os.path.join(a.dir, f"id{version}-same")
+            t = time.perf_counter()
+            n = build_layout(ref, layout, version, size, a.ranks, a.steps, a.tensors)
+            build_layout(same, layout, version, size, a.ranks, a.steps, a.tensors)
+            built = time.perf_counter() - t
+            runs = []
+            for _ in range(a.repeat):
+                runs.append(run(DIFF, 5, ROOT, ref, same, a.jobs) + [_load()])
+            times[version] = min(float(r[1]) for r in runs)
+            nb, _, cpu, peak, line, load = runs[0]
+            if version == 2:
+                trusted = [run(DIFF_TRUSTED, 5, ROOT, ref, same, a.jobs) + [_load()] for _ in range(a.repeat)]
+                times["trusted"] = min(float(r[1]) for r in trusted)
+                print(f"identical {layout} stores, format 2 with --trust-index (hash-decided objects not read back): "
+                      f"{' / '.join(f'{float(r[1]):.2f} s, {float(r[2]):.2f} CPU-s ({r[5]})' for r in trusted)}",
+                      flush=True)
+            print(f"identical {layout} stores, {a.ranks} ranks, format {version}: {n / 2**20:.0f} MiB of tensors presented, "
+                  f"{_disk(ref) / 2**20:.0f} MiB on disk each (built in {built:.0f} s); diff "
+                  f"{' / '.join(f'{float(r[1]):.2f} s, {float(r[2]):.2f} CPU-s ({r[5]})' for r in runs)}, "
+                  f"{int(nb) / 2**20:.1f} MiB compared, "
+                  f"peak RSS {int(peak) / 2**20:.0f} MiB   [{line.strip()}]", flush=True)
+            if not a.keep:
+                shutil.rmtree(ref, ignore_errors=True)
+                shutil.rmtree(same, ignore_errors=True)
+        print(f"identical {layout} stores: format 2 diff is {times[1] / times[2]:.1f}x faster than format 1 "
+              f"(best of {a.repeat}; target >= 10x); with --trust-index {times[1] / times['trusted']:.1f}x", flush=True)
 
 
 def main() -> None:
@@ -125,43 +201,67 @@ def main() -> None:
     ap.add_argument("--keep", action="store_true", help="keep the stores afterwards")
     ap.add_argument("--format", type=int, default=2, choices=(1, 2), help="store format of the two stores")
     ap.add_argument("--identical", action="store_true", help="also time identical stores, format 1 vs 2")
+    ap.add_argument("--identical-only", action="store_true", help="only the identical-store case")
+    ap.add_argument("--identical-mb", type=float, default=None, help="size of each identical store (default --size-mb)")
+    ap.add_argument("--layouts", default="ddp,fsdp", help="layouts of the identical-store case (ddp, fsdp)")
+    ap.add_argument("--diff-layout", default="ddp", choices=("ddp", "fsdp"),
+                    help="layout of the different-stores case: ddp (every rank its own data) or fsdp (row blocks, "
+                         "every rank presenting the same whole tensors)")
     a = ap.parse_args()
-    ref, cand = os.path.join(a.dir, "ref"), os.path.join(a.dir, "cand")
     os.makedirs(a.dir, exist_ok=True)
     size = int(a.size_mb * 2**20)
+    if not a.identical_only:
+        different(a, size)
+    if a.identical or a.identical_only:
+        identical(a, int((a.identical_mb or a.size_mb) * 2**20))
+    if not a.keep:
+        shutil.rmtree(a.dir, ignore_errors=True)
+
+
+def different(a, size: int) -> None:
+    """Two stores that differ everywhere: the diff against a raw read of the same files."""
+    ref, cand = os.path.join(a.dir, "ref"), os.path.join(a.dir, "cand")
     t = time.perf_counter()
-    marker = os.path.join(a.dir, f"built-{a.format}-{a.size_mb}-{a.ranks}-{a.steps}-{a.tensors}")
+    marker = os.path.join(a.dir, f"built-{a.diff_layout}-{a.format}-{a.size_mb}-{a.ranks}-{a.steps}-{a.tensors}")
     if a.keep and os.path.exists(marker):  # reuse the stores of a previous --keep run of the same size
         n = int(open(marker).read())
+    elif a.diff_layout == "fsdp":
+        n = build_layout(ref, "fsdp", a.format, size, a.ranks, a.steps, a.tensors)
+        build_layout(cand, "fsdp", a.format, size, a.ranks, a.steps, a.tensors, noise=1e-7)
     else:
         n = build(ref, size, a.ranks, a.steps, a.tensors, 0.0, 0, a.format)
         build(cand, size, a.ranks, a.steps, a.tensors, 1e-7, 1, a.format)
         open(marker, "w").write(str(n))
-    print(f"2 format-{a.format} stores of {n / 2**20:.0f} MiB tensor data each ready in {time.perf_counter() - t:.1f} s")
-    # The machine may be shared: wall-clock rates are taken as the best of --repeat runs, and the
+    print(f"2 format-{a.format} {a.diff_layout} stores of {n / 2**20:.0f} MiB tensor data each ({_disk(ref) / 2**20:.0f} MiB "
+          f"on disk) ready in {time.perf_counter() - t:.1f} s",
+          flush=True)
+    # The machine may be shared: wall-clock figures are taken as the best of --repeat runs, and the
     # CPU-time rates (bytes per CPU-second, all threads) show the work per byte whatever the load.
-    best = {"raw": 0.0, "diff": 0.0, "raw_cpu": 0.0, "diff_cpu": 0.0}
+    best = {"raw": 0.0, "diff": 0.0, "raw_cpu": 0.0, "diff_cpu": 0.0, "ratio": 0.0}
     rss = 0
     for i in range(a.repeat):
+        load0 = _load()
         nb, sec, cpu = run(RAW, 3, ref, cand)
-        raw, raw_cpu = int(nb) / float(sec), int(nb) / float(cpu)
+        raw_bytes, raw_sec = int(nb), float(sec)
+        raw, raw_cpu = raw_bytes / raw_sec, raw_bytes / float(cpu)
         nb, sec, cpu, peak, line = run(DIFF, 5, ROOT, ref, cand, a.jobs)
         rate, rate_cpu = int(nb) / float(sec), int(nb) / float(cpu)
+        ratio = raw_sec / float(sec)  # the same files: raw read time over diff time
         rss = max(rss, int(peak))
-        print(f"run {i + 1}: raw read {raw / 2**20:6.0f} MiB/s ({raw_cpu / 2**20:6.0f} per CPU-s)   "
-              f"diff {rate / 2**20:6.0f} MiB/s ({rate_cpu / 2**20:6.0f} per CPU-s)   ratio {rate / raw:.2f}   "
-              f"diff peak RSS {int(peak) / 2**20:.0f} MiB   [{line.strip()}]")
-        for k, v in (("raw", raw), ("diff", rate), ("raw_cpu", raw_cpu), ("diff_cpu", rate_cpu)):
+        print(f"run {i + 1}: raw read {raw_bytes / 2**20:.0f} MiB in {raw_sec:.2f} s = {raw / 2**20:6.0f} MiB/s "
+              f"({raw_cpu / 2**20:6.0f} per CPU-s)   diff {int(nb) / 2**20:.0f} MiB in {float(sec):.2f} s = "
+              f"{rate / 2**20:6.0f} MiB/s ({rate_cpu / 2**20:6.0f} per CPU-s)   raw time / diff time {ratio:.2f}   "
+              f"diff peak RSS {int(peak) / 2**20:.0f} MiB   [{load0} / {_load()}]   [{line.strip()}]", flush=True)
+        for k, v in (("raw", raw), ("diff", rate), ("raw_cpu", raw_cpu), ("diff_cpu", rate_cpu), ("ratio", ratio)):
             best[k] = max(best[k], v)
-    if a.identical:
-        identical(a, size)
     print(json.dumps({"format": a.format, "store_mib": round(n / 2**20), "jobs": a.jobs, "raw_mib_s": round(best["raw"] / 2**20),
-                      "diff_mib_s": round(best["diff"] / 2**20), "ratio": round(best["diff"] / best["raw"], 3),
+                      "diff_mib_s": round(best["diff"] / 2**20), "ratio": round(best["ratio"], 3),
                       "raw_mib_per_cpu_s": round(best["raw_cpu"] / 2**20),
                       "diff_mib_per_cpu_s": round(best["diff_cpu"] / 2**20),
-                      "diff_peak_rss_mib": round(rss / 2**20)}))
+                      "diff_peak_rss_mib": round(rss / 2**20)}), flush=True)
     if not a.keep:
-        shutil.rmtree(a.dir, ignore_errors=True)
+        shutil.rmtree(ref, ignore_errors=True)
+        shutil.rmtree(cand, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -9,10 +9,10 @@ Starts moto's S3 server on 127.0.0.1 (a child process; it keeps objects in memor
   read    the diff's read pattern alone (ranged reads of every chunk, in pieces of the diff's size,
           8 in flight) through each client;
   formats format 2 (content-addressed objects, PUT through the store's API) against format 1
-          (packed arrays) on the bucket, side by side: write MiB/s through RankWriter and read
-          MiB/s of every tensor back through the reader (format 2 checks every object's hash),
-          each the best of two alternating runs, and the ratio format 2 / format 1. `--formats-only`
-          runs this part alone.
+          (packed arrays), on the bucket and on disk, side by side: write MiB/s through RankWriter
+          and read MiB/s of every tensor back through the reader (format 2 checks every object's
+          hash), each the best of two alternating runs; the ratios format 2 / format 1 and
+          bucket / disk. `--formats-only` runs this part alone.
 moto is a Python server on this same (shared) machine, so absolute object-store numbers say little
 about S3; the ratios to disk measured side by side are what this prints.
 
@@ -43,13 +43,14 @@ def _timed(fn, *args):
 
 
 def _chunk_keys(location):
-    """Every chunk object of a store, with its size, listed through zarr's store."""
+    """Every chunk object of a store and (format 2) every tensor object, with its size, listed
+    through zarr's store."""
     from zarr.core.sync import sync
 
     store = location.zarr_store(read_only=True)
 
     async def listing():
-        return [k async for k in store.list() if "/c/" in k]
+        return [k async for k in store.list() if "/c/" in k or (k.startswith("objects/") and not k.endswith("zarr.json"))]
 
     keys = sync(listing())
     return [(k, sync(store.getsize(k))) for k in keys]
@@ -137,23 +138,26 @@ def _read_format(url: str) -> int:
     return n
 
 
-def _formats(out: dict, size: int, a) -> None:
+def _formats(out: dict, size: int, a, folder: str) -> None:
     data = _format_tensors(size, a.ranks, a.steps, a.tensors)
+    places = {"bucket": "s3://bench/format{v}", "disk": os.path.join(folder, "format{v}")}
     for _ in range(2):  # best of two, alternating, on a shared machine
-        for version in (1, 2):
-            url = f"s3://bench/format{version}"
-            n, sec, cpu = _timed(_write_format, url, version, data)
-            key = f"format{version}_write_mib_s"
-            out[key] = max(out.get(key, 0), round(n / sec / 2**20, 1))
-            print(f"write  format {version}: {n / 2**20:.0f} MiB in {sec:.1f} s = {n / sec / 2**20:.1f} MiB/s "
-                  f"({n / cpu / 2**20:.1f} per CPU-s of this process)", flush=True)
-            n, sec, cpu = _timed(_read_format, url)
-            key = f"format{version}_read_mib_s"
-            out[key] = max(out.get(key, 0), round(n / sec / 2**20, 1))
-            print(f"read   format {version}: {n / 2**20:.0f} MiB in {sec:.1f} s = {n / sec / 2**20:.1f} MiB/s "
-                  f"({n / cpu / 2**20:.1f} per CPU-s of this process)", flush=True)
+        for where, pattern in places.items():
+            for version in (1, 2):
+                url = pattern.format(v=version)
+                for what, fn in (("write", lambda: _write_format(url, version, data)), ("read", lambda: _read_format(url))):
+                    n, sec, cpu = _timed(fn)
+                    key = f"{where}_format{version}_{what}_mib_s"
+                    out[key] = max(out.get(key, 0), round(n / sec / 2**20, 1))
+                    print(f"{what:5} {where:6} format {version}: {n / 2**20:.0f} MiB in {sec:.1f} s = "
+                          f"{n / sec / 2**20:.1f} MiB/s ({n / cpu / 2**20:.1f} per CPU-s of this process)", flush=True)
     for what in ("write", "read"):
-        out[f"{what}_ratio_format2_to_format1"] = round(out[f"format2_{what}_mib_s"] / out[f"format1_{what}_mib_s"], 3)
+        for where in places:
+            out[f"{where}_{what}_ratio_format2_to_format1"] = round(
+                out[f"{where}_format2_{what}_mib_s"] / out[f"{where}_format1_{what}_mib_s"], 3)
+        for version in (1, 2):
+            out[f"format{version}_{what}_ratio_bucket_to_disk"] = round(
+                out[f"bucket_format{version}_{what}_mib_s"] / out[f"disk_format{version}_{what}_mib_s"], 3)
 
 
 def main() -> None:
@@ -179,7 +183,8 @@ def main() -> None:
         s3.make_bucket("bench")
         out["s3_client"] = os.environ.get("TRACEKIT_S3_CLIENT", "auto")
         if a.formats_only:
-            _formats(out, size, a)
+            _formats(out, size, a, folder)
+            shutil.rmtree(folder, ignore_errors=True)
             print(json.dumps(out))
             return
         places = {"disk": (os.path.join(folder, "ref"), os.path.join(folder, "cand"), None),
@@ -230,7 +235,7 @@ def main() -> None:
         if ob is not None:
             out["read_ratio_obstore_to_fsspec"] = round(out["read_obstore_mib_s"] / out["read_fsspec_mib_s"], 3)
         os.environ["TRACEKIT_S3_CLIENT"] = "auto"
-        _formats(out, size, a)
+        _formats(out, size, a, folder)
     shutil.rmtree(folder, ignore_errors=True)
     print(json.dumps(out))
 

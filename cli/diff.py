@@ -53,6 +53,10 @@ def environment_block(diffs: list[dict]) -> str:
 @click.option("--oracle", type=click.Path(), help="A float64 CPU recording of the same job: three-way verdict.")
 @click.option("--oracle-factor", type=float, default=None,
               help=f"Candidate error allowed, as a multiple of the reference's error against the oracle (default {DEFAULT_ORACLE_FACTOR:g}).")
+@click.option("--trust-index", is_flag=True,
+              help="Format 2: decide tensors whose content hashes are equal on both sides from the index alone, "
+                   "without reading their bytes back to check them. Identical stores then diff at metadata speed; "
+                   "damage in those bytes goes unseen (`tracekit verify STORE` checks it). The report says so.")
 @json_option("the report", "The verdict line goes to stderr. Schema: schemas/diff-report.schema.json.")
 @click.option("--json-file", "json_file", metavar="FILE", type=click.Path(),
               help="Also write the JSON report to FILE, next to the text on stdout.")
@@ -67,7 +71,7 @@ def environment_block(diffs: list[dict]) -> str:
 @one_line_errors
 @storage_options
 def diff(ref, cand, align, rtol, atol, rel_l2, tol, config, exact, equal_nan, kinds, allow_missing, fail_fast, oracle,
-         oracle_factor, as_json, json_file, all_tensors, max_rows, jobs, quiet, workers, scheduler):
+         oracle_factor, trust_index, as_json, json_file, all_tensors, max_rows, jobs, quiet, workers, scheduler):
     """Compare a candidate run CAND with a reference run REF, rank by rank and step by step.
 
     \b
@@ -92,7 +96,7 @@ def diff(ref, cand, align, rtol, atol, rel_l2, tol, config, exact, equal_nan, ki
             config=config, kinds=kinds,
             allow_missing=allow_missing, fail_fast=fail_fast, oracle=oracle, oracle_factor=oracle_factor,
             details="all" if all_tensors else "violations", jobs=jobs, progress=progress, workers=workers,
-            scheduler=scheduler)
+            scheduler=scheduler, trust_index=trust_index)
     finally:
         progress.close()
     if json_file:

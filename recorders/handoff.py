@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+import marshal
 import os
 import select
 import shutil
@@ -21,9 +22,11 @@ import subprocess
 import sys
 import tempfile
 
+import numpy as np
+
 import tracekit
 from tracekit.errors import TracekitError
-from tracekit.recorders.spool import PART, PROV, STEP, entry_name, spool_root, write_entry
+from tracekit.recorders.spool import PART, PROV, STEP, TRACE_EVENTS, TRACE_EVENTS_MARSHAL, entry_name, spool_root, write_entry
 from tracekit.recorders.spool_writer import ATTRS, LOCK
 from tracekit.store import TensorData
 from tracekit.store.location import canonical, child_env
@@ -183,8 +186,15 @@ class Handoff:
         self._sealed(self._seq, self._write(self._seq, STEP, step, complete, tensors, extra))
 
     def put_trace(self, step: int, level: str, events: list[dict], full: list[TensorData]) -> None:
-        """Hand over a traced step's events and its --trace-full tensors."""
-        self.put(step, [("trace", t) for t in full], complete=False, extra={"trace": {"level": level, "events": events}})
+        """Hand over a traced step's events and its --trace-full tensors. The events travel as one
+        marshal blob (an entry of kind TRACE_EVENTS): ~12x cheaper than JSON on the training thread
+        (2.8 against 34 ms for the 10M bench model's 1,800 events); the writer process turns them
+        into the store's JSON. marshal, not pickle: loading it runs no code, and the blob is this
+        process's own (a private spool folder), read by the writer it started with the same
+        interpreter (marshal's format is per Python version)."""
+        blob = np.frombuffer(marshal.dumps(events), dtype=np.uint8)
+        tensors = [("trace", t) for t in full] + [(TRACE_EVENTS, TensorData("events", "uint8", blob.shape, blob))]
+        self.put(step, tensors, complete=False, extra={"trace": {"level": level, "events": TRACE_EVENTS_MARSHAL}})
 
     def provisional(self, step: int, tensors: list[tuple[str, TensorData]]) -> None:
         """Hand over the open step's capture; a later call replaces it until seal(). Durable on return:

@@ -13,7 +13,8 @@ it dies; a machine crash is not covered.
 
 Layout of one entry: MAGIC, an 8-byte little-endian header length, a JSON header
 {"step", "complete", "tensors": [{"kind", "name", "dtype", "shape", "offset", "nbytes"[, "shard"]}], "extra"}
-(extra: {"trace": {"level", "events"}} for a traced step, whose tensors are its --trace-full ones;
+(extra: {"trace": {"level", "events": "marshal"}} for a traced step, whose tensors are its --trace-full
+ones, kind "trace", and its events as one marshal blob, kind TRACE_EVENTS; see Handoff.put_trace;
 shard: the layout of a sharded tensor's piece, Shard.to_spool(); `shape` is the piece's), then
 each tensor's bytes in storage dtype, each starting on a 64-byte boundary. No torch here: the
 writer process never imports it.
@@ -37,6 +38,7 @@ from tracekit.store.shards import Shard
 MAGIC = b"TKSPOOL1"
 ALIGN = 64
 PART, PROV, STEP = ".part", ".prov", ".step"
+TRACE_EVENTS, TRACE_EVENTS_MARSHAL = "trace_events", "marshal"  # a traced step's events: kind, codec
 ENV_SPOOL = "TRACEKIT_SPOOL"  # a folder for the ranks' spool folders, set by `tracekit record`
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import fcntl
 import json
+import marshal
 import os
 import select
 import shutil
@@ -31,7 +32,7 @@ import sys
 import time
 
 from tracekit.errors import TracekitError
-from tracekit.recorders.spool import PROV, STEP, entry_seq, read_entry
+from tracekit.recorders.spool import PROV, STEP, TRACE_EVENTS, TRACE_EVENTS_MARSHAL, entry_seq, read_entry
 from tracekit.store import RankWriter
 from tracekit.store.ownership import ENV_RUN_ID
 from tracekit.store.traces import TraceWriter
@@ -118,8 +119,10 @@ class _Writer:
             if trace is not None:
                 if self.traces is None:
                     self.traces = TraceWriter(self.writer.group)
-                full = [t for ts in entry.kinds.values() for t in ts]
-                self.traces.write_step(trace["level"], entry.step, trace["events"], full)
+                events = trace["events"]
+                if events == TRACE_EVENTS_MARSHAL:  # decoded here, off the training thread (Handoff.put_trace)
+                    events = marshal.loads(entry.kinds[TRACE_EVENTS][0].data.tobytes())
+                self.traces.write_step(trace["level"], entry.step, events, entry.kinds.get("trace", []))
             else:
                 for kind, tensors in entry.kinds.items():
                     self.writer.write(entry.step, kind, tensors)

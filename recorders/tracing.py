@@ -340,7 +340,9 @@ class StepTrace:
         self.full: list[tuple[str, torch.Tensor]] = []
         self._calls: dict[tuple, int] = {}
         # per live tensor, one entry: [version, summary of that version (unchanged inputs are
-        # summarized once), (producing event, output position), name, weakref]. Keyed by id(),
+        # summarized once), (producing event, output position), name, weakref, (version, key) of
+        # its bytes kept for --trace-full (an input read at that version refers to them, no second
+        # copy)]. Keyed by id(),
         # the entry leaving with the tensor (the weakref's callback): a plain dict lookup, where
         # torch's WeakTensorKeyDictionary built a key object per lookup (~10 us, profiled)
         self._info: dict[int, list] = {}
@@ -349,7 +351,7 @@ class StepTrace:
     def _entry(self, t: torch.Tensor) -> list:
         e = self._info.get(id(t))
         if e is None:
-            e = [None, None, None, None, None]
+            e = [None, None, None, None, None, None]
             e[4] = weakref.ref(t, functools.partial(_forget, self._info, id(t), e))
             self._info[id(t)] = e
         return e
@@ -401,8 +403,9 @@ class StepTrace:
         # an out= argument's values before the op are never read (often uninitialized): not an input
         enc_kwargs = {k: ({"out": True} if k in info.out_args else enc(v)) for k, v in kwargs.items()} if kwargs else {}
         full = bool(self.full_globs) and self.wants_full(f"{phase}:{module}:{op}#{call}")
-        in_tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)] if full else []
-        if full:  # inputs before the op: an in-place op overwrites them
+        if full:  # inputs before the op: an in-place op overwrites them (out= buffers are no inputs)
+            read = {k: v for k, v in kwargs.items() if k not in info.out_args} if kwargs else {}
+            in_tensors = [a for a in tree_flatten((args, read))[0] if isinstance(a, torch.Tensor)]
             self._keep(index, "in", in_tensors, enc.inputs)
         result = run()
         if isinstance(result, torch.Tensor):  # most ops: no pytree walk
@@ -412,7 +415,8 @@ class StepTrace:
         else:
             outs = [x for x in tree_flatten(result)[0] if isinstance(x, torch.Tensor)]
         outputs = []
-        uninitialized = info.uninitialized
+        # a view of uninitialized memory (as_strided windows of an `empty` buffer) is uninitialized too
+        uninitialized = info.uninitialized or (info.view and any(i.get("uninitialized") for i in enc.inputs))
         relabel = info.relabel and len(outs) == 1 and len(enc.inputs) >= 1 and "subclass" not in enc.inputs[0]
         for k, o in enumerate(outs):
             if relabel:
@@ -431,6 +435,11 @@ class StepTrace:
                 if uninitialized:
                     s["uninitialized"] = s.pop("pending")
                 entry = self._entry(o)
+                # uninitialized: what a read shows until a seen write bumps its version (its bytes
+                # are garbage, and summarizing them made two clean runs look different). Not under
+                # inductor, whose kernels fill its buffers unseen. A collective's tensors: its next
+                # reader summarizes what arrived (it may write in flight, without a version bump)
+                entry[0], entry[1] = (o._version, s) if uninitialized and not self._inductor else (None, None)
             else:
                 entry = self._entry(o)
                 entry[0], entry[1] = o._version, summarize(o)
@@ -440,7 +449,12 @@ class StepTrace:
             outputs.append(s)
             entry[2] = (index, k)
         if full and not collective:
-            self._keep(index, "out", outs, outputs)
+            self._keep(index, "out", outs, outputs, remember=not uninitialized)
+        if collective:  # it writes its tensors in flight, unseen: no summary or kept copy of them stays current
+            for t in tree_flatten((args, kwargs))[0]:
+                if isinstance(t, torch.Tensor) and not is_traceable_wrapper_subclass(t):
+                    e = self._entry(t)
+                    e[0] = e[1] = e[5] = None
         event = {"index": index, "phase": phase, "module": module, "op": op, "call": call,
                  "args": enc_args, "kwargs": enc_kwargs, "inputs": enc.inputs, "outputs": outputs, "src": src}
         if enc.group is not None:
@@ -452,11 +466,23 @@ class StepTrace:
         self.events.append(event)
         return result
 
-    def _keep(self, index: int, side: str, tensors, refs) -> None:
+    def _keep(self, index: int, side: str, tensors, refs, remember: bool = True) -> None:
+        # An input whose bytes were kept at its current version (most inputs are earlier outputs)
+        # refers to that copy: half the bytes of `ops+full`. Not under inductor, whose kernels
+        # write its buffers in place unseen (see _summary)
+        reuse = side == "in" and not self._inductor
         for k, (t, ref) in enumerate(zip(tensors, refs)):
             if t.layout == torch.strided and t.device.type != "meta" and not is_traceable_wrapper_subclass(t):
+                e = self._entry(t)
+                if reuse and e[5] is not None and e[5][0] == t._version:
+                    ref["full"] = e[5][1]
+                    continue
                 key = f"{index}.{side}{k}"
                 ref["full"] = key
+                # an in-place op's output is recorded before its version bump: a later read sees
+                # another version and keeps its own copy
+                if remember:  # (not uninitialized memory, which an unseen write may fill)
+                    e[5] = (t._version, key)
                 self.full.append((key, t.detach().to("cpu", copy=True)))
 
     def nbytes(self) -> int:

@@ -87,6 +87,27 @@ def recorded_sample(tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="session")
+def shared_once(tmp_path_factory):
+    """shared_once(name, make) -> (folder, result): make(folder) runs once per test run, whichever
+    pytest-xdist worker asks first (the others wait on a file lock); its JSON-able result is kept in
+    the folder for them. For work several tests read, like a command sequence with launches."""
+    root = _shared_root(tmp_path_factory) / "shared-once"
+    root.mkdir(exist_ok=True)
+
+    def get(name: str, make):
+        folder = root / name
+        done = root / f"{name}.json"
+        with FileLock(str(folder) + ".lock", timeout=4 * TORCHRUN_TIMEOUT):
+            if not done.exists():
+                shutil.rmtree(folder, ignore_errors=True)  # a failed attempt of another worker
+                folder.mkdir()
+                done.write_text(json.dumps(make(folder)))
+        return folder, json.loads(done.read_text())
+
+    return get
+
+
 def second_recording(recorded_sample, mode: str) -> str:
     """Another recording of the same job, from its own launch, for run-to-run comparisons. For ddp,
     fsdp and tp it is samples/plain's zero-code recording, which tests/recorders/test_zerocode_torchrun.py

@@ -1,6 +1,7 @@
 """`tracekit record --trace` end to end (real torchrun ranks) and its flag checks."""
 
 import json
+import os
 
 import pytest
 from click.testing import CliRunner
@@ -53,3 +54,41 @@ def test_ddp_against_fsdp_traces_name_no_root_cause(recorded_sample):
     assert result.exit_code == 0, result.output
     assert "no root cause" in result.output and "Root cause:" not in result.output
     assert "missing from candidate" in result.output  # the all-reduce ddp runs and fsdp does not
+
+
+def test_cli_traces_modules_over_a_step_range_and_keeps_the_bytes_it_is_asked_for(tmp_path):
+    """Through `tracekit record` (one process, no torchrun): --trace modules over --trace-steps 2:3,
+    then --trace ops with --trace-full on the forward only, whose kept bytes are the values the
+    step computed (the recorded output)."""
+    import subprocess
+    import sys
+
+    import numpy as np
+
+    from tracekit.store.traces import read_full
+
+    tiny = [sys.executable, os.path.join(os.path.dirname(__file__), "scripts", "tiny_train.py")]
+
+    def record(store, *args):
+        r = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "record", "-o", store, *args, "--", *tiny,
+                            "--steps", "4"], capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return open_store(store).rank(0)
+
+    mods = record(str(tmp_path / "modules"), "--trace", "modules", "--trace-steps", "2:3")
+    assert trace_steps(mods.group, "modules") == [2, 3] and trace_steps(mods.group, "ops") == []
+    for step in (2, 3):  # the model is one Linear: its output forward, its output gradient backward
+        assert [(e["phase"], e["module"], e["op"]) for e in read_events(mods.group, "modules", step)] == [
+            ("fwd", "", "forward"), ("bwd", "", "backward")]
+
+    ops = record(str(tmp_path / "ops"), "--full", "outputs:*", "--trace", "ops", "--trace-steps", "3",
+                 "--trace-full", "fwd:*")
+    assert trace_steps(ops.group, "ops") == [3]
+    events = read_events(ops.group, "ops", 3)
+    assert {e["phase"] for e in events} == {"fwd", "bwd", "opt"}
+    kept = {e["phase"] for e in events for t in e["inputs"] + e["outputs"] if "full" in t}
+    assert kept == {"fwd"}
+    addmm = next(e for e in events if e["op"] == "aten.addmm.default")
+    data, dtype, shape = read_full(ops.group, "ops", 3, addmm["outputs"][0]["full"])
+    assert dtype == "float32" and shape == [3, 2]
+    np.testing.assert_array_equal(data.reshape(shape), ops.read("outputs", 3, "output"))

@@ -40,3 +40,28 @@ def test_strided_window_is_hashed_in_logical_order():
     a = torch.randn(6, 8)
     w = a[:, ::2]
     assert summarize(w)["hash"] == summarize(w.contiguous())["hash"]
+
+
+def test_events_carry_non_tensor_arguments_as_values():
+    """Scalars (alpha), dims and dtypes reach each event as comparable values; tensors as {"t": k}."""
+    from tracekit.recorders.tracing import Tracer
+
+    tracer = Tracer("ops", None)
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    tracer.start(1)
+    try:
+        x.add(y, alpha=0.5)
+        x.sum(dim=[0], dtype=torch.float64)
+        x.to(torch.bfloat16)
+    finally:
+        trace = tracer.stop()
+    by_op = {e["op"]: e for e in trace.events}
+    add = by_op["aten.add.Tensor"]
+    assert add["args"] == [{"t": 0}, {"t": 1}] and add["kwargs"] == {"alpha": 0.5}
+    assert [t["shape"] for t in add["inputs"]] == [[3, 4], [3, 4]]
+    s = by_op["aten.sum.dim_IntList"]
+    assert s["args"][1:] == [[0]] and s["kwargs"] == {"dtype": {"dtype": "float64"}}
+    assert s["outputs"][0]["dtype"] == "float64"
+    cast = by_op["aten._to_copy.default"]
+    assert cast["kwargs"]["dtype"] == {"dtype": "bfloat16"} and cast["outputs"][0]["dtype"] == "bfloat16"
+    assert all(e["phase"] == "fwd" and e["src"] and "test_tracing.py" in e["src"] for e in trace.events)

@@ -128,6 +128,7 @@ def test_learning_rate_error_is_a_scalar_argument_of_the_update(runs, tmp_path):
     ref = runs(None, False, trace_steps=(1, 1))
     rc = tracekit.diff(ref, cand).root_cause
     assert rc is not None and (rc.step, rc.kind, rc.event["phase"]) == (1, "argument", "opt")
+    assert rc.event["op"] == "aten.add_.Tensor" and "alpha" in rc.reason
     assert "-0.0101" in rc.reason and "-0.01" in rc.reason
 
 

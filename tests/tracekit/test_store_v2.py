@@ -168,6 +168,32 @@ def test_two_copies_of_a_damaged_store_do_not_pass(tmp_path, damage):
     assert "PASS" not in result.output
 
 
+def test_trust_index_decides_equal_hashes_without_reading_and_says_so(tmp_path):
+    """--trust-index is the opt-in to metadata speed: equal hashes are decided from the indexes,
+    the objects behind them are not read, so a flipped bit in them goes unseen by the diff (the
+    report says which comparisons were taken on trust) and is still found by verify."""
+    lie = _run(str(tmp_path / "lie"), ranks=2, steps=3, drift=1e-3)
+    _flip_bit(_object_path(lie, 1, "gradients", 2, "w"))
+    twin = str(tmp_path / "twin")
+    shutil.copytree(lie, twin)
+    checked = CliRunner().invoke(main, ["diff", lie, twin, "--exact"])
+    trusted = CliRunner().invoke(main, ["diff", lie, twin, "--exact", "--trust-index"])
+    assert checked.exit_code == 2 and "damaged store" in checked.output
+    assert trusted.exit_code == 0, trusted.output
+    assert "--trust-index: 18 (step, rank, kind, tensor) comparisons were decided by equal hashes" in trusted.output
+    assert trusted.output.strip().splitlines()[-1].startswith("PASS comparison ranks=2 steps=3")
+    report = tracekit.diff(lie, twin, exact=True, trust_index=True)
+    assert report.options["trust_index"] and report.identical_by_hash == 2 * 3 * 3
+    assert report.bytes_compared == 2 * 2 * 3 * 4  # only the scalar losses were read
+    assert CliRunner().invoke(main, ["verify", twin]).exit_code == 2
+    # Different bytes are still read, compared and checked under --trust-index.
+    cand = _run(str(tmp_path / "cand"), ranks=2, steps=3, drift=2e-3)
+    clean = _run(str(tmp_path / "clean"), ranks=2, steps=3, drift=1e-3)
+    assert CliRunner().invoke(main, ["diff", clean, cand, "--trust-index"]).exit_code == 1
+    read_damage = CliRunner().invoke(main, ["diff", twin, cand, "--trust-index"])
+    assert read_damage.exit_code == 2 and "damaged store" in read_damage.output
+
+
 def _set_finite_flag(path, rank, kind, row, position, value):
     chunk = os.path.join(path, f"rank_{rank}", kind, FINITE_ARRAY, "c", str(row), "0")
     raw = bytearray(open(chunk, "rb").read())

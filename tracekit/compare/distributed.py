@@ -38,12 +38,13 @@ class DiffSpec:
     tolerances: object  # Tolerances
     equal_nan: bool
     oracle_factor: float | None
+    trust_index: bool = False
 
     @classmethod
-    def of(cls, refc, candc, orac, align, kinds, tolerances, equal_nan, oracle_factor) -> "DiffSpec":
+    def of(cls, refc, candc, orac, align, kinds, tolerances, equal_nan, oracle_factor, trust_index=False) -> "DiffSpec":
         return cls(uuid.uuid4().hex, refc.store.location, candc.store.location,
                    orac.store.location if orac is not None else None, align, list(kinds) if kinds else None,
-                   tolerances, equal_nan, oracle_factor)
+                   tolerances, equal_nan, oracle_factor, trust_index)
 
 
 def _worker_state(spec: DiffSpec):
@@ -56,7 +57,8 @@ def _worker_state(spec: DiffSpec):
         refc, candc = load_catalog(spec.ref), load_catalog(spec.cand)
         orac = load_catalog(spec.oracle) if spec.oracle is not None else None
         plan = alignment.plan(refc, candc, orac, spec.align, spec.kinds)
-        state = (_Engine(refc, candc, orac, spec.tolerances, spec.equal_nan, spec.oracle_factor), plan)
+        state = (_Engine(refc, candc, orac, spec.tolerances, spec.equal_nan, spec.oracle_factor,
+                         trust_index=spec.trust_index), plan)
         while len(_STATE) >= 4:
             _STATE.pop(next(iter(_STATE)))
         _STATE[spec.token] = state

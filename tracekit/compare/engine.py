@@ -1,4 +1,5 @@
-"""The diff itself: plan the comparison, stream it chunk by chunk on a thread pool, build the report.
+"""The diff itself: plan the comparison, stream it chunk by chunk on a thread pool, build the report
+(format 2 tensors: region by region from their objects, compare/pieces.py).
 
 Memory stays bounded whatever the store size: a unit of work is the part of one packed row (a
 (rank, kind, step) row holds all tensors of a kind) that lies in one chunk; it is read and
@@ -23,6 +24,7 @@ from tracekit.compare.alignment import KindPair, TensorPair
 from tracekit.compare.by_summary import compare_summaries
 from tracekit.compare.catalog import StoreCatalog, load_catalog
 from tracekit.compare.metrics import MetricsAccumulator, identical_metrics
+from tracekit.compare import pieces
 from tracekit.compare.report import DiffReport, Divergence, KindSummary, LossRow, TensorResult
 from tracekit.compare.traces import compare_store_traces
 from tracekit.compare.tolerances import DEFAULT_ORACLE_FACTOR, Tolerance, Tolerances, load_config, parse_tol_option
@@ -171,8 +173,9 @@ def _summary(rc, kind: str, step: int, info, cache: dict) -> np.ndarray:
 
 class _Engine:
     def __init__(self, ref: StoreCatalog, cand: StoreCatalog, oracle: StoreCatalog | None, tolerances: Tolerances,
-                 equal_nan: bool, oracle_factor: float | None):
+                 equal_nan: bool, oracle_factor: float | None, trust_index: bool = False):
         self.ref, self.cand, self.oracle = ref, cand, oracle
+        self.trust_index = trust_index  # hash-decided objects not read back (diff(trust_index=))
         self.tolerances = tolerances
         self.equal_nan = equal_nan
         self.oracle_factor = oracle_factor if oracle is not None else None
@@ -184,6 +187,27 @@ class _Engine:
         if t is None:
             t = self._tol_cache[(kind, dtype)] = self.tolerances.resolve(kind, dtype)
         return t
+
+    def new_acc(self, kind: str, dtype: str) -> Callable[[], MetricsAccumulator]:
+        tol = self.tol(kind, dtype)
+        return lambda: MetricsAccumulator(tol.rtol, tol.atol, self.equal_nan, self.oracle_factor, tol.rel_l2)
+
+    def sharded_plans(self, kp: KindPair, step: int, skip: frozenset) -> dict[str, "pieces.TensorPlan"]:
+        """The tensors of a (rank pair, kind, step) compared region by region from their objects
+        (compare/pieces.py) instead of through the packed-row units: those sharded on some side,
+        and every tensor where all sides are format 2 stores (one read per object, hashed as it is
+        compared, and a pair of objects that several rank pairs share compared once)."""
+        views = [self.ref.ranks[kp.ref_rank].view, self.cand.ranks[kp.rank].view]
+        if self.oracle is not None:
+            views.append(self.oracle.ranks[kp.oracle_rank].view)
+        objects = all(v.store.format_version >= 2 for v in views)
+        out = {}
+        for t in kp.tensors:
+            infos = (t.ref, t.cand, t.oracle)[:len(views)]
+            if t.name in skip or not (objects or pieces.is_sharded(infos)):
+                continue
+            out[t.name] = pieces.plan_tensor(kp.kind, step, list(zip(views, infos)))
+        return out
 
     def run_unit(self, u: _Unit) -> tuple[list[tuple[str, int, MetricsAccumulator]], int]:
         kind, step, p = u.pair.kind, u.step, u.pair
@@ -253,7 +277,7 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
          tolerances: Tolerances | None = None, kinds: list[str] | None = None, allow_missing: bool = False,
          fail_fast: bool = False, oracle=None, oracle_factor: float | None = None, details: str = "violations",
          jobs: int | None = None, progress: Callable[[int, int], None] | None = None,
-         workers: int | None = None, scheduler: str | None = None) -> DiffReport:
+         workers: int | None = None, scheduler: str | None = None, trust_index: bool = False) -> DiffReport:
     """Compare two stores of the same job (a reference and a candidate); return a DiffReport.
 
     ref, cand, oracle: store paths or opened RunStores. align: "rank" (default), "coords" or
@@ -269,7 +293,10 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
     (summaries per step and kind are always complete). `progress(bytes_done, bytes_total)` is
     called as data is compared. `workers` > 1 runs the comparison on a local Dask cluster of that
     many processes, `scheduler` ("tcp://host:8786") on an existing one (tracekit.compare.distributed);
-    the report is the same as in one process. Raises StoreError/UsageError (one-line messages) on
+    the report is the same as in one process. `trust_index` (format 2): tensors whose content hashes
+    are equal on both sides are decided from the index alone, their objects not read back to check
+    them (identical stores then diff at metadata speed; damage in those bytes goes unseen, and
+    `tracekit verify` is the check). Raises StoreError/UsageError (one-line messages) on
     unusable input.
     """
     t0 = time.perf_counter()
@@ -283,10 +310,10 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
     plan = alignment.plan(refc, candc, orac, align, kinds)
     options = {"align": align, "exact": tolerances.exact, "equal_nan": equal_nan, "allow_missing": allow_missing,
                "fail_fast": fail_fast, "oracle_factor": oracle_factor if orac is not None else None,
-               "kinds": kinds, "details": details}
+               "kinds": kinds, "details": details, "trust_index": bool(trust_index)}
     report = DiffReport(refc.describe(), candc.describe(), orac.describe() if orac else None, align, options,
                         structural=plan.structural, not_comparable=plan.not_comparable, ranks=plan.ranks)
-    engine = _Engine(refc, candc, orac, tolerances, equal_nan, oracle_factor)
+    engine = _Engine(refc, candc, orac, tolerances, equal_nan, oracle_factor, trust_index=bool(trust_index))
     report.tolerances = _applied_tolerances(plan, engine)
     if not report.usable:
         report.seconds = time.perf_counter() - t0
@@ -321,7 +348,7 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
     if distributed:
         from tracekit.compare.distributed import DiffSpec, compare_steps
 
-        spec = DiffSpec.of(refc, candc, orac, align, kinds, tolerances, equal_nan, oracle_factor)
+        spec = DiffSpec.of(refc, candc, orac, align, kinds, tolerances, equal_nan, oracle_factor, engine.trust_index)
         stepwise = compare_steps(spec, plan, steps, workers, scheduler, tick)
     else:
         stepwise = _compare_steps_here(engine, plan, steps, jobs, tick, same, unread)
@@ -351,11 +378,24 @@ def step_parts(engine: "_Engine", kp: KindPair, step: int) -> tuple[list[tuple[s
     parts, nbytes = [], 0
     ref_rc, cand_rc = engine.ref.ranks[kp.ref_rank], engine.cand.ranks[kp.rank]
     skip = _identical_by_hash(kp, step, ref_rc, cand_rc, engine.oracle is not None)
-    _check_hash_decided(kp, step, ref_rc, cand_rc, skip)
-    for u in _units(kp, step, ref_rc, skip | _by_summaries(kp, skip)):
+    if not engine.trust_index:
+        _check_hash_decided(kp, step, ref_rc, cand_rc, skip)
+    unread = skip | _by_summaries(kp, skip)
+    plans = engine.sharded_plans(kp, step, unread)
+    for u in _units(kp, step, ref_rc, unread | set(plans)):
         p, n = engine.run_unit(u)
         parts.extend(p)
         nbytes += n
+    for t in kp.tensors:
+        plan = plans.get(t.name)
+        if plan is not None:
+            new_acc = engine.new_acc(kp.kind, t.ref.dtype)
+            if plan.shared:
+                accs = [pieces.compare_shared_region(plan, i, new_acc) for i in range(len(plan.regions))]
+            else:
+                accs = pieces.compare_regions(plan, new_acc)
+            parts.append((t.name, 0, pieces.merged(accs, new_acc)))
+            nbytes += plan.nbytes
     return parts, nbytes
 
 
@@ -367,11 +407,28 @@ def _compare_steps_here(engine: "_Engine", plan, steps: list[int], jobs: int | N
     with ThreadPoolExecutor(max_workers=max(1, int(jobs)), thread_name_prefix="tracekit-diff") as pool:
         for step in steps:
             pairs = [kp for kp in plan.pairs if step in kp.steps and kp.tensors]
-            units = [u for kp in pairs for u in _units(kp, step, engine.ref.ranks[kp.ref_rank], unread[(id(kp), step)])]
+            # sharded tensors: region by region; a region pair that several rank pairs share is compared once
+            plans = {id(kp): engine.sharded_plans(kp, step, unread[(id(kp), step)]) for kp in pairs}
+            units = [u for kp in pairs for u in _units(kp, step, engine.ref.ranks[kp.ref_rank],
+                                                         unread[(id(kp), step)] | set(plans[id(kp)]))]
             futures = [pool.submit(engine.run_unit, u) for u in units]
+            regions: dict[tuple, object] = {}
+            wholes: dict[tuple[int, str], object] = {}
+            for kp in pairs:
+                for t in kp.tensors:
+                    tp = plans[id(kp)].get(t.name)
+                    if tp is None:
+                        continue
+                    new_acc = engine.new_acc(kp.kind, t.ref.dtype)
+                    if tp.shared:
+                        for i in range(len(tp.regions)):
+                            if tp.key(i) not in regions:
+                                regions[tp.key(i)] = pool.submit(pieces.compare_shared_region, tp, i, new_acc)
+                    else:
+                        wholes[(id(kp), t.name)] = pool.submit(pieces.compare_regions, tp, new_acc)
             checks = [pool.submit(_check_hash_decided, kp, step, engine.ref.ranks[kp.ref_rank],
                                   engine.cand.ranks[kp.rank], same[(id(kp), step)])
-                      for kp in pairs if same[(id(kp), step)]]
+                      for kp in pairs if same[(id(kp), step)] and not engine.trust_index]
             partial: dict[tuple[int, str], list[tuple[int, MetricsAccumulator]]] = {}  # (pair, tensor) -> parts
             try:
                 for u, f in zip(units, futures):
@@ -379,10 +436,22 @@ def _compare_steps_here(engine: "_Engine", plan, steps: list[int], jobs: int | N
                     for name, start, acc in parts:
                         partial.setdefault((id(u.pair), name), []).append((start, acc))
                     tick(nbytes)
+                for kp in pairs:
+                    for t in kp.tensors:
+                        tp = plans[id(kp)].get(t.name)
+                        if tp is None:
+                            continue
+                        if tp.shared:
+                            accs = [regions[tp.key(i)].result() for i in range(len(tp.regions))]
+                            pieces.check_entries(tp)  # this pair's own index entries (flags)
+                        else:
+                            accs = wholes[(id(kp), t.name)].result()
+                        partial[(id(kp), t.name)] = [(0, pieces.merged(accs, engine.new_acc(kp.kind, t.ref.dtype)))]
+                        tick(tp.nbytes)
                 for f in checks:
                     f.result()
             except BaseException:
-                for f in futures + checks:
+                for f in futures + checks + list(regions.values()) + list(wholes.values()):
                     f.cancel()
                 raise
             yield step, partial

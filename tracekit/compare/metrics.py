@@ -184,10 +184,10 @@ def _scratch(dtype: np.dtype, n: int) -> tuple[np.ndarray, np.ndarray]:
     bufs = getattr(_local, "bufs", None)
     if bufs is None:
         bufs = _local.bufs = {}
-    pair = bufs.get(key)
-    if pair is None or pair[0].size < n:
-        pair = bufs[key] = (np.empty(max(n, BLOCK_ELEMENTS), dtype), np.empty(max(n, BLOCK_ELEMENTS), dtype))
-    return pair[0][:n], pair[1][:n]
+    got = bufs.get(key)
+    if got is None or got[0].size < n:
+        got = bufs[key] = tuple(np.empty(max(n, BLOCK_ELEMENTS), dtype) for _ in range(2))
+    return got[0][:n], got[1][:n]
 
 
 def _int_abs_diff(ra: np.ndarray, rb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -270,8 +270,19 @@ class MetricsAccumulator:
         self.n += ref.size
 
     def _offer_worst(self, cat: int, err: float, index: int, ref: float, cand: float, oracle=None) -> None:
-        if self.worst is None or (cat, err) > self.worst[:2]:
+        # ties go to the lower flat index, whatever the order blocks arrive in (pieces of a
+        # sharded tensor are not consecutive in flat order)
+        w = self.worst
+        if w is None or (cat, err) > w[:2] or ((cat, err) == w[:2] and index < w[2]):
             self.worst = (cat, err, index, ref, cand, oracle)
+
+    def relocate(self, index_of) -> "MetricsAccumulator":
+        """Renumber the worst element: fed as a piece of a larger tensor with flat indices local
+        to the piece, `index_of(local)` gives its flat index in the whole tensor."""
+        if self.worst is not None:
+            w = self.worst
+            self.worst = (w[0], w[1], int(index_of(w[2])), *w[3:])
+        return self
 
     def _block(self, a: np.ndarray, b: np.ndarray, o: np.ndarray | None, base: int, native=None) -> None:
         """native: the (ref, cand) integer/bool blocks, judged on their exact difference."""
@@ -320,9 +331,10 @@ class MetricsAccumulator:
         self.dot_ref_diff += dot_ad
         self.ss_diff += ss_d
 
+        # a real buffer: |complex| into a complex one would warn when reduced below
+        real = a.dtype.kind != "c" and s2.size == a.size
         if mad > 0:  # an identical block has no relative error: skip the division
-            # a real buffer: |complex| into a complex one would warn when reduced below
-            absa = np.abs(a, out=s2) if a.dtype.kind != "c" and s2.size == a.size else np.abs(a)
+            absa = np.abs(a, out=s2) if real else np.abs(a)
             rel = np.divide(ad, absa, out=absa)  # 0/0 -> nan (ignored by fmax), x/0 -> inf
             max_rel = float(np.fmax.reduce(rel))
             if math.isinf(max_rel) and a.dtype == np.float32:
@@ -347,13 +359,26 @@ class MetricsAccumulator:
             nv = int(np.count_nonzero(viol))
             self._margin_of(ad, np.abs(a) * self.rtol + self.atol, nv)
         elif mad > 0:
-            tol = np.abs(a, out=s2) if a.dtype.kind != "c" and s2.size == a.size else np.abs(a)
-            tol *= w(self.rtol)
-            tol += atol
-            if mad > atol:  # otherwise nothing can violate: the bound is never below atol
-                viol = ad > tol
+            def bound() -> np.ndarray:  # atol + rtol |a|
+                tol = np.abs(a, out=s2) if real else np.abs(a)
+                tol *= w(self.rtol)
+                tol += atol
+                return tol
+
+            ratio = np.divide(ad, bound(), out=s2 if real else None)  # 0/0 (equal under an exact rule) is nan: ignored
+            m = float(np.fmax.reduce(ratio)) if ratio.size else 0.0
+            if math.isnan(m):
+                m = 0.0
+            # A violation (ad > bound) has a quotient >= 1, division rounding being monotone, so a
+            # block whose largest quotient is below 1 has none: the common case skips the count
+            # (and so needs no second buffer for the bound). Not below atol either: the bound
+            # is never below atol.
+            if mad > atol and m >= 1.0:
+                viol = ad > bound()
                 nv = int(np.count_nonzero(viol))
-            self._margin_of(ad, tol, nv)
+            if nv:
+                m = max(m, 1.0 + 2**-20)  # a violation is above the bound even where the ratio rounds to 1
+            self.elem_margin = max(self.elem_margin, m)
         if nv:
             self.violations += nv
             j = np.flatnonzero(viol)

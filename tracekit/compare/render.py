@@ -160,6 +160,10 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
         out += ["", f"Note: compared by summaries: {report.compared_by_summaries} (step, rank, kind, tensor) comparisons "
                     "had no bytes on a side (recorded without matching --full); their min, max, mean, L2 norm and "
                     "NaN/Inf counts were compared, not their elements (docs/DIFF.md)."]
+    if report.options.get("trust_index") and report.identical_by_hash:
+        out += ["", f"Note: --trust-index: {report.identical_by_hash} (step, rank, kind, tensor) comparisons were decided "
+                    "by equal hashes in the two indexes; their bytes were not read or checked "
+                    "(`tracekit verify STORE` checks them)."]
     out += ["", report.summary_line]
     # names are escaped where they are put in (a newline in one is data, not a line); this sweep
     # catches controls anywhere else (paths, run facts)

@@ -177,33 +177,42 @@ def _joined(parts):
     return b"".join(parts)
 
 
-def reader(root, key: str):
+def reader(root, key: str, whole: int | None = None):
     """Positional reads of one object. `root`: a local folder, or a Location (tracekit/store/location.py)
     of a store at a URL, read with ranged GETs. Missing: FileNotFoundError; not a regular file or
-    unreadable: OSError."""
+    unreadable: OSError. `whole`: the size the caller expects when it reads the object whole, from
+    offset 0; at a URL the object then comes in one GET (no HEAD for its size first)."""
     if is_local(root):
         return Reader(_folder(root), key)
-    return _RemoteReader(root, key)
+    return _RemoteReader(root, key, whole)
 
 
 class _RemoteReader:
-    """An object at a URL store: its size once, then ranged GETs through the location's zarr store."""
+    """An object at a URL store: its size (one HEAD, when asked), then ranged GETs through the
+    location's zarr store; or, for a caller reading it whole, one plain GET that gives both."""
 
-    def __init__(self, location, key: str):
+    def __init__(self, location, key: str, whole: int | None = None):
         from zarr.core.sync import sync
 
         self.key = key
         self._store = location._remote()
         self._sync = sync
+        self._size: int | None = None
+        self._whole = whole
+        if whole is None:
+            self.size()  # missing: FileNotFoundError now, as a local open would
+
+    def _call(self, coro):
         try:
-            size = sync(self._store.getsize(key))
+            return self._sync(coro)
         except FileNotFoundError:
             raise
         except Exception as e:  # a refused or failed request: one line for the caller
             raise OSError(errno.EIO, f"{e.__class__.__name__}: {e}") from None
-        self._size = int(size)
 
     def size(self) -> int:
+        if self._size is None:
+            self._size = int(self._call(self._store.getsize(self.key)))
         return self._size
 
     def readinto(self, offset: int, view: memoryview) -> int:
@@ -211,16 +220,22 @@ class _RemoteReader:
         from zarr.core.buffer import default_buffer_prototype
 
         dest = view.cast("B") if view.format != "B" else view
-        want = min(len(dest), max(0, self._size - offset))
+        if self._size is None and offset == 0 and self._whole is not None and len(dest) >= self._whole:
+            buf = self._call(self._store.get(self.key, default_buffer_prototype()))  # the whole object
+            if buf is None:
+                raise FileNotFoundError(self.key)
+            data = buf.as_numpy_array()
+            self._size = len(data)  # a longer object than expected shows in size(), not here
+            n = min(len(dest), len(data))
+            dest[:n] = data[:n]
+            return n
+        want = min(len(dest), max(0, self.size() - offset))
         if want == 0:
             return 0
-        try:
-            buf = self._sync(self._store.get(self.key, default_buffer_prototype(), RangeByteRequest(offset, offset + want)))
-        except Exception as e:
-            raise OSError(errno.EIO, f"{e.__class__.__name__}: {e}") from None
+        buf = self._call(self._store.get(self.key, default_buffer_prototype(), RangeByteRequest(offset, offset + want)))
         if buf is None:
             raise FileNotFoundError(self.key)
-        data = buf.to_bytes()
+        data = buf.as_numpy_array()
         dest[: len(data)] = data
         return len(data)
 

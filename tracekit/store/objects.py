@@ -57,29 +57,31 @@ def scan_object(root: str, digest: bytes, info, buf: np.ndarray | None = None) -
     key = object_key(digest)
     dtype = storage_dtype(info.dtype)
     expected = info.stored_numel * dtype.itemsize
+    if buf is None:
+        buf = np.empty(min(FILE_PIECE, max(expected, 1)), dtype=np.uint8)
+    piece = len(buf) - len(buf) % dtype.itemsize  # whole elements per piece, for the finiteness check
+    finite = True
     try:
-        reader = io.reader(root, key)
+        # one piece holds it all: read whole (at a URL one GET, no HEAD), its size checked after
+        with io.reader(root, key, whole=expected if expected <= piece else None) as reader:
+            h = hasher(info.name, info.dtype, info.shape, info.shard)
+            pos = 0
+            while pos < expected or pos == 0:
+                n = min(piece, expected - pos)
+                got = reader.readinto(pos, memoryview(buf[:n])) if n else 0
+                if pos == 0 and reader.size() != expected:
+                    return f"its object {key} has {reader.size()} bytes, the index says {expected}", False
+                if got != n:
+                    return f"its object {key} is truncated", False
+                if n == 0:
+                    break
+                h.update(memoryview(buf[:n]))
+                finite = finite and all_finite(buf[:n].view(dtype), info.dtype)
+                pos += n
     except FileNotFoundError:
         return f"its object {key} is missing", False
     except OSError as e:
         return f"its object {key} is unreadable ({e.strerror or e})", False
-    finite = True
-    with reader:
-        actual = reader.size()
-        if actual != expected:
-            return f"its object {key} has {actual} bytes, the index says {expected}", False
-        h = hasher(info.name, info.dtype, info.shape, info.shard)
-        if buf is None:
-            buf = np.empty(min(FILE_PIECE, max(expected, 1)), dtype=np.uint8)
-        piece = len(buf) - len(buf) % dtype.itemsize  # whole elements per piece, for the finiteness check
-        pos = 0
-        while pos < expected:
-            n = min(piece, expected - pos)
-            if reader.readinto(pos, memoryview(buf[:n])) != n:
-                return f"its object {key} is truncated", False
-            h.update(memoryview(buf[:n]))
-            finite = finite and all_finite(buf[:n].view(dtype), info.dtype)
-            pos += n
     if h.digest() != digest:
         return f"bytes do not match their hash (object {key})", False
     return None, finite
@@ -106,10 +108,11 @@ def read_object(store, digest: bytes, info, where: str) -> tuple[np.ndarray, boo
     dtype = storage_dtype(info.dtype)
     out = np.empty(info.stored_numel, dtype=dtype)
     try:
-        with io.reader(store.io_root, key) as r:
+        with io.reader(store.io_root, key, whole=out.nbytes) as r:
+            got = r.readinto(0, memoryview(out.view(np.uint8))) if out.nbytes else 0
             if r.size() != out.nbytes:
                 raise damaged(where, f"its object {key} has {r.size()} bytes, the index says {out.nbytes}")
-            if out.nbytes and r.readinto(0, memoryview(out.view(np.uint8))) != out.nbytes:
+            if got != out.nbytes:
                 raise damaged(where, f"its object {key} is truncated")
     except FileNotFoundError:
         raise damaged(where, f"its object {key} is missing") from None
@@ -194,7 +197,7 @@ class ObjectRows:
                 view = memoryview(dest[(s - start) * item : (e - start) * item])
                 key = object_key(digest)
                 try:
-                    with io.reader(root, key) as r:
+                    with io.reader(root, key, whole=len(view) if whole else None) as r:
                         got = r.readinto((s - t.offset) * item, view)
                         if finite is None and got == len(view):
                             # the whole tensor was read: check these very bytes, no second read

@@ -25,7 +25,11 @@ from tracekit.store.chunks import check_size_claims, chunk_cols, first_missing_c
 from tracekit.store.rows import read_row_bytes
 from tracekit.store.format import FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX_STEP, RANK_PREFIX, ROOT_KEY, SUMMARY_ARRAY
 from tracekit.store.hashing import HASH_BYTES, combined
-from tracekit.store.objects import ObjectRows, Verified, check_object, no_bytes, read_object
+from tracekit.store.dtypes import all_finite
+from tracekit.store.format import object_key
+from tracekit.store.hashing import hasher
+from tracekit.store import objects as _objects
+from tracekit.store.objects import ObjectRows, Verified, damaged, no_bytes, read_object
 from tracekit.store.summaries import N_FIELDS, combine, fields_of, row_width, unseal
 from tracekit.store.kinds import kind_order
 from tracekit.store.location import Location, resolve
@@ -98,6 +102,129 @@ def _step_list(value, where: str) -> list[int]:
     if bad is not None:
         raise StoreError(f"{where}: impossible step {bad} in its metadata (damaged store?)")
     return value
+
+
+# Bytes hashed at a time when checking an object: a buffer each thread reuses (a fresh one per
+# object costs page faults), small enough that the finiteness pass finds it in the CPU cache.
+SCAN_BYTES = 1 << 20
+_scan = threading.local()
+
+
+def _scan_buffer() -> np.ndarray:
+    buf = getattr(_scan, "buf", None)
+    if buf is None:
+        buf = _scan.buf = np.empty(SCAN_BYTES, dtype=np.uint8)
+    return buf
+
+
+@dataclass(frozen=True)
+class Piece:
+    """One piece of a sharded tensor (format 2): the rank view that wrote it, its row there, its
+    index entry (entry.shard: where it sits) and its content hash."""
+
+    view: "RankView"
+    row: int
+    info: TensorInfo
+    digest: bytes
+
+    @property
+    def region(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(offset, shape) in the whole tensor; an unsharded tensor's object is one piece: all of it."""
+        if self.info.shard is None:
+            return (0,) * len(self.info.shape), tuple(self.info.shape)
+        return self.info.shard.offset, self.info.shard.shape
+
+    @property
+    def numel(self) -> int:
+        return self.info.stored_numel
+
+
+class PieceReader:
+    """A piece's object read front to back in ranges (bounded memory), its bytes hashed as they
+    pass unless this open store verified the object already; finish() then checks the hash and
+    the finiteness flag (StoreError: damage). Nothing read is to be trusted before finish()."""
+
+    def __init__(self, kind: str, step: int, piece: Piece, finite_from_caller: bool = False):
+        """finite_from_caller: the caller counts the NaN/Inf of the values it reads (the diff's
+        metrics do, exactly) and passes finish() the answer, saving a pass over the bytes."""
+        self.kind, self.piece = kind, piece
+        self.count_finite = not finite_from_caller
+        pv, info = piece.view, piece.info
+        self.store = pv.store
+        self.where = pv.where(kind, step, info.name)
+        if not info.keeps_bytes:
+            raise no_bytes(self.where)
+        self.dtype = storage_dtype(info.dtype)
+        self.key = object_key(piece.digest)
+        self.known = self.store.verified.get(piece.digest)  # finiteness, once verified
+        self.hash = None if self.known is not None else hasher(info.name, info.dtype, info.shape, info.shard)
+        self.finite = True
+        self.pos = 0
+        try:
+            self.reader = io.reader(self.store.io_root, self.key)
+        except FileNotFoundError:
+            raise damaged(self.where, f"its object {self.key} is missing") from None
+        except OSError as err:
+            raise damaged(self.where, f"its object is unreadable ({err.strerror or err})") from None
+        expected = piece.numel * self.dtype.itemsize
+        if self.reader.size() != expected:
+            self.close()
+            raise damaged(self.where, f"its object {self.key} has the wrong size (the index says {expected} bytes)")
+
+    def read(self, n: int, out: np.ndarray) -> np.ndarray:
+        """The next n elements (storage dtype) into out[:n]."""
+        data = out[:n]
+        view = memoryview(data.view(np.uint8))
+        try:
+            got = self.reader.readinto(self.pos * self.dtype.itemsize, view) if n else 0
+        except OSError as err:
+            raise damaged(self.where, f"its object is unreadable ({err.strerror or err})") from None
+        if got != len(view):
+            raise damaged(self.where, f"its object {self.key} is truncated")
+        if self.hash is not None:
+            self.hash.update(view)
+            if self.count_finite:
+                self.finite = self.finite and all_finite(data, self.piece.info.dtype)
+        self.pos += n
+        return data
+
+    def finish(self, finite: bool | None = None) -> None:
+        """After the last range: StoreError (damage) unless the bytes match their hash and flag.
+        finite: whether every element read was finite (required with finite_from_caller)."""
+        self.close()
+        pv, info = self.piece.view, self.piece.info
+        if self.pos != self.piece.numel:
+            raise ValueError("a piece is checked only once read whole")
+        if self.known is not None:
+            finite = self.known  # verified before: what its bytes said then
+        else:
+            if self.hash.digest() != self.piece.digest:
+                raise damaged(self.where, f"bytes do not match their hash (object {self.key})")
+            if self.count_finite:
+                finite = self.finite
+            elif finite is None:
+                raise ValueError("finish() needs the finiteness the caller counted")
+            finite = bool(finite)
+            self.store.verified.add(self.piece.digest, finite)
+        pv.check_finite_flag(self.kind, self.piece.row, pv.position(self.kind, info.name), finite, self.where)
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None
+
+
+def _check_tiling(pieces: list[Piece], t: TensorInfo, where: str) -> None:
+    """StoreError (damage) unless the pieces tile the tensor: no two overlap and together they
+    hold every element (boxes compared pairwise: no mask the size of the tensor)."""
+    boxes = [(p.info.shard.offset, p.info.shard.shape) for p in pieces]
+    boxes = [b for b in boxes if all(n > 0 for n in b[1])]
+    for i, (o1, s1) in enumerate(boxes):
+        for o2, s2 in boxes[i + 1:]:
+            if all(a < b + m and b < a + n for a, n, b, m in zip(o1, s1, o2, s2)):
+                raise StoreError(f"damaged store: {where}: the pieces of ranks {list(t.shard.peers)} overlap")
+    if sum(int(np.prod(s, dtype=np.int64)) for _, s in boxes) != t.numel:
+        raise StoreError(f"damaged store: {where}: the pieces of ranks {list(t.shard.peers)} do not cover it")
 
 
 class RankView:
@@ -375,9 +502,16 @@ class RankView:
 
     def row_digests(self, kind: str, row: int) -> list[bytes]:
         """Each tensor's 16-byte content hash at a row, in index order (v2 only)."""
-        n = len(self.tensors(kind))
-        flat = self._index_row(kind, HASH_ARRAY, row, HASH_BYTES * n)
-        return [flat[i * HASH_BYTES : (i + 1) * HASH_BYTES].tobytes() for i in range(n)]
+        key = (kind, HASH_ARRAY, row, "split")
+        with self._lock:
+            cached = self._index_cache.get(key)
+        if cached is None:  # asked once per tensor by the diff: split once
+            n = len(self.tensors(kind))
+            raw = self._index_row(kind, HASH_ARRAY, row, HASH_BYTES * n).tobytes()
+            cached = tuple(raw[i * HASH_BYTES : (i + 1) * HASH_BYTES] for i in range(n))
+            with self._lock:
+                self._index_cache[key] = cached
+        return list(cached)
 
     def digests(self, kind: str, step: int) -> dict[str, bytes] | None:
         """{tensor: content hash} at a step; None for a format v1 store (it has no hashes). A sharded
@@ -476,6 +610,31 @@ class RankView:
                 out[t.name] = combine(parts)
         return out
 
+    def pieces(self, kind: str, step: int, name: str) -> list["Piece"]:
+        """The pieces of sharded tensor `name` at `step`, each on the rank that wrote it, in peer
+        order (StoreError: damage, when a peer's entry does not fit this rank's layout)."""
+        t = self.tensor(kind, name)
+        if t.shard is None:
+            raise StoreError(f"rank {self.rank} {kind} tensor {name!r} is not sharded")
+        return [Piece(pv, row, info, digest) for pv, row, info, digest in self._pieces(kind, step, t)]
+
+    def object_piece(self, kind: str, step: int, name: str) -> "Piece":
+        """An unsharded tensor's object (format 2) as a piece covering the whole tensor."""
+        info = self.tensor(kind, name)
+        row = self._row(kind, step)
+        return Piece(self, row, info, self.row_digests(kind, row)[self.position(kind, name)])
+
+    def read_piece(self, kind: str, step: int, piece: "Piece") -> np.ndarray:
+        """One piece's bytes (flat, storage dtype), checked against its hash (once per open store)
+        and its finiteness flag, as assemble() checks them."""
+        pv, name = piece.view, piece.info.name
+        where = pv.where(kind, step, name)
+        if not piece.info.keeps_bytes:
+            raise no_bytes(where)
+        data, finite = read_object(self.store, piece.digest, piece.info, where)
+        pv.check_finite_flag(kind, piece.row, pv.position(kind, name), finite, where)
+        return data
+
     def assemble(self, kind: str, step: int, name: str) -> np.ndarray:
         """A sharded tensor at a step, whole (storage dtype, its shape): every piece read from the
         rank that wrote it, checked against its hash and finiteness flag; the pieces must tile it."""
@@ -483,19 +642,11 @@ class RankView:
         where = self.where(kind, step, name)
         if not t.keeps_bytes:
             raise no_bytes(where)
+        pieces = self.pieces(kind, step, name)
+        _check_tiling(pieces, t, where)  # before reading: no full-size coverage mask is needed
         full = np.empty(t.shape, dtype=storage_dtype(t.dtype))
-        covered = np.zeros(t.shape, dtype=bool)
-        for pv, row, info, digest in self._pieces(kind, step, t):
-            piece_where = pv.where(kind, step, name)
-            data, finite = read_object(self.store, digest, info, piece_where)
-            pv.check_finite_flag(kind, row, pv.position(kind, name), finite, piece_where)
-            place = info.shard.slices()
-            if covered[place].any():
-                raise StoreError(f"damaged store: {where}: the pieces of ranks {list(t.shard.peers)} overlap")
-            covered[place] = True
-            full[place] = data.reshape(info.shard.shape)
-        if not covered.all():
-            raise StoreError(f"damaged store: {where}: the pieces of ranks {list(t.shard.peers)} do not cover it")
+        for piece in pieces:
+            full[piece.info.shard.slices()] = self.read_piece(kind, step, piece).reshape(piece.info.shard.shape)
         return full
 
     def _finite_flags(self, kind: str, row: int) -> np.ndarray:
@@ -670,7 +821,10 @@ class RunStore:
         with lock:
             finite = self.verified.get(digest)
             if finite is None:
-                finite = check_object(self.io_root, digest, info, where)
+                # local files: a small reused buffer; an object store: FILE_PIECE-sized ranged GETs
+                problem, finite = _objects.scan_object(self.io_root, digest, info, _scan_buffer() if self.location.is_local else None)
+                if problem is not None:
+                    raise damaged(where, problem)
                 self.verified.add(digest, finite)
         return finite
 
