@@ -1,24 +1,38 @@
-"""Recording overhead on a ~10M-parameter, ~200-tensor model trained with FSDP2 on 2 CPU ranks.
+"""Recording overhead on a model of ~200 tensors trained with FSDP2 on 2 CPU ranks, every step recorded.
 
-Run: python bench/bench_record.py [--steps 20] [--ranks 2] [--every K] [--dir DIR]
+Run: python bench/bench_record.py [--params 10|100] [--steps N] [--ranks 2] [--every K] [--dir DIR]
+                                  [--variants pieces,summaries,gather] [--queue-mb MB]
 
-Prints, side by side from one run: the step time without recording, with recording as tracekit
-does it (each rank writes its pieces of the sharded tensors, no collective) and with the former
-path (every rank gathers whole tensors), their ratios, the bytes each store received per second,
-and the raw disk write speed for the same bytes (numpy tofile + fsync) on the same disk.
+--params 10: 100 x Linear(316) = 10.0M parameters (issue target <= 1.2x); --params 100: 100 x
+Linear(1000) = 100.1M (targets: <= 1.5x with bytes, <= 1.1x summaries only).
+
+Prints, side by side from one run, per variant: the step time and its ratio to the unrecorded
+steps of the same processes; the recorder's time on the training thread (phases); the CPU
+seconds per step of the rank and of its writer process (the writer is a child of the rank,
+counted once it has exited at close); extra peak RSS of the rank over its unrecorded steps, the
+writer's peak RSS and the most bytes spooled at once, against the queue cap; the store's bytes and
+write rate, and the raw disk write speed for the same bytes. Variants:
+  pieces     each rank writes its pieces of the sharded tensors, every tensor's bytes (the default)
+  summaries  --full matching no tensor: summaries and hashes only
+  gather     the former path (every rank gathers whole tensors), for comparison
+The load average is printed at the start and the end: on a shared machine say it beside a figure.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
-LAYERS, WIDTH = 100, 316  # 100 x (316*316 + 316) = 10.0M parameters in 200 tensors
+SHAPES = {10: (100, 316), 100: (100, 1000)}  # params (M) -> (layers, width): layers x (w*w + w), 2 tensors each
+NOTHING = "tracekit-bench-matches-no-tensor"  # a --full glob that keeps no tensor's bytes
+TOP_PHASES = ("observe", "begin_step", "end_step: capture", "end_step: seal")
+TARGETS = {(10, "pieces"): 1.2, (100, "pieces"): 1.5, (100, "summaries"): 1.1}
 
 
 def worker(args) -> None:
@@ -31,11 +45,12 @@ def worker(args) -> None:
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    layers_n, width = SHAPES[args.params]
     torch.manual_seed(0)
     layers = []
-    for _ in range(LAYERS):
-        lin = torch.nn.Linear(WIDTH, WIDTH)
-        torch.nn.init.normal_(lin.weight, std=WIDTH ** -0.5)
+    for _ in range(layers_n):
+        lin = torch.nn.Linear(width, width)
+        torch.nn.init.normal_(lin.weight, std=width ** -0.5)
         layers += [lin, torch.nn.Tanh()]
     model = torch.nn.Sequential(*layers)
     mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("dp",))
@@ -44,7 +59,7 @@ def worker(args) -> None:
             fully_shard(m, mesh=mesh)
     fully_shard(model, mesh=mesh)
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    x = torch.randn(args.batch, WIDTH)
+    x = torch.randn(args.batch, width)
 
     def train(steps, rec=None):
         for _ in range(steps):
@@ -56,77 +71,163 @@ def worker(args) -> None:
             opt.step()
             opt.zero_grad()
 
+    load0 = os.getloadavg()
     train(2)  # warm-up
+    _reset_peak_rss()
     dist.barrier()
+    cpu0 = _cpu(resource.RUSAGE_SELF)
     t0 = time.perf_counter()
     train(args.steps)
     dist.barrier()
     plain = (time.perf_counter() - t0) / args.steps
+    plain_cpu = (_cpu(resource.RUSAGE_SELF) - cpu0) / args.steps
+    plain_rss = _peak_rss()
 
-    # Recorded twice, side by side: as tracekit records now (each rank writes its pieces of the
-    # sharded tensors, no collective) and as it did before (every rank gathers whole tensors).
     results = {}
-    for variant in ("pieces", "gather"):
+    for variant in args.variants:
         store = os.path.join(args.dir, f"store-{variant}")
-        t0 = time.perf_counter()
+        full = (NOTHING,) if variant == "summaries" else ()
         phases = _time_recorder_phases()
-        with Recorder(model, opt, config=RecordConfig(store=store, every=args.every)) as rec:
+        _reset_peak_rss()
+        self0, child0 = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
+        t0 = time.perf_counter()
+        with Recorder(model, opt, config=RecordConfig(store=store, every=args.every, full=full, queue_mb=args.queue_mb)) as rec:
             if variant == "gather":
                 rec._pieces = False  # the former path, for comparison only
+            handoff = rec._handoff
             train(args.steps, rec)
-        dist.barrier()  # every rank has flushed its writer
-        results[variant] = ((time.perf_counter() - t0) / args.steps, dict(phases), store)
+            rec.flush()  # every step in the store: the writer's peak RSS is in, only its exit is left
+            writer_hwm = _peak_rss(handoff._proc.pid) if handoff else 0
+        # the with-block's close waited for the writer process to store every step and exit
+        dist.barrier()
+        elapsed = (time.perf_counter() - t0) / args.steps
+        results[variant] = {
+            "step": elapsed, "phases": dict(phases), "store": store,
+            "rank_cpu": (_cpu(resource.RUSAGE_SELF) - self0) / args.steps,
+            "writer_cpu": (_cpu(resource.RUSAGE_CHILDREN) - child0) / args.steps,
+            "rank_extra_rss": _peak_rss() - plain_rss,
+            "writer_rss": writer_hwm,
+            "spooled_peak": handoff.peak_spooled if handoff else 0,
+        }
         _untime_recorder_phases()
+    # what starting a writer process costs (its imports), once per rank and recording: part of
+    # the writer CPU above, spread over few steps here
+    child0 = _cpu(resource.RUSAGE_CHILDREN)
+    subprocess.run([sys.executable, "-c", "import tracekit.recorders.spool_writer"], check=True)
+    writer_start = _cpu(resource.RUSAGE_CHILDREN) - child0
+    load1 = os.getloadavg()
+    gathered = [None] * world
+    dist.all_gather_object(gathered, results)
     if rank == 0:
-        params = sum(p.numel() for p in model.parameters())
-        ntensors = len(list(model.parameters()))
-        print(f"model: {ntensors} parameter tensors, {params / 1e6:.1f}M parameters, FSDP2 on {world} ranks, {args.steps} steps, recording every {args.every} step(s)")
-        print(f"step time without recording: {plain * 1e3:8.1f} ms")
-        for variant, (recorded, phases, store) in results.items():
-            written = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(store) for f in fs)
-            raw = raw_write_speed(args.dir, written)
-            rate = written / (recorded * args.steps)
-            how = "each rank its pieces, no collective" if variant == "pieces" else "every rank gathers whole tensors (before)"
-            print(f"-- recorded, {how}:")
-            print(f"step time with recording:    {recorded * 1e3:8.1f} ms  (flush at the end included)")
-            print("  of which on the training thread: " + ", ".join(f"{k} {v / args.steps * 1e3:.1f} ms" for k, v in phases.items()))
-            print(f"overhead ratio:               {recorded / plain:8.2f}x  (target <= 1.2x)")
-            print(f"store bytes written:          {written / 1e9:8.3f} GB")
-            print(f"store write rate:             {rate / 1e6:8.1f} MB/s")
-            print(f"raw disk write (numpy+fsync): {raw / 1e6:8.1f} MB/s")
-        pieces, gather = results["pieces"][0], results["gather"][0]
-        print(f"pieces / gather step time:    {pieces / gather:8.2f}x")
+        _report(args, model, world, plain, plain_cpu, gathered, load0, load1, writer_start)
     dist.destroy_process_group()
+
+
+def _report(args, model, world, plain, plain_cpu, per_rank, load0, load1, writer_start) -> None:
+    params = sum(p.numel() for p in model.parameters())
+    ntensors = len(list(model.parameters()))
+    cap = args.queue_mb * 1024 * 1024
+    mb = 1e6
+    print(f"model: {ntensors} parameter tensors, {params / 1e6:.1f}M parameters, FSDP2 on {world} ranks, "
+          f"{args.steps} steps, recording every {args.every} step(s), {os.cpu_count()} CPU cores, queue cap {args.queue_mb} MB")
+    print(f"load average at start {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, at end {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
+    print(f"step time without recording:  {plain * 1e3:8.1f} ms   (rank CPU {plain_cpu * 1e3:.0f} ms/step)")
+    r0 = per_rank[0]
+    ratios = {}
+    for variant, res in r0.items():
+        how = {"pieces": "each rank its pieces, every tensor's bytes",
+               "summaries": "summaries and hashes only (--full matching no tensor)",
+               "gather": "every rank gathers whole tensors (the former path)"}[variant]
+        step = res["step"]
+        ratios[variant] = step / plain
+        target = TARGETS.get((args.params, variant))
+        print(f"-- recorded, {how}:")
+        print(f"step time with recording:     {step * 1e3:8.1f} ms  (flush at the end included)")
+        print(f"overhead ratio:               {step / plain:8.2f}x" + (f"  (target <= {target}x)" if target else ""))
+        thread = sum(v for k, v in res["phases"].items() if k in TOP_PHASES) / args.steps  # the others are inside these
+        print("  on the training thread:     " + ", ".join(f"{k} {v / args.steps * 1e3:.1f}" for k, v in res["phases"].items())
+              + f" ms/step; total {thread * 1e3:.1f} ms")
+        writer = [r[variant]["writer_cpu"] for r in per_rank]
+        rank_cpu = [r[variant]["rank_cpu"] for r in per_rank]
+        print(f"  CPU per step, rank:         " + ", ".join(f"{c * 1e3:.0f}" for c in rank_cpu) + f" ms (unrecorded {plain_cpu * 1e3:.0f})")
+        print(f"  CPU per step, writer:       " + ", ".join(f"{c * 1e3:.0f}" for c in writer) + " ms; without its start "
+              f"({writer_start * 1e3:.0f} ms once): " + ", ".join(f"{(c - writer_start / args.steps) * 1e3:.0f}" for c in writer) + " ms")
+        extra_cpu = sum(rank_cpu) + sum(writer) - world * plain_cpu
+        print(f"  recording CPU, all ranks:   {extra_cpu * 1e3:8.0f} ms/step over {os.cpu_count()} cores "
+              f"(= {extra_cpu / os.cpu_count() * 1e3:.0f} ms of wall if the cores were the limit)")
+        print(f"  ratio if the writers had cores of their own (training thread only): {(plain + thread) / plain:.2f}x")
+        for r, rr in enumerate(per_rank):
+            v = rr[variant]
+            extra = v["rank_extra_rss"]
+            print(f"  rank {r} memory: extra peak RSS {extra / mb:.0f} MB, writer peak RSS {v['writer_rss'] / mb:.0f} MB, "
+                  f"spooled at most {v['spooled_peak'] / mb:.0f} MB; rank extra / cap {extra / cap:.2f} "
+                  f"(target <= 1.10)")
+        written = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(res["store"]) for f in fs)
+        print(f"  store bytes written:        {written / 1e9:8.3f} GB, {written / (step * args.steps) / mb:.1f} MB/s")
+        if written > 64 * 1024 * 1024:
+            print(f"  raw disk write (numpy+fsync) of as many bytes: {raw_write_speed(args.dir, written) / mb:.1f} MB/s")
+    if "pieces" in ratios and "gather" in ratios:
+        print(f"pieces / gather step time:    {ratios['pieces'] / ratios['gather']:8.2f}x")
+    if "pieces" in ratios and "summaries" in ratios:
+        print(f"summaries / pieces step time: {ratios['summaries'] / ratios['pieces']:8.2f}x")
+
+
+def _cpu(who) -> float:
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+
+
+def _reset_peak_rss() -> None:
+    """Start the process's peak RSS (VmHWM) over from its current RSS (Linux: clear_refs 5)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+
+
+def _peak_rss(pid="self") -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 _ORIGINAL: dict = {}
 
 
 def _untime_recorder_phases() -> None:
+    from tracekit.recorders.handoff import Handoff
     from tracekit.recorders.recorder import Recorder
 
-    for meth, orig in _ORIGINAL.items():
-        setattr(Recorder, meth, orig)
+    for (cls, meth), orig in _ORIGINAL.items():
+        setattr({"Recorder": Recorder, "Handoff": Handoff}[cls], meth, orig)
 
 
 def _time_recorder_phases() -> dict:
-    """Wrap the recorder's training-thread entry points to report where the overhead goes."""
+    """Wrap the recorder's training-thread entry points to report where the overhead goes. The
+    hand-off (spool writes, and any wait for room under the queue cap) is timed within end_step."""
     import collections
 
+    from tracekit.recorders.handoff import Handoff
     from tracekit.recorders.recorder import Recorder
 
     totals = collections.Counter()
-    for meth in ("observe", "begin_step", "end_step"):
-        orig = _ORIGINAL.setdefault(meth, getattr(Recorder, meth))
+    for cls, meth, label in ((Recorder, "observe", "observe"), (Recorder, "begin_step", "begin_step"),
+                             (Handoff, "put", "(of which step 0's spool write)"),
+                             (Recorder, "capture_after", "end_step: capture"), (Handoff, "provisional", "(of which spool write)"),
+                             (Recorder, "finish_step", "end_step: seal")):
+        orig = _ORIGINAL.setdefault((cls.__name__, meth), getattr(cls, meth))
 
-        def timed(self, *a, _orig=orig, _name=meth, **k):
+        def timed(self, *a, _orig=orig, _name=label, **k):
             t0 = time.perf_counter()
             try:
                 return _orig(self, *a, **k)
             finally:
                 totals[_name] += time.perf_counter() - t0
 
-        setattr(Recorder, meth, timed)
+        setattr(cls, meth, timed)
     return totals
 
 
@@ -151,19 +252,33 @@ def raw_write_speed(folder: str, nbytes: int) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=20)
+    p.add_argument("--params", type=int, choices=sorted(SHAPES), default=10, help="model size, millions of parameters")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per variant (default: 20 at 10M, 3 at 100M)")
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--every", type=int, default=1, help="record every k-th step (k > 1: a disk that keeps up)")
+    p.add_argument("--variants", default=None, help="comma-separated: pieces, summaries, gather "
+                   "(default: pieces,summaries,gather at 10M; pieces,summaries at 100M)")
+    p.add_argument("--queue-mb", type=int, default=None, help="the recorder's queue cap (default: RecordConfig's)")
     p.add_argument("--dir", default=None, help="folder on the disk to measure (default: a temp dir)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    if args.steps is None:
+        args.steps = 20 if args.params == 10 else 3
+    if args.variants is None:
+        args.variants = "pieces,summaries,gather" if args.params == 10 else "pieces,summaries"
+    if args.queue_mb is None:
+        from tracekit.recorders.config import DEFAULT_QUEUE_MB
+
+        args.queue_mb = DEFAULT_QUEUE_MB
     if args.worker:
+        args.variants = args.variants.split(",")
         return worker(args)
     folder = tempfile.mkdtemp(prefix="tracekit-bench-", dir=args.dir)
     try:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.ranks}",
-               __file__, "--worker", "--steps", str(args.steps), "--batch", str(args.batch), "--every", str(args.every), "--dir", folder]
+               __file__, "--worker", "--params", str(args.params), "--steps", str(args.steps), "--batch", str(args.batch),
+               "--every", str(args.every), "--variants", args.variants, "--queue-mb", str(args.queue_mb), "--dir", folder]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         sys.exit(subprocess.call(cmd, env=env))
     finally:

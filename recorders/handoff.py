@@ -39,6 +39,11 @@ class WriterFailed(TracekitError):
 def _writer_env() -> dict[str, str]:
     env = dict(os.environ)
     env["TRACEKIT_BOOTSTRAP"] = "0"  # the writer never trains; keep zero-code out of it
+    # One thread of BLAS/OpenMP: the writer's numpy reductions are small, and a BLAS's threads
+    # spinning on the cores the training ranks use cost them CPU (measured: summarizing took 17x
+    # the CPU seconds with OpenBLAS's default threads on a busy 2-core machine).
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[var] = "1"
     env.update(child_env())  # storage options in force here (a URL store's endpoint, credentials)
     root = os.path.dirname(os.path.dirname(os.path.abspath(tracekit.__file__)))
     env["PYTHONPATH"] = os.pathsep.join([p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p] + [root])
@@ -60,7 +65,8 @@ class Handoff:
         self._eof = False
         self._close_sent = False
         self._buf = b""
-        self.peak_pending = 0
+        self.peak_pending = 0  # most bytes of sealed entries waiting at once
+        self.peak_spooled = 0  # most bytes in the spool at once, the open step's capture included
         # The writer's lock is taken here and inherited, so `tracekit record` never sees an unlocked
         # spool whose writer has yet to start.
         lock = os.open(os.path.join(self.spool, LOCK), os.O_CREAT | os.O_RDWR, 0o600)
@@ -170,6 +176,7 @@ class Handoff:
     def _sealed(self, seq: int, size: int) -> None:
         self._pending[seq] = size
         self.peak_pending = max(self.peak_pending, sum(self._pending.values()))
+        self._note_spooled()
         self._notify()
 
     def put(self, step: int, tensors: list[tuple[str, TensorData]], complete: bool, extra: dict | None = None) -> None:
@@ -200,6 +207,10 @@ class Handoff:
             self._poll()
             seq = self._prov[0]
         self._prov = (seq, self._write(seq, PROV, step, True, tensors))
+        self._note_spooled()
+
+    def _note_spooled(self) -> None:
+        self.peak_spooled = max(self.peak_spooled, sum(self._pending.values()) + (self._prov[1] if self._prov else 0))
 
     def seal(self) -> None:
         """The open step is over: its last capture is final."""
@@ -221,11 +232,15 @@ class Handoff:
         """Tell the writer how the rank ends; it writes what is spooled, then the status. Idempotent."""
         if self._close_sent:
             return
-        self._close_sent = True
+        # Marked sent only once written: a signal handler that runs before the write (its abandon()
+        # calls here too) sends its own word instead of finding it done; one that runs after finds
+        # it done. Handlers run between bytecodes, and a line shorter than the pipe's buffer is
+        # written whole by one os.write, so a handler never splits a line.
         try:
             self._send(f"close {status} {json.dumps(attrs or {})}\n".encode())
         except (BrokenPipeError, ValueError):
             pass
+        self._close_sent = True
 
     def close(self, status: str, attrs: dict | None = None, wait: bool = True) -> None:
         """End the hand-off. wait=False (a signal is killing us): the writer finishes on its own."""

@@ -31,7 +31,8 @@ from tracekit.recorders import outcome
 from tracekit.recorders.handoff import Handoff
 from tracekit.recorders.config import RecordConfig
 from tracekit.recorders.coords import detect_coords
-from tracekit.recorders.materialize import canonical_name, flatten_output, full_cpu, gather_full_cpu, local_cpu, select
+from tracekit.recorders.materialize import (canonical_name, flatten_output, full_cpu, gather_full_cpu, local_cpu, minus_piece, select,
+                                            snapshot_piece)
 from tracekit.store.tensors import from_torch, from_torch_piece
 from tracekit.recorders.optim_state import state_tensors
 from tracekit.recorders.replay import Replay
@@ -276,9 +277,8 @@ class Recorder:
     def abandon(self, status: str, cause: str | None = None) -> None:
         """The process dies now (a signal): tell the writer process how the rank ends, without
         waiting. Every step handed over so far, and the open step's capture, is already spooled;
-        the writer stores it on its own. Safe at any point of close(), which it supersedes."""
-        if self._started and self._handoff is not None and not self._forked:
-            self._handoff.send_close(status, self._end_attrs(cause))
+        the writer stores it on its own. Safe at any point of close(), which it supersedes: close()
+        tells the writer before it counts as closed, so one interrupted earlier still sends here."""
         self.close(status=status, cause=cause, wait=False)
 
     def _restore_handlers(self) -> None:
@@ -334,6 +334,11 @@ class Recorder:
         every spooled step kept."""
         if self._closed or not self._started:
             return
+        # Tell the writer how the rank ends first, before counting as closed: a signal or Ctrl-C that
+        # lands from here on finds either the message sent (send_close is idempotent: the first word
+        # wins) or the recorder still open, so its abandon() -> close() sends it. Never neither.
+        if self._handoff is not None:
+            self._handoff.send_close(status, self._end_attrs(cause))
         if self._tracer is not None:  # a step still being traced never finished: not written
             self._tracer.stop()
             self._tracer.close()
@@ -344,7 +349,6 @@ class Recorder:
         self._hooks.clear()
         try:
             if self._handoff is not None:
-                self._handoff.send_close(status, self._end_attrs(cause))
                 self._handoff.close(status, wait=wait)
         except TracekitError as e:
             print(f"tracekit: {e}", file=sys.stderr)
@@ -423,11 +427,13 @@ class Recorder:
                 self._submit(INITIAL_STEP, {"parameters": initial_params}, complete=False)
         # Local snapshots only (no communication): the gathers of gradients, parameters and deltas
         # happen together after the update, in one collective per mesh and dtype.
+        # In pieces mode the copies are of this rank's pieces (snapshot_piece), taken without DTensor dispatch.
+        snap = snapshot_piece if self._pieces else (lambda t: t.detach().clone())
         if recording and "gradients" in kinds:
-            self._grad_snapshot = [(n, p.grad.detach().clone()) for n, p in self._params
+            self._grad_snapshot = [(n, snap(p.grad)) for n, p in self._params
                                    if p.grad is not None and n in self._recorded_names]
         if recording and "deltas" in kinds:
-            self._before = [(n, p.detach().clone()) for n, p in self._params if n in self._recorded_names]
+            self._before = [(n, snap(p)) for n, p in self._params if n in self._recorded_names]
 
     def end_step(self) -> None:
         """After the optimizer update: capture parameters and deltas, and hand the step to the writer."""
@@ -474,7 +480,7 @@ class Recorder:
         if "parameters" in kinds:
             wanted += [("parameters", n, p) for n, p in self._params if n in self._recorded_names]
         # delta on the local shards, in the parameter's dtype: elementwise, so it equals after - before of the full tensors
-        wanted += [("deltas", n, current[n].detach() - b) for n, b in before]
+        wanted += [("deltas", n, minus_piece(current[n], b, n) if self._pieces else current[n].detach() - b) for n, b in before]
         if "optimizer_state" in kinds:
             chosen = [(n, p) for n, p in self._params if n in self._recorded_names]
             wanted += [("optimizer_state", n, t) for n, t in state_tensors(self.optimizer, chosen)]

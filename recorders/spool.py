@@ -12,9 +12,10 @@ the kernel's page cache (tmpfs under /dev/shm, or a temp folder), which outlives
 it dies; a machine crash is not covered.
 
 Layout of one entry: MAGIC, an 8-byte little-endian header length, a JSON header
-{"step", "complete", "tensors": [{"kind", "name", "dtype", "shape", "offset", "nbytes"}], "extra"}
+{"step", "complete", "tensors": [{"kind", "name", "dtype", "shape", "offset", "nbytes"[, "shard"]}], "extra"}
 (extra: {"trace": {"level", "events": "marshal"}} for a traced step, whose tensors are its --trace-full
-ones, kind "trace", and its events as one marshal blob, kind TRACE_EVENTS; see Handoff.put_trace), then
+ones, kind "trace", and its events as one marshal blob, kind TRACE_EVENTS; see Handoff.put_trace;
+shard: the layout of a sharded tensor's piece, Shard.to_spool(); `shape` is the piece's), then
 each tensor's bytes in storage dtype, each starting on a 64-byte boundary. No torch here: the
 writer process never imports it.
 """
@@ -32,6 +33,7 @@ import numpy as np
 
 from tracekit.store.dtypes import storage_dtype
 from tracekit.store import TensorData
+from tracekit.store.shards import Shard
 
 MAGIC = b"TKSPOOL1"
 ALIGN = 64
@@ -77,8 +79,10 @@ def write_entry(path: str, step: int, complete: bool, tensors: list[tuple[str, T
     entries, offset = [], 0
     for kind, t in tensors:
         nbytes = t.data.nbytes
-        entries.append({"kind": kind, "name": t.name, "dtype": t.dtype, "shape": list(t.shape),
-                        "offset": offset, "nbytes": nbytes})
+        entry = {"kind": kind, "name": t.name, "dtype": t.dtype, "shape": list(t.shape), "offset": offset, "nbytes": nbytes}
+        if t.shard is not None:
+            entry["shard"] = t.shard.to_spool()
+        entries.append(entry)
         offset += nbytes + _pad(nbytes)
     header = json.dumps({"step": step, "complete": complete, "tensors": entries, "extra": extra or {}}).encode()
     head = MAGIC + struct.pack("<Q", len(header)) + header
@@ -131,7 +135,8 @@ def read_entry(path: str) -> Entry:
             if lo + e["nbytes"] > size:
                 raise ValueError(f"{path} is truncated")
             data = np.frombuffer(buf[lo:lo + e["nbytes"]], dtype=sdt)
-            kinds.setdefault(e["kind"], []).append(TensorData(e["name"], e["dtype"], tuple(e["shape"]), data))
+            shard = Shard.from_spool(e["shard"]) if "shard" in e else None
+            kinds.setdefault(e["kind"], []).append(TensorData(e["name"], e["dtype"], tuple(e["shape"]), data, shard))
         del buf
         return Entry(header["step"], header["complete"], kinds, mapped, header.get("extra") or {})
     except Exception:

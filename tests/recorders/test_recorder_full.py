@@ -33,7 +33,7 @@ def _check(path, grads):
     for step, by_name in grads.items():
         sums = view.summaries("gradients", step)
         for name, g in by_name.items():
-            expected = [g.min().item(), g.max().item(), g.mean().item(), g.norm().item(), 0, 0]
+            expected = [g.min().item(), g.max().item(), g.mean().item(), g.norm().item(), 0, 0, 0]
             np.testing.assert_allclose(sums[name], expected, rtol=1e-9, atol=1e-12)
     assert view.read("parameters", 2, "0.weight").shape == (16, 8)
 

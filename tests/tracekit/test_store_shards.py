@@ -12,7 +12,7 @@ from tracekit import StoreError, open_store
 from tracekit.cli.main import main
 from tracekit.store import RankWriter, TensorData, create_store
 from tracekit.store.format import object_key
-from tracekit.store.shards import Shard, pack
+from tracekit.store.shards import Shard
 from tracekit.store.verify import verify_store
 
 RANKS = 2
@@ -30,7 +30,7 @@ def _piece(name, arr, rank):
     hi = min(arr.shape[0], lo + per)
     part = np.ascontiguousarray(arr[lo:hi])
     shard = Shard(arr.shape, (lo,) + (0,) * (arr.ndim - 1), part.shape, tuple(range(RANKS)))
-    return TensorData(pack(name, shard), "float32", part.shape, part)
+    return TensorData(name, "float32", part.shape, part, shard)
 
 
 def _write(path, sharded=True, steps=(1, 2, 3), steps_of=None, version=None, bump=None):

@@ -20,7 +20,7 @@ from tracekit.errors import StoreError, UsageError
 from tracekit.store import open_store
 from tracekit.store.format import object_key
 from tracekit.store.keep import keeps_bytes, parse_full
-from tracekit.store.summaries import SUMMARY_FIELDS, combine, summarize
+from tracekit.store.summaries import LEGACY_FIELDS, NEG_INF, SUMMARY_FIELDS, combine, seal, summarize, unseal
 from tracekit.store.verify import verify_store
 from tracekit.testing import write_store
 
@@ -76,7 +76,7 @@ def test_every_tensor_has_a_summary_and_only_full_tensors_keep_bytes(stores):
                 sums, digests = view.summaries(kind, step), view.digests(kind, step)
                 for t in view.tensors(kind):
                     values = np.asarray(data[step][kind][t.name], dtype=np.float64).reshape(-1)
-                    expected = [values.min(), values.max(), values.mean(), np.linalg.norm(values), 0, 0]
+                    expected = [values.min(), values.max(), values.mean(), np.linalg.norm(values), 0, 0, 0]
                     np.testing.assert_allclose(sums[t.name], expected, rtol=1e-12)
                     assert t.keeps_bytes == (kind in ("parameters", "loss"))
                     (kept_digests.add if t.keeps_bytes else lambda d: dropped.append((kind, t.name, d)))(digests[t.name])
@@ -89,8 +89,8 @@ def test_every_tensor_has_a_summary_and_only_full_tensors_keep_bytes(stores):
 
 
 def test_summary_counts_nan_and_inf_and_skips_them_in_the_statistics():
-    s = summarize(np.array([1.0, np.nan, -3.0, np.inf, np.nan], dtype=f32), "float32")
-    assert list(s[4:]) == [2, 1]
+    s = summarize(np.array([1.0, np.nan, -3.0, np.inf, np.nan, -np.inf, -np.inf], dtype=f32), "float32")
+    assert list(s[4:]) == [2, 3, 2]  # NaN, Inf (either sign), -Inf
     assert (s[0], s[1], s[2], s[3]) == (-3.0, 1.0, -1.0, math.sqrt(10.0))
     assert math.isnan(summarize(np.array([np.nan], dtype=f32), "float32")[0])
     # pieces combine to the whole tensor's summary
@@ -241,3 +241,64 @@ def test_a_damaged_summary_is_a_damaged_store_not_a_verdict(stores, tmp_path):
     assert res.exit_code == 2, res.output
     assert "damaged store" in res.output and "rank 0 gradients step 2" in res.output
     assert not verify_store(str(cand)).ok
+
+
+def test_a_loss_of_minus_inf_and_one_of_plus_inf_differ_without_their_bytes(tmp_path):
+    """The sign of an Inf survives in the summary (neg_inf), so a summaries-only -Inf loss never
+    passes against a +Inf one, and the loss table shows both values."""
+    def run(value):
+        data = _run()
+        for r in data:
+            data[r][2]["loss"]["loss"] = f32(value)
+        return data
+
+    pos = write_store(tmp_path / "pos", run(np.inf), full=("parameters:*",))
+    neg = write_store(tmp_path / "neg", run(-np.inf), full=("parameters:*",))
+    pos2 = write_store(tmp_path / "pos2", run(np.inf), full=("parameters:*",))
+    assert open_store(neg).rank(0).summaries("loss", 2)["loss"][NEG_INF] == 1
+    r = diff(pos, neg)
+    assert r.status == "fail" and (r.first_divergence.step, r.first_divergence.kind) == (2, "loss")
+    rows = {row.step: row for row in r.loss_table}
+    assert (rows[2].ref, rows[2].cand) == (math.inf, -math.inf) and not rows[2].passed
+    from tracekit.inspect.loss import run_losses
+
+    assert run_losses(neg)[1][2] == -math.inf
+    same = diff(pos, pos2)  # equal bytes decide by hash; the summary rule alone passes them too
+    assert same.status == "pass"
+    s_pos = open_store(pos).rank(0).summaries("loss", 2)["loss"]
+    assert compare_summaries(s_pos, s_pos, (), 1e-6, 1e-6).passed
+    assert not compare_summaries(s_pos, open_store(neg).rank(0).summaries("loss", 2)["loss"], (), 1e-6, 1e-6).passed
+
+
+def test_a_summary_row_of_an_older_store_reads_back_with_the_sign_of_its_infs_unknown():
+    """Format-2 stores written before neg_inf hold six fields per tensor: they still read, their
+    neg_inf is NaN, and the comparison then decides on the other fields alone."""
+    whole = np.stack([summarize(np.array([1.0, -np.inf], dtype=f32), "float32"),
+                      summarize(np.array([2.0, 3.0], dtype=f32), "float32")])
+    legacy = unseal(seal(whole[:, :LEGACY_FIELDS]), LEGACY_FIELDS)
+    assert legacy.shape == whole.shape and math.isnan(legacy[0, NEG_INF])
+    np.testing.assert_array_equal(legacy[:, :LEGACY_FIELDS], whole[:, :LEGACY_FIELDS])
+    assert compare_summaries(legacy[0], whole[0], (2,), 1e-6, 1e-6).passed  # unknown sign: not a violation
+    flipped = summarize(np.array([1.0, np.inf], dtype=f32), "float32")
+    assert not compare_summaries(whole[0], flipped, (2,), 1e-6, 1e-6).passed  # known signs differ
+    assert unseal(seal(whole)) is not None and unseal(seal(whole)[::-1]) is None
+
+
+def test_summaries_of_float8_need_no_torch_and_match_its_values():
+    import subprocess
+    import sys
+
+    code = ("import sys, numpy as np\n"
+            "from tracekit.store.summaries import summarize\n"
+            "from tracekit.store.dtypes import to_numpy_values\n"
+            "bits = np.arange(256, dtype=np.uint8)\n"
+            "for d in ('float8_e4m3fn', 'float8_e5m2'):\n"
+            "    summarize(bits, d)\n"
+            "    sys.stdout.write(to_numpy_values(bits, d).view(np.uint32).tobytes().hex() + '\\n')\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    torch = pytest.importorskip("torch")
+    bits = torch.arange(256, dtype=torch.int32).to(torch.uint8)
+    for hexed, d in zip(out, ("float8_e4m3fn", "float8_e5m2")):
+        expected = bits.view(getattr(torch, d)).float().numpy().view(np.uint32)
+        assert hexed == expected.tobytes().hex(), d  # bit for bit, NaN payloads and signs too

@@ -8,7 +8,7 @@ necessary condition of the elementwise one, never stricter):
     L2 norm:         |c - r| <= atol * sqrt(n) + rtol * L2_ref      n = finite elements
 
 (if |cand_i - ref_i| <= atol + rtol |ref_i| for every i, each statistic moves by at most these
-bounds). NaN and Inf counts must be equal; a NaN on either side is a violation unless equal_nan,
+bounds). NaN, Inf and -Inf counts must be equal (-Inf unknown in stores older than it); a NaN on either side is a violation unless equal_nan,
 as it is elementwise. The converse does not hold: summaries cannot see errors that leave every
 statistic in bounds (a permutation, offsetting errors), so the report says which tensors were
 compared this way. The norm rule (rel_l2) and the oracle need elements and do not apply here.
@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 from tracekit.compare.metrics import NonFinite, TensorMetrics, WorstElement
-from tracekit.store.summaries import INF, L2, MAX, MEAN, MIN, NAN
+from tracekit.store.summaries import INF, L2, MAX, MEAN, MIN, NAN, NEG_INF, scalar_value
 
 
 def compare_summaries(ref: np.ndarray, cand: np.ndarray, shape: tuple[int, ...], rtol: float, atol: float,
@@ -32,6 +32,9 @@ def compare_summaries(ref: np.ndarray, cand: np.ndarray, shape: tuple[int, ...],
     numel = math.prod(shape)
     counts = NonFinite(int(ref[NAN]), int(ref[INF]), int(cand[NAN]), int(cand[INF]))
     nonfinite = int(counts.ref_nan != counts.cand_nan) + int(counts.ref_inf != counts.cand_inf)
+    ref_neg, cand_neg = float(ref[NEG_INF]), float(cand[NEG_INF])
+    if counts.ref_inf == counts.cand_inf and not (math.isnan(ref_neg) or math.isnan(cand_neg)):
+        nonfinite += int(ref_neg != cand_neg)  # as many Infs, other signs (NaN: an older store, unknown)
     if not equal_nan and (counts.ref_nan or counts.cand_nan) and counts.ref_nan == counts.cand_nan:
         nonfinite += 1  # NaN never equals NaN elementwise: so here neither
     n_fin = max(0, numel - counts.ref_nan - counts.ref_inf)
@@ -59,5 +62,9 @@ def compare_summaries(ref: np.ndarray, cand: np.ndarray, shape: tuple[int, ...],
     # nothing finite to compare (or one side has no finite element): only the counts decide
     if bool(n_fin) != (numel - counts.cand_nan - counts.cand_inf > 0):
         violations += 1
-    return TensorMetrics(numel, rtol, atol, violations, nonfinite, None, None, None, None, None,
+    worst = None
+    if numel == 1:  # a non-finite loss: its value is still known (scalar_value), and shown
+        r, c = scalar_value(ref), scalar_value(cand)
+        worst = WorstElement((0,) * len(shape), r, c, abs(c - r))
+    return TensorMetrics(numel, rtol, atol, violations, nonfinite, None, None, None, None, worst,
                          compared=0, counts=counts)

@@ -8,7 +8,7 @@ import os
 from tracekit.errors import StoreError, UsageError
 from tracekit.store import open_store
 from tracekit.store.kinds import LOSS_KINDS
-from tracekit.store.summaries import MEAN
+from tracekit.store.summaries import scalar_value
 
 # The global loss is what the training reports and what runs are compared on; a store recorded
 # without it still has each rank's local loss, which is better than nothing.
@@ -38,8 +38,8 @@ def run_losses(path) -> tuple[str, dict[int, float]]:
             if step not in out:
                 if info.keeps_bytes:
                     out[step] = float(view.read(kind, step, info.name).reshape(-1)[0])
-                else:  # summary only (--full): a one-element tensor's mean is its value, exactly
-                    out[step] = float(view.summaries(kind, step)[info.name][MEAN])
+                else:  # summary only (--full): a one-element tensor's value is in its summary, exactly
+                    out[step] = scalar_value(view.summaries(kind, step)[info.name])
     return kind, dict(sorted(out.items()))
 
 

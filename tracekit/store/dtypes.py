@@ -41,10 +41,35 @@ def to_numpy_values(bits: np.ndarray, logical: str) -> np.ndarray:
     if logical == "bfloat16":
         return (bits.astype(np.uint32) << 16).view(np.float32)
     if logical in _BIT_STORED:
-        import torch  # float8 decoding needs torch's tables; only then is torch imported
-
-        return torch.from_numpy(bits.copy()).view(getattr(torch, logical)).float().numpy()
+        return _float8_table(logical)[bits]
     return bits
+
+
+def _float8_table(logical: str) -> np.ndarray:
+    """float32 value of each of the 256 bit patterns of a float8 dtype (no torch: the writer
+    process never imports it). e5m2 is the top byte of a float16; e4m3fn (bias 7) has no Inf,
+    and S.1111.111 is its NaN."""
+    table = _FLOAT8_TABLES.get(logical)
+    if table is None:
+        bits = np.arange(256, dtype=np.uint16)
+        if logical == "float8_e5m2":
+            table = (bits << 8).view(np.float16).astype(np.float32)
+            nan, man_shift = (bits & 0x7F) > 0x7C, 21
+        else:
+            sign = np.where(bits & 0x80, -1.0, 1.0)
+            exp, man = (bits >> 3) & 0xF, (bits & 0x7).astype(np.float64)
+            mag = np.where(exp == 0, man / 8 * 2.0 ** -6, (1 + man / 8) * 2.0 ** (exp.astype(np.float64) - 7))
+            table = (sign * mag).astype(np.float32)
+            nan, man_shift = (bits & 0x7F) == 0x7F, 20
+        # NaNs bit for bit as torch widens them: the sign and mantissa kept, the quiet bit set
+        man_bits = (bits & (0x3 if logical == "float8_e5m2" else 0x7)).astype(np.uint32) << man_shift
+        nan_bits = ((bits & 0x80).astype(np.uint32) << 24) | np.uint32(0x7FC00000) | man_bits
+        table.view(np.uint32)[nan] = nan_bits[nan]
+        _FLOAT8_TABLES[logical] = table
+    return table
+
+
+_FLOAT8_TABLES: dict[str, np.ndarray] = {}
 
 
 # Exponent bits (all ones = Inf/NaN) of the bit-stored floats; float8_e4m3fn has no Inf and its

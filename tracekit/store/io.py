@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import itertools
 import json
 import os
 import stat
@@ -103,6 +104,16 @@ def write_parts(root: str, key: str, parts: Iterable, pad_to: int | None = None)
             f.truncate(pad_to)
 
 
+_TMP = {"pid": None, "tag": "", "seq": itertools.count()}
+
+
+def _tmp_name() -> str:
+    """A temporary object name no other process uses (a forked child gets its own tag)."""
+    if _TMP["pid"] != os.getpid():
+        _TMP.update(pid=os.getpid(), tag=uuid.uuid4().hex[:16], seq=itertools.count())
+    return f".tmp-{_TMP['tag']}-{next(_TMP['seq'])}"
+
+
 def write_once(root, key: str, parts: Iterable) -> bool:
     """Write an immutable object unless it exists; False if it was already there.
 
@@ -117,12 +128,21 @@ def write_once(root, key: str, parts: Iterable) -> bool:
     if os.path.isfile(path):
         return False
     folder = os.path.dirname(path)
-    os.makedirs(folder, exist_ok=True)
-    tmp = os.path.join(folder, f".tmp-{uuid.uuid4().hex}")
+    tmp = os.path.join(folder, _tmp_name())
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
     try:
-        with open(tmp, "wb") as f:
+        try:
+            fd = os.open(tmp, flags, 0o644)
+        except FileNotFoundError:  # the object's folder is new (a makedirs per object would cost a syscall each)
+            os.makedirs(folder, exist_ok=True)
+            fd = os.open(tmp, flags, 0o644)
+        try:  # os.write, no buffered file: the parts are large and go out as they are
             for p in parts:
-                f.write(p)
+                view = memoryview(p).cast("B")
+                while view:
+                    view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -30,7 +30,7 @@ from tracekit.store.format import object_key
 from tracekit.store.hashing import hasher
 from tracekit.store import objects as _objects
 from tracekit.store.objects import ObjectRows, Verified, damaged, no_bytes, read_object
-from tracekit.store.summaries import combine, row_width, unseal
+from tracekit.store.summaries import N_FIELDS, combine, fields_of, row_width, unseal
 from tracekit.store.kinds import kind_order
 from tracekit.store.location import Location, resolve
 from tracekit.store.meta import STEPS, TENSORS, KindMeta, TensorInfo, index_of
@@ -578,7 +578,10 @@ class RankView:
 
     def row_summaries(self, kind: str, row: int) -> np.ndarray:
         """Each tensor's summary at a row, in index order: float64 (tensors, N_FIELDS) (store/summaries.py)."""
-        values = unseal(self._index_row(kind, SUMMARY_ARRAY, row, row_width(len(self.tensors(kind)))))
+        n = len(self.tensors(kind))
+        # older format-2 stores have one field fewer (summaries.LEGACY_FIELDS); any other width is damage
+        fields = fields_of(self._index_array(kind, SUMMARY_ARRAY).shape[1], n) or N_FIELDS
+        values = unseal(self._index_row(kind, SUMMARY_ARRAY, row, row_width(n, fields)), fields)
         if values is None:
             raise StoreError(f"damaged store: {self.store.path}: rank {self.rank} {kind} step {self.step_of_row(kind, row)}: "
                              f"its {SUMMARY_ARRAY} index does not match its checksum")
@@ -590,7 +593,7 @@ class RankView:
             self.row_summaries(kind, self._row(kind, step))
 
     def summaries(self, kind: str, step: int) -> dict[str, np.ndarray] | None:
-        """{tensor: summary (min, max, mean, L2, NaN count, Inf count)} at a step; None where the
+        """{tensor: summary (min, max, mean, L2, NaN count, Inf count, -Inf count)} at a step; None where the
         store holds no summaries (format 1, or format 2 before summaries). A sharded tensor's
         summary combines its pieces' (summaries.combine)."""
         if not self.has_summaries(kind):

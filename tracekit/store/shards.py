@@ -7,21 +7,14 @@ ranks whose pieces together tile the tensor). Readers assemble the full tensor o
 pieces of those ranks at the same step (tracekit/store/objects.py), so every reader still sees a
 full tensor per rank and step.
 
-A rank hands its tensors to its writer process through spool files whose format this module does
-not own (recorders/spool.py); a piece travels there as a TensorData whose name carries the layout
-after a NUL marker (`pack` / `unpack`). Only the store writer unpacks it, so no other module knows.
+A piece travels to the store writer as a TensorData whose `shard` field is its Shard (through the
+rank's spool hand-off too: recorders/spool.py keeps it in the entry's header, as to_spool()).
 """
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-
-# Cannot occur in a tensor name that Python code gives a module attribute (names are identifiers
-# joined by dots); an entry whose name holds it carries a shard layout, not a name.
-_MARK = "\0tracekit-shard\0"
-
 
 @dataclass(frozen=True)
 class Shard:
@@ -68,16 +61,10 @@ class Shard:
         two replica groups are one object)."""
         return f"shard {','.join(map(str, self.offset))} {','.join(map(str, self.shape))}"
 
+    def to_spool(self) -> dict:
+        """The layout as a JSON object (the spool entry header's `shard`); from_spool() reads it back."""
+        return {"full_shape": list(self.full_shape), **self.to_attrs()}
 
-def pack(name: str, shard: Shard) -> str:
-    """A tensor name carrying its shard layout through the spool hand-off (see the module doc)."""
-    return name + _MARK + json.dumps({"full_shape": list(shard.full_shape), **shard.to_attrs()})
-
-
-def unpack(name: str) -> tuple[str, Shard | None]:
-    """(the tensor's name, its shard layout or None): the inverse of pack()."""
-    base, mark, rest = name.partition(_MARK)
-    if not mark:
-        return name, None
-    doc = json.loads(rest)
-    return base, Shard.from_attrs(doc, tuple(doc["full_shape"]))
+    @classmethod
+    def from_spool(cls, doc: dict) -> "Shard":
+        return cls.from_attrs(doc, tuple(doc["full_shape"]))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from tracekit.store.dtypes import storage_dtype
@@ -44,6 +46,4 @@ def from_torch(name: str, t) -> TensorData:
 def from_torch_piece(name: str, local, shard) -> TensorData:
     """This rank's piece of a sharded tensor (a tracekit.store.shards.Shard says where it sits) -> a
     store entry that carries its layout to the store writer, through the spool hand-off too."""
-    from tracekit.store.shards import pack
-
-    return from_torch(pack(name, shard), local)
+    return replace(from_torch(name, local), shard=shard)

@@ -24,7 +24,7 @@ import zarr
 
 from tracekit.errors import StoreError
 from tracekit.store import io
-from tracekit.store.chunks import chunk_key, chunk_path
+from tracekit.store.chunks import chunk_key
 from tracekit.store.dtypes import all_finite, storage_dtype
 from tracekit.store.format import (FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX_CHUNK_BYTES, OBJECTS_DIR, READABLE_VERSIONS,
                                    ROOT_KEY, SUMMARY_ARRAY, object_key, rank_group_name)
@@ -32,8 +32,9 @@ from tracekit.store.hashing import ALGORITHM, HASH_BYTES, tensor_hash
 from tracekit.store.keep import keeps_bytes, parse_full
 from tracekit.store.location import resolve
 from tracekit.store.meta import STEPS, KindMeta, TensorInfo, index_of
-from tracekit.store.shards import unpack as unpack_shard
+from tracekit.store.shards import Shard
 from tracekit.store.summaries import N_FIELDS, row_width, seal, summarize
+from tracekit.store.summaries import finite as summary_finite
 
 
 def now_iso() -> str:
@@ -48,6 +49,9 @@ class TensorData:
     dtype: str
     shape: tuple[int, ...]
     data: np.ndarray  # storage dtype (see tracekit.store.dtypes), any shape with prod(shape) elements
+    # None: the whole tensor. Else this rank's piece of a sharded tensor and where it sits in the
+    # full one (tracekit/store/shards.py); `shape` is then the piece's shape. Format 2 only.
+    shard: "Shard | None" = None
 
 
 def is_store(path, storage_options=None) -> bool:
@@ -270,8 +274,9 @@ class _ObjectKindWriter:
                 raise StoreError(f"{self.kind} tensor {t.name!r}: its data is not the shard its layout names")
             digest = tensor_hash(t.name, t.dtype, t.shape if sh is None else sh.full_shape, data, sh)
             digests[i] = np.frombuffer(digest, dtype=np.uint8)
-            finite[i] = all_finite(data, t.dtype)
             summaries[i] = summarize(data, t.dtype)
+            # the summary's NaN/Inf counts are exact but for complex (a magnitude can overflow)
+            finite[i] = all_finite(data, t.dtype) if data.dtype.kind == "c" else summary_finite(summaries[i])
             if self.index[i].keeps_bytes:  # else summary and hash only (--full)
                 objects.append((object_key(digest), [memoryview(data).cast("B")]))
         # objects first: an index row never names an object that is not there
@@ -393,12 +398,9 @@ class RankWriter:
         if not tensors:
             return
         self._still_ours(step)
-        named = [unpack_shard(t.name) for t in tensors]
-        shards = [sh for _, sh in named]
-        if any(sh is not None for sh in shards):
-            if self.format_version == 1:
-                raise StoreError(f"{self.path}: store format 1 holds whole tensors only, not the shards of {kind}")
-            tensors = [replace(t, name=n) for t, (n, _) in zip(tensors, named)]
+        shards = [t.shard for t in tensors]
+        if self.format_version == 1 and any(sh is not None for sh in shards):
+            raise StoreError(f"{self.path}: store format 1 holds whole tensors only, not the shards of {kind}")
         kw = self.kinds.get(kind)
         if kw is None:
             group = self.group.create_group(kind)
