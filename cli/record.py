@@ -6,6 +6,7 @@ import click
 
 from tracekit.cli.common import CommandError, one_line_errors, storage_options
 from tracekit.errors import UsageError
+from tracekit.store.kinds import TRACE_LEVELS, TRACE_TABLE
 from tracekit.recorders.config import (RECORDABLE_KINDS, DEFAULT_QUEUE_MB, RecordConfig, parse_kinds, parse_ranks,
                                        parse_step_range)
 from tracekit.recorders.bootstrap_env import bootstrap_env
@@ -72,9 +73,9 @@ def summary_line(done: dict, status: int) -> str:
 @click.option("--strict", is_flag=True, help="Fail the job if zero-code recording cannot instrument it (default: warn once, go on).")
 @click.option("--optimizer", "optimizer_name", default=None, metavar="CLASS",
               help="Zero-code: the training optimizer's class name, when the first one stepped after backward() is not it.")
-@click.option("--trace", "trace", type=click.Choice(["modules", "ops"]), default=None,
-              help="Trace the chosen steps: every module's output and gradient (modules) or every dispatched aten op "
-                   "with its inputs, outputs and scalar arguments (ops). See docs/LOCATE.md.")
+@click.option("--trace", "trace", type=click.Choice(list(TRACE_LEVELS)), default=None,
+              help="Trace the chosen steps: " + "; ".join(f"{t.name}: {t.what}" for t in TRACE_TABLE)
+                   + ". See docs/LOCATE.md.")
 @click.option("--trace-steps", default=None, metavar="K[:L]",
               help="With --trace: the traced steps (default 1; zero-code recording traces from step 2).")
 @click.option("--trace-full", "trace_full", multiple=True, metavar="GLOB",

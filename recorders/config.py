@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 from tracekit.store.location import canonical
 from tracekit.errors import UsageError
 from tracekit.store.keep import parse_full
-from tracekit.store.kinds import DEFAULT_KINDS, KINDS
+from tracekit.store.kinds import DEFAULT_KINDS, KINDS, TRACE_LEVELS
 from tracekit.store.ownership import ENV_RUN_ID
 
 ENV_STORE = "TRACEKIT_STORE"
@@ -23,7 +23,6 @@ ENV_TRACE = "TRACEKIT_TRACE"
 ENV_TRACE_STEPS = "TRACEKIT_TRACE_STEPS"
 ENV_TRACE_FULL = "TRACEKIT_TRACE_FULL"
 ENV_FULL = "TRACEKIT_FULL"  # --full patterns, one a line
-TRACE_LEVELS = ("modules", "ops")
 
 RECORDABLE_KINDS = KINDS  # every registered kind
 DEFAULT_QUEUE_MB = 1024

@@ -38,8 +38,8 @@ from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper
 from torch.utils._pytree import tree_flatten
 
 from tracekit.recorders.materialize import canonical_name
+from tracekit.store.kinds import TRACE_LEVELS
 
-TRACE_LEVELS = ("modules", "ops")
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _OWN_DIRS = tuple(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + d for d in ("tracekit", "recorders"))
 _OWN_DIRS += (os.path.dirname(os.path.abspath(__file__)) + os.sep,)

@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from tracekit.store.kinds import TRACE_BY_NAME
 from tracekit.compare.tolerances import Tolerances
 
 OK, BAD, UNKNOWN, SUSPECT = "ok", "bad", "unknown", "suspect"
@@ -282,7 +283,8 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
     missing = [r for r in ref_events if id(r) not in paired_ref]
 
     def check(r: dict, c: dict) -> TensorCheck:
-        tol = tolerances.resolve("traces", r.get("dtype") or "float32")
+        tol = tolerances.resolve(TRACE_BY_NAME[level].tolerance if level in TRACE_BY_NAME else "traces",
+                                 r.get("dtype") or "float32")
         chk = compare_tensor_refs(r, c, tol.rtol, tol.atol)
         if chk.status == OK and chk.reason == "bitwise equal" or not (r.get("full") and c.get("full")):
             return chk

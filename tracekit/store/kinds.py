@@ -52,6 +52,30 @@ REPLICATED_KINDS = frozenset(k.name for k in KIND_TABLE if k.layout == "replicat
 LOSS_KINDS = ("loss", "local_loss")
 
 
+@dataclass(frozen=True)
+class TraceKind:
+    """One kind of event stream (`tracekit record --trace NAME`), recorded only for the chosen
+    steps, under the rank's traces group (store/traces.py), and compared event by event
+    (compare/traces.py, compare/rootcause.py) with the tolerance that `tolerance` names
+    (`--tol traces=...` overrides it).
+
+    order: coarse to fine; what: the one line `tracekit record --help` shows for it."""
+
+    name: str
+    order: int
+    what: str
+    tolerance: str = "traces"
+
+
+TRACE_TABLE: tuple[TraceKind, ...] = (
+    TraceKind("modules", 0, "every module's forward output and backward gradient-output"),
+    TraceKind("ops", 1, "every dispatched aten op with its inputs, outputs and scalar arguments"),
+)
+
+TRACE_LEVELS: tuple[str, ...] = tuple(t.name for t in TRACE_TABLE)
+TRACE_BY_NAME: dict[str, TraceKind] = {t.name: t for t in TRACE_TABLE}
+
+
 def kind_order(kind: str) -> int:
     """Position in compute order; kinds unknown to this version sort after the known ones."""
     k = BY_NAME.get(kind)

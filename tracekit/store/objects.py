@@ -17,7 +17,7 @@ from tracekit.errors import StoreError
 from tracekit.store import format as _format, io
 from tracekit.store.dtypes import all_finite, storage_dtype
 from tracekit.store.format import object_key
-from tracekit.store.hashing import FILE_PIECE, HASH_BYTES, hasher
+from tracekit.store.hashing import FILE_PIECE, hasher
 
 
 class Verified:

@@ -24,7 +24,7 @@ import zarr
 
 from tracekit.errors import StoreError
 from tracekit.store import io
-from tracekit.store.chunks import chunk_key, chunk_path
+from tracekit.store.chunks import chunk_key
 from tracekit.store.dtypes import all_finite, storage_dtype
 from tracekit.store.format import (FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX_CHUNK_BYTES, OBJECTS_DIR, READABLE_VERSIONS,
                                    ROOT_KEY, SUMMARY_ARRAY, object_key, rank_group_name)
