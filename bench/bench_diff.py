@@ -38,36 +38,46 @@ sys.path.insert(0, ROOT)
 KINDS = ("gradients", "parameters", "deltas")
 
 
+def write_ddp_like(path: str, ranks: int, steps: int, tensors: int, make) -> int:
+    """Every rank writes every step and kind, one row of `tensors` tensors: make(r, s, k, t) gives
+    each TensorData. Returns the bytes of tensor data the ranks present (whole tensors)."""
+    from tracekit.store import RankWriter
+
+    presented = 0
+    for r in range(ranks):
+        w = RankWriter(path, r, {"coords": {"rank": r, "world_size": ranks, "dp_degree": ranks, "dp_rank": r}})
+        for s in range(1, steps + 1):
+            for k, kind in enumerate(KINDS):
+                row = [make(r, s, k, t) for t in range(tensors)]
+                presented += sum(4 * int(np.prod(td.shard.full_shape if td.shard else td.shape)) for td in row)
+                w.write(s, kind, row)
+            w.complete_step(s)
+        w.close()
+    return presented
+
+
 def build(path: str, size_bytes: int, ranks: int, steps: int, tensors: int, noise: float, seed: int,
           version: int = 2) -> int:
     """Write a store of ~size_bytes; the candidate (noise > 0) is the reference plus relative noise.
 
     Every (rank, step, kind, tensor) gets its own random data, so format 2 stores every byte too
     (no dedup) and both formats hold the same bytes."""
-    from tracekit.store import RankWriter, TensorData, create_store
+    from tracekit.store import TensorData, create_store
 
     per_row = size_bytes // (ranks * steps * len(KINDS))
     numel = max(tensors, per_row // 4 // tensors)
     create_store(path, {"mode": "ddp"}, force=True, format_version=version)
-    written = 0
-    for r in range(ranks):
-        w = RankWriter(path, r, {"coords": {"rank": r, "world_size": ranks, "dp_degree": ranks, "dp_rank": r}})
-        for s in range(1, steps + 1):
-            for k, kind in enumerate(KINDS):
-                row = []
-                for t in range(tensors):
-                    rng = np.random.default_rng([seed, r, s, k, t])
-                    x = rng.standard_normal(numel, dtype=np.float32)
-                    if noise:
-                        # reproduce the reference, then move each element by a few ulps
-                        x = np.random.default_rng([0, r, s, k, t]).standard_normal(numel, dtype=np.float32)
-                        x *= np.float32(1) + np.float32(noise) * rng.standard_normal(numel, dtype=np.float32)
-                    row.append(TensorData(f"layer{t}.weight", "float32", (numel,), x))
-                    written += x.nbytes
-                w.write(s, kind, row)
-            w.complete_step(s)
-        w.close()
-    return written
+
+    def make(r, s, k, t):
+        rng = np.random.default_rng([seed, r, s, k, t])
+        x = rng.standard_normal(numel, dtype=np.float32)
+        if noise:
+            # reproduce the reference, then move each element by a few ulps
+            x = np.random.default_rng([0, r, s, k, t]).standard_normal(numel, dtype=np.float32)
+            x *= np.float32(1) + np.float32(noise) * rng.standard_normal(numel, dtype=np.float32)
+        return TensorData(f"layer{t}.weight", "float32", (numel,), x)
+
+    return write_ddp_like(path, ranks, steps, tensors, make)
 
 
 RAW = r"""
@@ -114,8 +124,8 @@ def build_layout(path: str, layout: str, version: int, size_bytes: int, ranks: i
     fsdp: rank r holds row block r of every tensor: format 2 stores that piece (distinct pieces,
           no collective), format 1 (whole tensors only) the gathered tensor on every rank.
     Returns the bytes of tensor data the ranks present."""
-    from tracekit.store import RankWriter, TensorData, create_store
-    from tracekit.store.shards import Shard, pack
+    from tracekit.store import TensorData, create_store
+    from tracekit.store.shards import Shard
 
     cols = 1024
     per_tensor = size_bytes // (ranks * steps * len(KINDS) * tensors)
@@ -125,26 +135,16 @@ def build_layout(path: str, layout: str, version: int, size_bytes: int, ranks: i
         base *= np.float32(1) + np.float32(noise) * np.random.default_rng(1).standard_normal((rows, cols), dtype=np.float32)
     per = rows // ranks
     create_store(path, {"mode": layout}, force=True, format_version=version)
-    presented = 0
-    for r in range(ranks):
-        w = RankWriter(path, r, {"coords": {"rank": r, "world_size": ranks, "dp_degree": ranks, "dp_rank": r}})
-        for s in range(1, steps + 1):
-            for k, kind in enumerate(KINDS):
-                row = []
-                for t in range(tensors):
-                    shift = np.float32(s * 1000 + k * 100 + t)  # every (step, kind, tensor) its own bytes
-                    name = f"layer{t}.weight"
-                    if layout == "fsdp" and version == 2:
-                        part = base[r * per : (r + 1) * per] + shift
-                        shard = Shard((rows, cols), (r * per, 0), part.shape, tuple(range(ranks)))
-                        row.append(TensorData(pack(name, shard), "float32", part.shape, part))
-                    else:
-                        row.append(TensorData(name, "float32", (rows, cols), base + shift))
-                    presented += rows * cols * 4
-                w.write(s, kind, row)
-            w.complete_step(s)
-        w.close()
-    return presented
+
+    def make(r, s, k, t):
+        shift = np.float32(s * 1000 + k * 100 + t)  # every (step, kind, tensor) its own bytes
+        name = f"layer{t}.weight"
+        if layout == "fsdp" and version == 2:
+            part = base[r * per : (r + 1) * per] + shift
+            return TensorData(name, "float32", part.shape, part, Shard((rows, cols), (r * per, 0), part.shape, tuple(range(ranks))))
+        return TensorData(name, "float32", (rows, cols), base + shift)
+
+    return write_ddp_like(path, ranks, steps, tensors, make)
 
 
 def _disk(path: str) -> int:
