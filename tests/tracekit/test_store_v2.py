@@ -194,6 +194,24 @@ def test_trust_index_decides_equal_hashes_without_reading_and_says_so(tmp_path):
     assert read_damage.exit_code == 2 and "damaged store" in read_damage.output
 
 
+def test_a_damaged_index_of_one_kind_is_reported_once_under_that_kind(tmp_path):
+    """A lying tensor index names its own kind, once per rank, and leaves the other kinds checked."""
+    import json
+
+    path = _run(str(tmp_path / "s"), ranks=2, steps=2)
+    meta = os.path.join(path, "rank_0", "gradients", "zarr.json")
+    doc = json.load(open(meta))
+    doc["attributes"]["tensors"][0].update(shape=[2**40], numel=2**40)
+    json.dump(doc, open(meta, "w"))
+    result = verify_store(path)
+    assert [(p.rank, p.kind) for p in result.problems] == [(0, "gradients")]
+    assert "malformed tensor index" in result.problems[0].what
+    # still checked: rank 0's loss (2 steps x 1) and rank 1's gradients and loss (2 steps x 4)
+    assert result.entries == 2 * 1 + 2 * 4
+    out = CliRunner().invoke(main, ["verify", path]).output
+    assert out.count("malformed tensor index") == 1 and "rank 0 gradients: malformed" in out
+
+
 def _set_finite_flag(path, rank, kind, row, position, value):
     chunk = os.path.join(path, f"rank_{rank}", kind, FINITE_ARRAY, "c", str(row), "0")
     raw = bytearray(open(chunk, "rb").read())

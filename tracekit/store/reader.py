@@ -249,6 +249,7 @@ class RankView:
         # (a 32-rank diff spent most of its time re-validating them for every piece of every tensor).
         self._row_lists: dict[str, tuple[int, ...]] = {}
         self._own: dict[str, tuple[int, ...]] = {}
+        self._indexes: dict[str, dict[str, TensorInfo]] = {}
 
     @property
     def coords(self) -> dict:
@@ -302,31 +303,39 @@ class RankView:
         except KeyError:
             raise StoreError(f"rank {self.rank} has no {kind!r} data") from None
 
-    @cached_property
-    def _index(self) -> dict[str, dict[str, TensorInfo]]:
-        out = {}
-        for kind, g in self._kind_groups.items():
-            try:
-                infos = KindMeta.from_attrs(dict(g.attrs)).tensors
-            except (TypeError, KeyError, ValueError, OverflowError) as e:
-                raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: malformed tensor index "
-                                 f"({e.__class__.__name__}: {e})") from None
-            if self.store.format_version >= 2:
-                # v2 addresses are virtual (tensors live in objects): they follow from the names,
-                # dtypes and shapes, so any other value is damage, not a place to read from
-                expected, _ = index_of((i.name, i.dtype, i.shape) for i in infos)
-                bad = next((i for i, e in zip(infos, expected) if (i.array, i.offset, i.numel) != (e.array, e.offset, e.numel)), None)
-                if bad is not None:
-                    raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: malformed tensor index (the address of "
-                                     f"{bad.name!r} does not follow from the index; damaged store?)")
-            out[kind] = {info.name: info for info in infos}
-            if len(out[kind]) != len(infos):
-                raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: malformed tensor index (a name occurs twice)")
+    def _kind_index(self, kind: str) -> dict[str, TensorInfo]:
+        """{tensor: entry} of one kind, parsed and checked once. Per kind, so that a damaged index
+        is reported under its own kind and leaves the other kinds readable."""
+        with self._lock:
+            known = self._indexes.get(kind)
+        if known is None:
+            known = self._parse_index(kind, self._kind(kind))
+            with self._lock:
+                self._indexes[kind] = known
+        return known
+
+    def _parse_index(self, kind: str, g: zarr.Group) -> dict[str, TensorInfo]:
+        try:
+            infos = KindMeta.from_attrs(dict(g.attrs)).tensors
+        except (TypeError, KeyError, ValueError, OverflowError) as e:
+            raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: malformed tensor index "
+                             f"({e.__class__.__name__}: {e})") from None
+        if self.store.format_version >= 2:
+            # v2 addresses are virtual (tensors live in objects): they follow from the names,
+            # dtypes and shapes, so any other value is damage, not a place to read from
+            expected, _ = index_of((i.name, i.dtype, i.shape) for i in infos)
+            bad = next((i for i, e in zip(infos, expected) if (i.array, i.offset, i.numel) != (e.array, e.offset, e.numel)), None)
+            if bad is not None:
+                raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: malformed tensor index (the address of "
+                                 f"{bad.name!r} does not follow from the index; damaged store?)")
+        out = {info.name: info for info in infos}
+        if len(out) != len(infos):
+            raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: malformed tensor index (a name occurs twice)")
         return out
 
     def tensors(self, kind: str) -> list[TensorInfo]:
         self._kind(kind)
-        return list(self._index[kind].values())
+        return list(self._kind_index(kind).values())
 
     def position(self, kind: str, name: str) -> int:
         """The tensor's place in its kind's index (the order of the v2 hash and finiteness rows)."""
@@ -341,7 +350,7 @@ class RankView:
 
     def tensor(self, kind: str, name: str) -> TensorInfo:
         try:
-            return self._index[kind][name]
+            return self._kind_index(kind)[name]
         except KeyError:
             raise StoreError(f"rank {self.rank} has no {kind} tensor {name!r}") from None
 
@@ -545,7 +554,7 @@ class RankView:
             else:
                 raise StoreError(f"damaged store: {where}: its piece on rank {p} is missing (no rank {p} in the store)")
             try:
-                info = pv._index[kind].get(t.name) if kind in pv._kind_groups else None
+                info = pv._kind_index(kind).get(t.name) if kind in pv._kind_groups else None
             except StoreError as e:
                 raise StoreError(f"damaged store: {where}: rank {p}'s index is unreadable ({e})") from None
             if (info is None or info.shard is None or info.shape != t.shape or info.dtype != t.dtype

@@ -88,7 +88,7 @@ def verify_store(path, on_problem: Callable[[Problem], None] | None = None) -> V
                 tensors = view.tensors(kind)
                 rows = view.rows(kind)
             except StoreError as e:
-                report(Problem(r, kind, None, None, _strip(str(e), store.path)))
+                report(Problem(r, kind, None, None, _strip(str(e), store.path).removeprefix(f"rank {r} {kind}: ")))
                 continue
             if store.format_version == 1:
                 _verify_v1_kind(view, kind, tensors, rows, result, report)
