@@ -129,6 +129,11 @@ def read_object(store, digest: bytes, info, where: str) -> tuple[np.ndarray, boo
     return out, finite
 
 
+# Claimed tensor sizes above this are checked against an object when a reader first plans along
+# them (ObjectRows._check_huge_claims).
+HUGE_CLAIM = 1 << 30
+
+
 class ObjectRows:
     """One (rank, kind, storage array) of a v2 store, shaped like v1's packed array (row, element).
 
@@ -148,8 +153,29 @@ class ObjectRows:
         # virtual chunks of v1's size: the diff splits its work along them
         self.chunks = (1, max(1, min(width, _format.MAX_CHUNK_BYTES // self.dtype.itemsize)))
         self._starts = np.asarray([t.offset for t in self.tensors], dtype=np.int64)
+        self._check_huge_claims()
         # the last sharded tensor each thread assembled: a reader takes a tensor piece by piece
         self._assembled = threading.local()
+
+    def _check_huge_claims(self) -> None:
+        """StoreError (damage) when the index claims a tensor of more than HUGE_CLAIM bytes that its
+        first object does not hold. Readers plan their work along the claimed sizes (xarray's dask
+        graph: a chunk per MAX_CHUNK_BYTES), so a lying claim of 2**40 elements cost tracekit.open
+        a graph of half a million chunks, half a minute, before the first read found the lie. Real
+        tensors that large are few: one stat each."""
+        if not self.shape[0]:
+            return
+        for t in self.tensors:
+            expected = t.stored_numel * self.dtype.itemsize
+            if expected <= HUGE_CLAIM or t.shard is not None or not t.keeps_bytes:
+                continue
+            digest = self.view.row_digests(self.kind, 0)[self._positions[t.name]]
+            key = object_key(digest)
+            size = io.size(self.view.store.io_root, key)
+            if size != expected:
+                where = self._where(0, t.name)
+                raise damaged(where, f"its object {key} is missing" if size is None else
+                              f"its object {key} has {size} bytes, the index says {expected}")
 
     def _full(self, row: int, t) -> np.ndarray:
         """A sharded tensor assembled from its pieces (flat, storage dtype); one per thread is kept."""
