@@ -303,16 +303,21 @@ class RankView:
         except KeyError:
             raise StoreError(f"rank {self.rank} has no {kind!r} data") from None
 
+    def _once(self, table: dict, key, compute):
+        """table[key], computed by compute() the first time (the metadata was read once at open:
+        the answer does not change). Thread-safe; a StoreError is raised again on the next ask."""
+        with self._lock:
+            if key in table:
+                return table[key]
+        value = compute()
+        with self._lock:
+            table[key] = value
+        return value
+
     def _kind_index(self, kind: str) -> dict[str, TensorInfo]:
         """{tensor: entry} of one kind, parsed and checked once. Per kind, so that a damaged index
         is reported under its own kind and leaves the other kinds readable."""
-        with self._lock:
-            known = self._indexes.get(kind)
-        if known is None:
-            known = self._parse_index(kind, self._kind(kind))
-            with self._lock:
-                self._indexes[kind] = known
-        return known
+        return self._once(self._indexes, kind, lambda: self._parse_index(kind, self._kind(kind)))
 
     def _parse_index(self, kind: str, g: zarr.Group) -> dict[str, TensorInfo]:
         try:
@@ -378,38 +383,25 @@ class RankView:
 
     def own_steps(self, kind: str) -> list[int]:
         """The steps this rank wrote completely for `kind`, whatever its peers wrote."""
-        with self._lock:
-            cached = self._own.get(kind)
-        if cached is None:
+        def own() -> tuple[int, ...]:
             done = set(self.completed_steps) | {0}
-            cached = tuple(s for s in self._rows(kind) if s in done)
-            with self._lock:
-                self._own[kind] = cached
-        return list(cached)
+            return tuple(s for s in self._rows(kind) if s in done)
+
+        return list(self._once(self._own, kind, own))
 
     def peers(self, kind: str) -> set[int]:
         """Other ranks holding pieces of this rank's sharded tensors of `kind` (empty: none sharded)."""
-        with self._lock:
-            cached = self._peers.get(kind)
-        if cached is None:
-            cached = set()
-            for t in self.tensors(kind):
-                if t.shard is not None:
-                    cached.update(t.shard.peers)
-            cached.discard(self.rank)
-            with self._lock:
-                self._peers[kind] = cached
-        return cached
+        def peers() -> set[int]:
+            out = {p for t in self.tensors(kind) if t.shard is not None for p in t.shard.peers}
+            out.discard(self.rank)
+            return out
+
+        return self._once(self._peers, kind, peers)
 
     def _rows(self, kind: str) -> tuple[int, ...]:
         """The steps of `kind`'s rows, in row order (read-only: cached)."""
-        with self._lock:
-            cached = self._row_lists.get(kind)
-        if cached is None:
-            cached = tuple(_step_list(self._kind(kind).attrs.get(STEPS, []), f"{self.store.path}: rank {self.rank} {kind}"))
-            with self._lock:
-                self._row_lists[kind] = cached
-        return cached
+        return self._once(self._row_lists, kind, lambda: tuple(
+            _step_list(self._kind(kind).attrs.get(STEPS, []), f"{self.store.path}: rank {self.rank} {kind}")))
 
     def rows(self, kind: str) -> dict[int, int]:
         """{step: row} for the visible steps of `kind`: the one step-to-row mapping of the store."""
