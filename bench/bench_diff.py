@@ -11,8 +11,9 @@ bounded). --diff-layout fsdp builds the pair in row blocks instead (format 2: ea
 piece, every rank presents the same whole tensors; the diff reads each piece pair once).
 
 --identical adds the case content hashes are for: two identical stores (same data, written twice)
-diffed in format 1 (every byte read and compared) and in format 2 (decided by hash; each distinct
-object still hash-checked once per open store), side by side, with the speedup (target >= 10x),
+diffed in format 1 (every byte read and compared) and in format 2 (decided by hash from the two
+indexes, the default; and with --check-hashes, each distinct object read back and hash-checked
+once per open store), side by side, with the speedups (target >= 10x),
 for each of --layouts: ddp (replicas) and fsdp (each rank writes its own row block in format 2).
 --identical-only skips the different-stores case; --identical-mb sizes the identical stores.
 
