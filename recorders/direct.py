@@ -26,7 +26,7 @@ import torch
 
 from tracekit.recorders.coords import is_dtensor
 from tracekit.recorders.materialize import local_piece
-from tracekit.recorders.spool import entry_head
+from tracekit.recorders.spool import entry_head, layout
 from tracekit.store.dtypes import storage_dtype
 
 
@@ -75,13 +75,18 @@ def _raw(t: torch.Tensor) -> memoryview:
 class DirectCapture:
     """One step's entry, laid out at begin_step and filled in place (see the module's doc)."""
 
-    def __init__(self, handoff, step: int, plan: list[tuple], befores: dict, spare: dict):
+    def __init__(self, handoff, step: int, plan: list[tuple], befores: dict, buffers: dict):
         self.handoff = handoff
         self.step = step
         self.plan = plan  # (spec, source, name) per tensor, in the entry's order; source: a staged kind,
         self.befores = befores  # or "gradients", "parameters", "deltas"; befores: name -> snapshot
-        self.spare = spare  # name -> a buffer of the recorder's for a delta on its way to a fresh slab
-        head, self.offsets, size = entry_head(step, True, [spec for spec, _, _ in plan])
+        self.spare = buffers.setdefault("spare", {})  # name -> a buffer for a delta on its way to a fresh slab
+        specs = [spec for spec, _, _ in plan]
+        cached = buffers.get("layout")
+        if cached is None or cached[0] != specs:  # laid out again only when the tensors change
+            cached = buffers["layout"] = (specs, layout(specs))
+        self.layout = cached[1]
+        head, self.offsets, size = entry_head(step, True, self.layout)
         self.slab = handoff.slab(size)
         self.published = False
         self._put_bytes(0, np.frombuffer(head, dtype=np.uint8))
@@ -94,7 +99,15 @@ class DirectCapture:
             self.slab.array[offset:offset + data.nbytes] = data
 
     def _slot(self, offset: int, spec: tuple) -> torch.Tensor:
-        return _slot(torch.from_numpy(self.slab.array), offset, spec)
+        cache = self.slab.cache  # the views of a reused slab, made once per layout
+        if cache.get("layout") is not self.layout:
+            cache.clear()
+            cache["layout"], cache["views"] = self.layout, {}
+        views = cache["views"]
+        view = views.get(offset)
+        if view is None:
+            view = views[offset] = _slot(torch.from_numpy(self.slab.array), offset, spec)
+        return view
 
     def _put(self, offset: int, spec: tuple, t: torch.Tensor) -> None:
         if self.slab.fresh:
@@ -148,7 +161,7 @@ class DirectCapture:
             if buf is None or buf.shape != local.shape or buf.dtype != local.dtype:
                 buf = snapshots[name] = torch.empty_like(local, memory_format=torch.contiguous_format)
             befores[name] = buf.copy_(local)
-        cap = cls(handoff, step, plan, befores, buffers.setdefault("spare", {}))
+        cap = cls(handoff, step, plan, befores, buffers)
         for (spec, source, name), offset in zip(plan, cap.offsets):
             if source == "gradients":
                 cap._put(offset, spec, pieces[source, name][0])

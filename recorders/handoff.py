@@ -51,10 +51,10 @@ def _writer_env() -> dict[str, str]:
     return env
 
 
-# Finished slabs kept for reuse, at least two (the writer runs about a step behind), more while
+# Finished slabs kept for reuse: at least one (the writer runs about a step behind), more while
 # they hold at most this share of the queue cap: a writer that fell behind for a while left that many
 # in flight, and reused pages cost about half as much to fill as fresh tmpfs pages.
-KEEP_FREE_SLABS = 2
+KEEP_FREE_SLABS = 1
 KEEP_FREE_SHARE = 4
 SLAB_PREFIX = "slab-"  # a slab's own name in the spool: no entry name (spool.entry_seq), so the writer ignores it
 
@@ -76,6 +76,7 @@ class Slab:
         self.fresh = True
         self._map: mmap.mmap | None = None
         self._array: np.ndarray | None = None
+        self.cache: dict = {}  # its user's things derived from the mapping (views), dropped with it
         self.resize(size)
 
     def resize(self, size: int) -> None:
@@ -102,6 +103,7 @@ class Slab:
 
     def _unmap(self) -> None:
         self._array = None
+        self.cache = {}
         if self._map is not None:
             try:
                 self._map.close()

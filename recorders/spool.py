@@ -78,11 +78,18 @@ def _pad(n: int) -> int:
     return -n % ALIGN
 
 
-def entry_head(step: int, complete: bool, specs: list[tuple], extra: dict | None = None) -> tuple[bytes, list[int], int]:
-    """The layout of an entry holding tensors described by `specs`, (kind, name, dtype, shape, nbytes,
-    shard or None) each: its head (MAGIC, header length, JSON header, padding), each tensor's offset
-    from the start of the file, and the entry's size. write_entry() and a rank filling a mapped entry
-    in place (Handoff.slab) lay entries out alike through it."""
+@dataclass(frozen=True)
+class Layout:
+    """Where the tensors of an entry sit, whatever its step: `tensors` is the header's JSON list,
+    `offsets` each tensor's offset from the start of the data, `nbytes` the data's size."""
+
+    tensors: str
+    offsets: tuple[int, ...]
+    nbytes: int
+
+
+def layout(specs: list[tuple]) -> Layout:
+    """The layout of tensors described by `specs`: (kind, name, dtype, shape, nbytes, shard or None) each."""
     entries, offset = [], 0
     for kind, name, dtype, shape, nbytes, shard in specs:
         entry = {"kind": kind, "name": name, "dtype": dtype, "shape": list(shape), "offset": offset, "nbytes": nbytes}
@@ -90,10 +97,21 @@ def entry_head(step: int, complete: bool, specs: list[tuple], extra: dict | None
             entry["shard"] = shard.to_spool()
         entries.append(entry)
         offset += nbytes + _pad(nbytes)
-    header = json.dumps({"step": step, "complete": complete, "tensors": entries, "extra": extra or {}}).encode()
+    return Layout(json.dumps(entries), tuple(e["offset"] for e in entries), offset)
+
+
+def entry_head(step: int, complete: bool, specs: "list[tuple] | Layout", extra: dict | None = None) -> tuple[bytes, list[int], int]:
+    """The head of an entry (MAGIC, header length, JSON header, padding) holding tensors laid out
+    as `specs` say (a Layout, or the specs to lay out), each tensor's offset from the start of the
+    file, and the entry's size. write_entry() and a rank filling an entry in place (Handoff.slab)
+    lay entries out alike through it; a Layout is reused from step to step."""
+    lay = specs if isinstance(specs, Layout) else layout(specs)
+    # the JSON of {"step", "complete", "tensors", "extra"}, as json.dumps writes it, the tensors' part reused
+    header = (f'{{"step": {json.dumps(step)}, "complete": {json.dumps(complete)}, "tensors": {lay.tensors}, '
+              f'"extra": {json.dumps(extra or {})}}}').encode()
     head = MAGIC + struct.pack("<Q", len(header)) + header
     head += b"\0" * _pad(len(head))
-    return head, [len(head) + e["offset"] for e in entries], len(head) + offset
+    return head, [len(head) + o for o in lay.offsets], len(head) + lay.nbytes
 
 
 def write_entry(path: str, step: int, complete: bool, tensors: list[tuple[str, TensorData]],
