@@ -45,11 +45,19 @@ def cpu_piece(t: torch.Tensor):
     return local, shard
 
 
+_DTYPES: dict = {}  # torch dtype -> its store name, or None when a store cannot hold it
+
+
 def _spec(kind: str, name: str, local: torch.Tensor, shard) -> tuple | None:
-    dtype = str(local.dtype).removeprefix("torch.")
-    try:
-        storage_dtype(dtype)
-    except ValueError:  # the general path raises it, as it always has
+    dtype = _DTYPES.get(local.dtype, False)
+    if dtype is False:
+        dtype = str(local.dtype).removeprefix("torch.")
+        try:
+            storage_dtype(dtype)
+        except ValueError:  # the general path raises it, as it always has
+            dtype = None
+        _DTYPES[local.dtype] = dtype
+    if dtype is None:
         return None
     return (kind, name, dtype, tuple(local.shape), local.numel() * local.element_size(), shard)
 

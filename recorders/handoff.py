@@ -85,6 +85,9 @@ class Slab:
         self._unmap()
         os.ftruncate(self.fd, size)
         self.size = size
+        # filled with pwrite() again: pages the file gained are not allocated yet, and a write
+        # through a mapping into a full tmpfs would be a SIGBUS where pwrite() raises ENOSPC
+        self.fresh = True
 
     @property
     def array(self) -> np.ndarray:
@@ -298,8 +301,8 @@ class Handoff:
             free = self._free_slabs
             i = next((k for k, sl in enumerate(free) if sl.size == size), len(free) - 1)
             slab = free.pop(i)
+            slab.fresh = False  # its pages are there: overwritten through the mapping (unless resized)
             slab.resize(size)
-            slab.fresh = False  # its pages are there: overwritten through the mapping
             return slab
         self._slabs_made += 1
         return Slab(os.path.join(self.spool, f"{SLAB_PREFIX}{self._slabs_made}"), size)

@@ -28,7 +28,7 @@ from tracekit.store.ownership import new_run_id
 from tracekit.recorders.parent_death import die_with_parent
 from tracekit.environment import numeric_env, package_versions, run_environment
 from tracekit.recorders import outcome
-from tracekit.recorders.handoff import Handoff
+from tracekit.recorders.handoff import Handoff, WriterFailed
 from tracekit.recorders.config import RecordConfig
 from tracekit.recorders.coords import detect_coords
 from tracekit.recorders.direct import DirectCapture
@@ -434,8 +434,11 @@ class Recorder:
             # the whole entry is known now: written in place, each byte once (direct.py)
             chosen = [(n, p) for n, p in self._params if n in self._recorded_names]
             grads = [(n, p.grad) for n, p in chosen if p.grad is not None] if "gradients" in kinds else []
-            self._direct = DirectCapture.begin(self._handoff, step, self._staged, grads, chosen,
-                                               "parameters" in kinds, "deltas" in kinds, self._direct_buffers)
+            try:
+                self._direct = DirectCapture.begin(self._handoff, step, self._staged, grads, chosen,
+                                                   "parameters" in kinds, "deltas" in kinds, self._direct_buffers)
+            except OSError as e:  # the spool's filesystem is full or gone: as the general path says it
+                raise WriterFailed(f"cannot spool step {step}: {e}") from None
             if self._direct is not None:
                 return
         # Local snapshots only (no communication): the gathers of gradients, parameters and deltas
@@ -492,7 +495,11 @@ class Recorder:
         direct = self._direct
         if direct is None:
             return False
-        if direct.capture(self._staged, dict(self._params)):
+        try:
+            captured = direct.capture(self._staged, dict(self._params))
+        except OSError as e:
+            raise WriterFailed(f"cannot spool step {direct.step}: {e}") from None
+        if captured:
             self._spooled = True
             return True
         self._grad_snapshot, self._before = direct.snapshots()

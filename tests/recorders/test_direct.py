@@ -25,8 +25,8 @@ class _FakeHandoff:
     def slab(self, size):
         if self.free:
             slab = self.free.pop()
+            slab.fresh = False  # as Handoff.slab: reused pages, unless the size changes
             slab.resize(size)
-            slab.fresh = False
             return slab
         self.made += 1
         return Slab(os.path.join(self.folder, f"slab-{self.made}"), size)
@@ -221,3 +221,41 @@ def test_a_further_capture_of_the_step_replaces_the_first(tmp_path):
     finally:
         rec.close()
     _assert_recorded(tmp_path / "s", clones)
+
+
+def test_a_full_spool_filesystem_is_a_one_line_writer_failure(tmp_path, monkeypatch):
+    """tmpfs out of room: pwrite() raises ENOSPC, and the recorder says it as the general path does
+    (a write through a mapping there would be a SIGBUS: slabs are mapped only once their pages exist)."""
+    import errno
+
+    from tracekit.recorders.handoff import WriterFailed
+
+    w = torch.nn.Parameter(torch.randn(4, 3))
+    rec = Recorder(params={"w": w}, store=str(tmp_path / "s")).start()
+    try:
+        w.sum().backward()
+        real = os.pwrite
+
+        def full(fd, data, offset):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(os, "pwrite", full)
+        with pytest.raises(WriterFailed, match="cannot spool step 1: .*No space left"):
+            rec.begin_step()
+        monkeypatch.setattr(os, "pwrite", real)
+    finally:
+        rec.close("failed")
+
+
+def test_a_slab_whose_size_changes_is_filled_with_pwrite_again(tmp_path):
+    slab = Slab(str(tmp_path / "slab-1"), 4096)
+    try:
+        slab.write_at(0, np.full(4096, 7, dtype=np.uint8))
+        slab.fresh = False
+        slab.resize(4096)
+        assert not slab.fresh and slab.array[:3].tolist() == [7, 7, 7]
+        slab.resize(3 * 4096)  # the new pages are holes: no writes through the mapping there
+        assert slab.fresh and slab.size == os.path.getsize(slab.path) == 3 * 4096
+    finally:
+        slab.discard()
+    assert not os.path.exists(slab.path)
