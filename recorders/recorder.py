@@ -495,13 +495,14 @@ class Recorder:
         direct = self._direct
         if direct is None:
             return False
-        try:
-            captured = direct.capture(self._staged, dict(self._params))
-        except OSError as e:
-            raise WriterFailed(f"cannot spool step {direct.step}: {e}") from None
-        if captured:
-            self._spooled = True
-            return True
+        if self._writes:  # (no longer after stop_writing(): then nothing of the step is spooled)
+            try:
+                captured = direct.capture(self._staged, dict(self._params))
+            except OSError as e:
+                raise WriterFailed(f"cannot spool step {direct.step}: {e}") from None
+            if captured:
+                self._spooled = True
+                return True
         self._grad_snapshot, self._before = direct.snapshots()
         self._drop_direct()
         return False

@@ -259,3 +259,23 @@ def test_a_slab_whose_size_changes_is_filled_with_pwrite_again(tmp_path):
     finally:
         slab.discard()
     assert not os.path.exists(slab.path)
+
+
+def test_a_step_begun_before_stop_writing_is_not_spooled(tmp_path):
+    """Zero-code stops writing after a failure; a step it had begun is then not handed over."""
+    w = torch.nn.Parameter(torch.randn(4, 3))
+    opt = torch.optim.SGD([w], lr=0.1)
+    with Recorder(model=None, optimizer=opt, params={"w": w}, store=str(tmp_path / "s")) as rec:
+        for step in (1, 2):
+            w.sum().backward()
+            if step == 2:
+                rec.begin_step()
+                assert rec._direct is not None
+                rec.stop_writing()
+                with torch.no_grad():
+                    w.sub_(0.1)
+                rec.end_step()
+            else:
+                opt.step()
+            opt.zero_grad()
+    assert open_store(tmp_path / "s").rank(0).completed_steps == [1]
