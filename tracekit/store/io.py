@@ -104,6 +104,29 @@ def write_parts(root: str, key: str, parts: Iterable, pad_to: int | None = None)
             f.truncate(pad_to)
 
 
+def replace_file(path: str, data: bytes) -> None:
+    """Replace a small local file (a metadata document) atomically: written under a temporary name
+    beside it, zarr's own (`zarr.<hex>.partial` for zarr.json), then renamed over it; a crash
+    leaves the old file or the new one, and at worst a stray temporary, as zarr's writes do."""
+    stem, _ = os.path.splitext(path)
+    tmp = f"{stem}.{_tmp_name()[5:]}.partial"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
 _TMP = {"pid": None, "tag": "", "seq": itertools.count()}
 
 
