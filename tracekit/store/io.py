@@ -147,11 +147,15 @@ def write_once(root, key: str, parts: Iterable) -> bool:
     """
     if not is_local(root):
         return write_objects(root, [(key, list(parts))]) == 1
-    path = local_path(_folder(root), key)
+    return _write_once_local(local_path(_folder(root), key), parts)
+
+
+def _write_once_local(path: str, parts: Iterable) -> bool:
+    """write_once() of the object at a local `path`."""
     if os.path.isfile(path):
         return False
-    folder = os.path.dirname(path)
-    tmp = os.path.join(folder, _tmp_name())
+    folder, _, _ = path.rpartition(os.sep)
+    tmp = f"{folder}{os.sep}{_tmp_name()}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
     try:
         try:
@@ -183,8 +187,11 @@ def write_objects(root, items, present: set | None = None) -> int:
     every key of `items`, so a writer asks about an unchanged object once. On an object store
     the HEAD and PUT requests of all items run concurrently (tracekit/store/location.py)."""
     todo = [(k, p) for k, p in items if present is None or k not in present]
-    if is_local(root) or not todo:
-        written = sum(write_once(root, k, p) for k, p in todo)
+    if is_local(root):
+        folder = _folder(root)  # once, not per object: a step writes hundreds
+        written = sum(_write_once_local(local_path(folder, k), p) for k, p in todo)
+    elif not todo:
+        written = 0
     else:
         written = root.put_missing([(k, _joined(p)) for k, p in todo])
     if present is not None:
