@@ -8,8 +8,9 @@ separate processes:
 and prints both throughputs, the ratio raw read time / diff time of the same files (target >= 0.9
 in format 2, whose reads also check every object's hash), the same ratio in CPU-seconds (the raw
 read is one thread, the diff --jobs threads: this one leaves the second core out) and the diff's
-peak RSS (target: bounded). --diff-layout fsdp builds the pair in row blocks instead (format 2: each rank writes its
-piece, every rank presents the same whole tensors; the diff reads each piece pair once).
+peak RSS (target: bounded). --diff-layout fsdp builds the pair in row blocks instead (format 2:
+each rank writes its piece, every rank presents the same whole tensors; the diff reads each piece
+pair once).
 
 --identical adds the case content hashes are for: two identical stores (same data, written twice)
 diffed in format 1 (every byte read and compared) and in format 2 (decided by hash from the two
