@@ -53,10 +53,13 @@ def environment_block(diffs: list[dict]) -> str:
 @click.option("--oracle", type=click.Path(), help="A float64 CPU recording of the same job: three-way verdict.")
 @click.option("--oracle-factor", type=float, default=None,
               help=f"Candidate error allowed, as a multiple of the reference's error against the oracle (default {DEFAULT_ORACLE_FACTOR:g}).")
-@click.option("--trust-index", is_flag=True,
-              help="Format 2: decide tensors whose content hashes are equal on both sides from the index alone, "
-                   "without reading their bytes back to check them. Identical stores then diff at metadata speed; "
-                   "damage in those bytes goes unseen (`tracekit verify STORE` checks it). The report says so.")
+@click.option("--trust-index/--check-hashes", "trust_index", default=True,
+              help="Format 2: tensors whose content hashes are equal on both sides are identical; by default "
+                   "(--trust-index) they are decided from the two indexes without reading their bytes, so two "
+                   "identical stores diff at metadata speed and the report counts what was decided so. "
+                   "--check-hashes also reads those bytes back and checks them against their hashes: damage in "
+                   "either store is then exit 2 (`tracekit verify STORE` checks one store whole). Bytes the diff "
+                   "reads are always checked.")
 @json_option("the report", "The verdict line goes to stderr. Schema: schemas/diff-report.schema.json.")
 @click.option("--json-file", "json_file", metavar="FILE", type=click.Path(),
               help="Also write the JSON report to FILE, next to the text on stdout.")

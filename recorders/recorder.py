@@ -31,6 +31,7 @@ from tracekit.recorders import outcome
 from tracekit.recorders.handoff import Handoff
 from tracekit.recorders.config import RecordConfig
 from tracekit.recorders.coords import detect_coords
+from tracekit.recorders.direct import DirectCapture
 from tracekit.recorders.materialize import (canonical_name, flatten_output, full_cpu, gather_full_cpu, local_cpu, minus_piece, select,
                                             snapshot_piece)
 from tracekit.store.tensors import from_torch, from_torch_piece
@@ -147,6 +148,8 @@ class Recorder:
         self._in_step = False
         self._initial_done = False
         self._grad_snapshot: list | None = None
+        self._direct: DirectCapture | None = None  # the open step's entry, filled in place (direct.py)
+        self._direct_buffers: dict[str, dict] = {}  # direct capture's buffers (snapshots), kept across steps
         self._hooks: list = []
         self._handoff: Handoff | None = None  # this rank's spool and the writer process behind it
         self._spooled = False  # the open step's capture is in the spool, not yet sealed
@@ -344,6 +347,7 @@ class Recorder:
             self._tracer.close()
             self._tracer = None
         self._closed = True
+        self._drop_direct()
         for h in self._hooks:
             h.remove()
         self._hooks.clear()
@@ -425,6 +429,15 @@ class Recorder:
             initial_params = self._gather(self._params)
             if self._writes:
                 self._submit(INITIAL_STEP, {"parameters": initial_params}, complete=False)
+        self._drop_direct()
+        if recording and self._pieces and self._writes and "optimizer_state" not in kinds:
+            # the whole entry is known now: written in place, each byte once (direct.py)
+            chosen = [(n, p) for n, p in self._params if n in self._recorded_names]
+            grads = [(n, p.grad) for n, p in chosen if p.grad is not None] if "gradients" in kinds else []
+            self._direct = DirectCapture.begin(self._handoff, step, self._staged, grads, chosen,
+                                               "parameters" in kinds, "deltas" in kinds, self._direct_buffers)
+            if self._direct is not None:
+                return
         # Local snapshots only (no communication): the gathers of gradients, parameters and deltas
         # happen together after the update, in one collective per mesh and dtype.
         # In pieces mode the copies are of this rank's pieces (snapshot_piece), taken without DTensor dispatch.
@@ -445,7 +458,7 @@ class Recorder:
         Zero-code recording calls it again after each further optimizer of the same training step."""
         if self._in_step:
             self._trace_end(self.step + 1)  # the update is done: the traced step ends here
-        if self._in_step and self._active(self.step + 1):
+        if self._in_step and self._active(self.step + 1) and not self._capture_direct():
             captured = self._capture_after()
             if self._writes and self._handoff is not None:
                 # spooled now, not at finish_step(): if the rank dies before the step is sealed
@@ -469,9 +482,27 @@ class Recorder:
         spooled, self._spooled = self._spooled, False
         self._staged = {}
         self._before = self._grad_snapshot = None
+        self._drop_direct()
         if spooled and self._writes and not self._closed:
             self._handoff.seal()
 
+    def _capture_direct(self) -> bool:
+        """Capture the open step into its entry laid out at begin_step, if it has one and the step
+        still matches it; else hand the snapshots to the general path (False)."""
+        direct = self._direct
+        if direct is None:
+            return False
+        if direct.capture(self._staged, dict(self._params)):
+            self._spooled = True
+            return True
+        self._grad_snapshot, self._before = direct.snapshots()
+        self._drop_direct()
+        return False
+
+    def _drop_direct(self) -> None:
+        if self._direct is not None:
+            self._direct.abandon()
+            self._direct = None
     def _capture_after(self) -> dict[str, dict[str, torch.Tensor]]:
         kinds = self.config.kinds
         current = dict(self._params)

@@ -7,7 +7,13 @@ One file per hand-off, in a folder owned by one rank and its writer:
     <seq>.step   sealed: the writer process writes it to the store, then deletes it
 
 A file only ever gets a .prov or .step name by a rename, after its last byte is written, so a name
-that exists always holds a whole entry: the rename is the marker written last. The bytes live in
+that exists always holds a whole entry: the rename is the marker written last.
+
+A rank may also fill an entry in place in a file of its own, `slab-<n>` (no entry name: ignored by
+everyone else; recorders/handoff.py Slab), and hand it over by linking it as <seq>.part, then the
+same rename. The writer process unlinks the entry's name before it says `done <seq>` and never
+reads the entry again after that, so the rank then reuses the slab, its pages already allocated,
+for a later entry (a reused slab's padding may hold old bytes; nothing reads padding). The bytes live in
 the kernel's page cache (tmpfs under /dev/shm, or a temp folder), which outlives the rank however
 it dies; a machine crash is not covered.
 
@@ -16,7 +22,7 @@ Layout of one entry: MAGIC, an 8-byte little-endian header length, a JSON header
 (extra: {"trace": {"level", "events": "marshal"}} for a traced step, whose tensors are its --trace-full
 ones, kind "trace", and its events as one marshal blob, kind TRACE_EVENTS; see Handoff.put_trace;
 shard: the layout of a sharded tensor's piece, Shard.to_spool(); `shape` is the piece's), then
-each tensor's bytes in storage dtype, each starting on a 64-byte boundary. No torch here: the
+each tensor's bytes in storage dtype, each starting on a 64-byte boundary (entry_head()). No torch here: the
 writer process never imports it.
 """
 
@@ -72,21 +78,48 @@ def _pad(n: int) -> int:
     return -n % ALIGN
 
 
+@dataclass(frozen=True)
+class Layout:
+    """Where the tensors of an entry sit, whatever its step: `tensors` is the header's JSON list,
+    `offsets` each tensor's offset from the start of the data, `nbytes` the data's size."""
+
+    tensors: str
+    offsets: tuple[int, ...]
+    nbytes: int
+
+
+def layout(specs: list[tuple]) -> Layout:
+    """The layout of tensors described by `specs`: (kind, name, dtype, shape, nbytes, shard or None) each."""
+    entries, offset = [], 0
+    for kind, name, dtype, shape, nbytes, shard in specs:
+        entry = {"kind": kind, "name": name, "dtype": dtype, "shape": list(shape), "offset": offset, "nbytes": nbytes}
+        if shard is not None:
+            entry["shard"] = shard.to_spool()
+        entries.append(entry)
+        offset += nbytes + _pad(nbytes)
+    return Layout(json.dumps(entries), tuple(e["offset"] for e in entries), offset)
+
+
+def entry_head(step: int, complete: bool, specs: "list[tuple] | Layout", extra: dict | None = None) -> tuple[bytes, list[int], int]:
+    """The head of an entry (MAGIC, header length, JSON header, padding) holding tensors laid out
+    as `specs` say (a Layout, or the specs to lay out), each tensor's offset from the start of the
+    file, and the entry's size. write_entry() and a rank filling an entry in place (Handoff.slab)
+    lay entries out alike through it; a Layout is reused from step to step."""
+    lay = specs if isinstance(specs, Layout) else layout(specs)
+    # the JSON of {"step", "complete", "tensors", "extra"}, as json.dumps writes it, the tensors' part reused
+    header = (f'{{"step": {json.dumps(step)}, "complete": {json.dumps(complete)}, "tensors": {lay.tensors}, '
+              f'"extra": {json.dumps(extra or {})}}}').encode()
+    head = MAGIC + struct.pack("<Q", len(header)) + header
+    head += b"\0" * _pad(len(head))
+    return head, [len(head) + o for o in lay.offsets], len(head) + lay.nbytes
+
+
 def write_entry(path: str, step: int, complete: bool, tensors: list[tuple[str, TensorData]],
                 extra: dict | None = None) -> int:
     """Write one entry to `path` (a .part name); returns its size. `tensors` are (kind, TensorData);
     `extra` (JSON) says what else the entry is, e.g. a step's trace."""
-    entries, offset = [], 0
-    for kind, t in tensors:
-        nbytes = t.data.nbytes
-        entry = {"kind": kind, "name": t.name, "dtype": t.dtype, "shape": list(t.shape), "offset": offset, "nbytes": nbytes}
-        if t.shard is not None:
-            entry["shard"] = t.shard.to_spool()
-        entries.append(entry)
-        offset += nbytes + _pad(nbytes)
-    header = json.dumps({"step": step, "complete": complete, "tensors": entries, "extra": extra or {}}).encode()
-    head = MAGIC + struct.pack("<Q", len(header)) + header
-    head += b"\0" * _pad(len(head))
+    specs = [(kind, t.name, t.dtype, t.shape, t.data.nbytes, t.shard) for kind, t in tensors]
+    head, _, size = entry_head(step, complete, specs, extra)
     with open(path, "wb") as f:
         f.write(head)
         for _, t in tensors:
@@ -95,7 +128,7 @@ def write_entry(path: str, step: int, complete: bool, tensors: list[tuple[str, T
                 f.write(memoryview(data.reshape(-1).view(np.uint8)))
             if _pad(data.nbytes):
                 f.write(b"\0" * _pad(data.nbytes))
-    return len(head) + offset
+    return size
 
 
 @dataclass

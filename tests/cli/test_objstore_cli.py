@@ -159,7 +159,7 @@ def test_verify_finds_a_corrupted_object_in_a_bucket_store(s3):
     assert code == 2, out
     assert problems == [f"damaged: rank 1 gradients step 2 tensor w: bytes do not match their hash (object {object_key(digest)})"]
     assert lines[-1].startswith(f"verify: 1 problem: {url}") and "Traceback" not in out
-    code, out = cli("diff", url, write_store(s3.url("cand"), _bucket_run()))
+    code, out = cli("diff", url, write_store(s3.url("cand"), _bucket_run()), "--check-hashes")
     assert code == 2 and "damaged store" in out and "rank 1 gradients step 2 tensor w" in out, out
     assert "PASS" not in out and "FAIL" not in out
 

@@ -2,12 +2,14 @@
 
 Each example copies a pristine store (format 1 and format 2), damages one thing (a metadata
 field, a tensor index entry, the bytes of a chunk or of a content-addressed object, or a file's
-type) and runs `show`, `diff --exact` against the pristine copy and `tracekit.open(...).load()`.
-None may raise a traceback or hang; exit 2 must be one `Error:` line; and a diff may pass only
-when the damaged store still reads back the pristine values. Format 2 checks every data byte
-(objects against their hashes, index rows against the objects they name), so there any changed
-data byte must be reported, and a diff of the damaged store against a copy of itself (`diff lie
-lie`: equal hashes on both sides, nothing compared) must not pass either.
+type) and runs `show`, `diff --exact --check-hashes` against the pristine copy and
+`tracekit.open(...).load()`. None may raise a traceback or hang; exit 2 must be one `Error:` line;
+and a diff may pass only when the damaged store still reads back the pristine values. Format 2
+with --check-hashes checks every data byte (objects against their hashes, index rows against the
+objects they name), so there any changed data byte must be reported, and a diff of the damaged
+store against a copy of itself (`diff lie lie`: equal hashes on both sides, nothing compared)
+must not pass either. The default diff decides equal hashes without reading their bytes: it may
+pass over damaged bytes only with its note saying how many comparisons it decided by hash.
 The example count is bounded per format (about 2 s each here; TRACEKIT_FUZZ_EXAMPLES sets it).
 """
 
@@ -219,7 +221,12 @@ def test_damaged_store_is_the_right_answer_or_one_line(pristine, mutation):
         show = _cli("show", cand)
         assert show.exit_code in (0, 2)
 
-        diff = _cli("diff", pristine, cand, "--exact")
+        fast = _cli("diff", pristine, cand, "--exact")  # the default: equal hashes decided unread
+        assert fast.exit_code in (0, 1, 2)
+        if fast.exit_code == 0 and not _reads_back_pristine(pristine, cand):
+            assert "decided by hash:" in fast.output, f"{mutation}: PASS over other values without saying why"
+
+        diff = _cli("diff", pristine, cand, "--exact", "--check-hashes")
         assert diff.exit_code in (0, 1, 2)
         if expect == "changed":
             assert diff.exit_code != 0, f"{mutation}: passed over changed bytes"
@@ -234,7 +241,7 @@ def test_damaged_store_is_the_right_answer_or_one_line(pristine, mutation):
             twin = os.path.join(tmp, "twin")
             shutil.copytree(pristine, twin, symlinks=True)
             _apply(twin, mutation)  # the same damage again (a FIFO cannot be copied)
-            lie = _cli("diff", cand, twin, "--exact")
+            lie = _cli("diff", cand, twin, "--exact", "--check-hashes")
             assert lie.exit_code != 0, f"{mutation}: a damaged store passed against a copy of itself"
 
         with _deadline("tracekit.open"):
@@ -261,5 +268,8 @@ def test_the_fuzz_oracle_can_fail(pristine, tmp_path):
     twin = str(tmp_path / "twin")
     shutil.copytree(cand, twin)
     for ref in (pristine, twin):
-        result = _cli("diff", ref, cand, "--exact")
+        result = _cli("diff", ref, cand, "--exact", "--check-hashes")
         assert result.exit_code == 2 and "damaged store" in result.output, result.output
+        # the default does not read bytes whose hashes agree, and says so
+        fast = _cli("diff", ref, cand, "--exact")
+        assert fast.exit_code == 0 and "decided by hash:" in fast.output, fast.output

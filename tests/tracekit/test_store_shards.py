@@ -111,7 +111,7 @@ def test_a_damaged_piece_is_damage_for_every_rank_that_reads_it(tmp_path, twin):
     if twin:  # `diff lie lie`: every hash agrees
         ref = str(tmp_path / "twin")
         shutil.copytree(path, ref)
-    result = CliRunner().invoke(main, ["diff", ref, path, "--exact"])
+    result = CliRunner().invoke(main, ["diff", ref, path, "--exact", "--check-hashes"])
     assert result.exit_code == 2 and "damaged store" in result.output and "PASS" not in result.output, result.output
     (problem,) = verify_store(path).problems
     assert (problem.rank, problem.step, problem.tensor) == (1, 2, "w")

@@ -155,42 +155,46 @@ def test_identical_stores_diff_by_hash_and_differences_are_read(tmp_path):
 
 
 @pytest.mark.parametrize("damage", sorted(DAMAGE))
-def test_two_copies_of_a_damaged_store_do_not_pass(tmp_path, damage):
-    """`diff lie lie`: every hash agrees, so nothing is compared; the objects behind the hashes
-    are still checked, and the damage reported."""
+def test_two_copies_of_a_damaged_store_do_not_pass_check_hashes(tmp_path, damage):
+    """`diff --check-hashes lie lie`: every hash agrees, so nothing is compared; the objects behind
+    the hashes are still read and checked, and the damage reported."""
     lie = _run(str(tmp_path / "lie"), ranks=2, steps=3, drift=1e-3)
     DAMAGE[damage](lie)
     twin = str(tmp_path / "twin")
     shutil.copytree(lie, twin)
-    result = CliRunner().invoke(main, ["diff", lie, twin, "--exact"])
+    result = CliRunner().invoke(main, ["diff", lie, twin, "--exact", "--check-hashes"])
     assert result.exit_code == 2, result.output
     assert "damaged store" in result.output and "rank 1 gradients step 2 tensor" in result.output
     assert "PASS" not in result.output
+    with pytest.raises(StoreError, match="damaged store"):
+        tracekit.diff(lie, twin, exact=True, trust_index=False)
 
 
-def test_trust_index_decides_equal_hashes_without_reading_and_says_so(tmp_path):
-    """--trust-index is the opt-in to metadata speed: equal hashes are decided from the indexes,
-    the objects behind them are not read, so a flipped bit in them goes unseen by the diff (the
-    report says which comparisons were taken on trust) and is still found by verify."""
+def test_equal_hashes_are_decided_without_reading_by_default_and_the_report_says_so(tmp_path):
+    """The default decides equal hashes from the two indexes (metadata speed): the objects behind
+    them are not read, so a flipped bit there goes unseen by the diff (the report counts the
+    comparisons decided so) and is found by `verify` and by `diff --check-hashes`."""
     lie = _run(str(tmp_path / "lie"), ranks=2, steps=3, drift=1e-3)
     _flip_bit(_object_path(lie, 1, "gradients", 2, "w"))
     twin = str(tmp_path / "twin")
     shutil.copytree(lie, twin)
-    checked = CliRunner().invoke(main, ["diff", lie, twin, "--exact"])
-    trusted = CliRunner().invoke(main, ["diff", lie, twin, "--exact", "--trust-index"])
+    checked = CliRunner().invoke(main, ["diff", lie, twin, "--exact", "--check-hashes"])
     assert checked.exit_code == 2 and "damaged store" in checked.output
-    assert trusted.exit_code == 0, trusted.output
-    assert "--trust-index: 18 (step, rank, kind, tensor) comparisons were decided by equal hashes" in trusted.output
-    assert trusted.output.strip().splitlines()[-1].startswith("PASS comparison ranks=2 steps=3")
-    report = tracekit.diff(lie, twin, exact=True, trust_index=True)
+    for flags in ([], ["--trust-index"]):  # the default, and its explicit spelling
+        trusted = CliRunner().invoke(main, ["diff", lie, twin, "--exact", *flags])
+        assert trusted.exit_code == 0, trusted.output
+        assert "decided by hash: 18 (step, rank, kind, tensor) comparisons had equal content hashes" in trusted.output
+        assert trusted.output.strip().splitlines()[-1].startswith("PASS comparison ranks=2 steps=3")
+    report = tracekit.diff(lie, twin, exact=True)
     assert report.options["trust_index"] and report.identical_by_hash == 2 * 3 * 3
     assert report.bytes_compared == 2 * 2 * 3 * 4  # only the scalar losses were read
+    assert not tracekit.diff(lie, twin, exact=True, trust_index=False, kinds=["loss"]).options["trust_index"]
     assert CliRunner().invoke(main, ["verify", twin]).exit_code == 2
-    # Different bytes are still read, compared and checked under --trust-index.
+    # Different bytes are still read, compared and checked by default.
     cand = _run(str(tmp_path / "cand"), ranks=2, steps=3, drift=2e-3)
     clean = _run(str(tmp_path / "clean"), ranks=2, steps=3, drift=1e-3)
-    assert CliRunner().invoke(main, ["diff", clean, cand, "--trust-index"]).exit_code == 1
-    read_damage = CliRunner().invoke(main, ["diff", twin, cand, "--trust-index"])
+    assert CliRunner().invoke(main, ["diff", clean, cand]).exit_code == 1
+    read_damage = CliRunner().invoke(main, ["diff", twin, cand])
     assert read_damage.exit_code == 2 and "damaged store" in read_damage.output
 
 
@@ -223,21 +227,23 @@ def _set_finite_flag(path, rank, kind, row, position, value):
 def test_a_lying_finite_flag_is_damage(tmp_path, value):
     """The finiteness index decides whether equal hashes may skip a tensor (NaNs must be compared),
     so it is checked against the bytes like the hash: a flag claiming finite over NaNs, finite data
-    flagged otherwise, or a flag other than 0/1 is a damaged store, in diff and verify alike."""
+    flagged otherwise, or a flag other than 0/1 is a damaged store, in `diff --check-hashes` and
+    verify alike."""
     x = np.array([1.0, np.nan, 3.0], np.float32) if value == 1 else np.arange(3, dtype=np.float32)
     data = {0: {1: {"outputs": {"x": x}}}}
     ref, cand = write_store(tmp_path / "a", data), write_store(tmp_path / "b", data)
     for path in (ref, cand):
         _set_finite_flag(path, 0, "outputs", 0, 0, value)
     with pytest.raises(StoreError, match=r"^damaged store: .*: rank 0 outputs step 1"):
-        tracekit.diff(ref, cand, exact=True)
+        tracekit.diff(ref, cand, exact=True, trust_index=False)
     (problem,) = verify_store(cand).problems
     assert (problem.rank, problem.kind, problem.step) == (0, "outputs", 1) and "finite" in problem.what
 
 
 def test_equal_hashes_read_each_distinct_object_once(tmp_path, monkeypatch):
-    """Identical stores: hash-equal tensors are not compared, and each distinct object of each side
-    is read (hashed) exactly once, however many ranks and steps name it."""
+    """Identical stores: hash-equal tensors are not compared; by default their objects are not read
+    at all, and with --check-hashes each distinct object of each side is read (hashed) exactly once,
+    however many ranks and steps name it."""
     from tracekit.store import objects
 
     ref = _run(str(tmp_path / "ref"), ranks=4, steps=3)
@@ -246,6 +252,8 @@ def test_equal_hashes_read_each_distinct_object_once(tmp_path, monkeypatch):
     real = objects.scan_object
     monkeypatch.setattr(objects, "scan_object", lambda root, digest, *a, **k: scanned.append((root, digest)) or real(root, digest, *a, **k))
     report = tracekit.diff(ref, same, exact=True, jobs=2)
+    assert report.passed and report.identical_by_hash == 4 * 3 * 3 and scanned == []
+    report = tracekit.diff(ref, same, exact=True, jobs=2, trust_index=False)
     assert report.passed and report.identical_by_hash == 4 * 3 * 3
     # per store: w and v of each step (equal on all ranks) and one frozen object; scalars are read, not scanned
     assert len(scanned) == len(set(scanned)) == 2 * (3 * 2 + 1)

@@ -38,10 +38,10 @@ class DiffSpec:
     tolerances: object  # Tolerances
     equal_nan: bool
     oracle_factor: float | None
-    trust_index: bool = False
+    trust_index: bool = True
 
     @classmethod
-    def of(cls, refc, candc, orac, align, kinds, tolerances, equal_nan, oracle_factor, trust_index=False) -> "DiffSpec":
+    def of(cls, refc, candc, orac, align, kinds, tolerances, equal_nan, oracle_factor, trust_index=True) -> "DiffSpec":
         return cls(uuid.uuid4().hex, refc.store.location, candc.store.location,
                    orac.store.location if orac is not None else None, align, list(kinds) if kinds else None,
                    tolerances, equal_nan, oracle_factor, trust_index)

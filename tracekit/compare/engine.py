@@ -173,7 +173,7 @@ def _summary(rc, kind: str, step: int, info, cache: dict) -> np.ndarray:
 
 class _Engine:
     def __init__(self, ref: StoreCatalog, cand: StoreCatalog, oracle: StoreCatalog | None, tolerances: Tolerances,
-                 equal_nan: bool, oracle_factor: float | None, trust_index: bool = False):
+                 equal_nan: bool, oracle_factor: float | None, trust_index: bool = True):
         self.ref, self.cand, self.oracle = ref, cand, oracle
         self.trust_index = trust_index  # hash-decided objects not read back (diff(trust_index=))
         self.tolerances = tolerances
@@ -277,7 +277,7 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
          tolerances: Tolerances | None = None, kinds: list[str] | None = None, allow_missing: bool = False,
          fail_fast: bool = False, oracle=None, oracle_factor: float | None = None, details: str = "violations",
          jobs: int | None = None, progress: Callable[[int, int], None] | None = None,
-         workers: int | None = None, scheduler: str | None = None, trust_index: bool = False) -> DiffReport:
+         workers: int | None = None, scheduler: str | None = None, trust_index: bool = True) -> DiffReport:
     """Compare two stores of the same job (a reference and a candidate); return a DiffReport.
 
     ref, cand, oracle: store paths or opened RunStores. align: "rank" (default), "coords" or
@@ -293,11 +293,12 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
     (summaries per step and kind are always complete). `progress(bytes_done, bytes_total)` is
     called as data is compared. `workers` > 1 runs the comparison on a local Dask cluster of that
     many processes, `scheduler` ("tcp://host:8786") on an existing one (tracekit.compare.distributed);
-    the report is the same as in one process. `trust_index` (format 2): tensors whose content hashes
-    are equal on both sides are decided from the index alone, their objects not read back to check
-    them (identical stores then diff at metadata speed; damage in those bytes goes unseen, and
-    `tracekit verify` is the check). Raises StoreError/UsageError (one-line messages) on
-    unusable input.
+    the report is the same as in one process. `trust_index` (format 2; the default): tensors whose
+    content hashes are equal on both sides are decided from the two indexes alone, their objects not
+    read (identical stores then diff at metadata speed; the report counts them, and damage in those
+    bytes is `tracekit verify`'s to find). False reads those objects back and checks them against
+    their hashes too, so damage in either store is a StoreError. Bytes that are read are always
+    checked. Raises StoreError/UsageError (one-line messages) on unusable input.
     """
     t0 = time.perf_counter()
     if details not in DETAILS:

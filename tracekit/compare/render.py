@@ -161,9 +161,9 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
                     "had no bytes on a side (recorded without matching --full); their min, max, mean, L2 norm and "
                     "NaN/Inf counts were compared, not their elements (docs/DIFF.md)."]
     if report.options.get("trust_index") and report.identical_by_hash:
-        out += ["", f"Note: --trust-index: {report.identical_by_hash} (step, rank, kind, tensor) comparisons were decided "
-                    "by equal hashes in the two indexes; their bytes were not read or checked "
-                    "(`tracekit verify STORE` checks them)."]
+        out += ["", f"Note: decided by hash: {report.identical_by_hash} (step, rank, kind, tensor) comparisons had equal "
+                    "content hashes in the two indexes; their bytes were not read (--check-hashes reads and checks "
+                    "them, `tracekit verify STORE` checks a whole store)."]
     out += ["", report.summary_line]
     # names are escaped where they are put in (a newline in one is data, not a line); this sweep
     # catches controls anywhere else (paths, run facts)

@@ -1,0 +1,223 @@
+"""A step's capture written straight into its spool entry (recorders/direct.py, Handoff slabs):
+the entry is the one the general path writes, the store holds the loop's tensors bit for bit
+whether a slab is fresh or reused, and steps the plan did not foresee fall back to the general path."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from tracekit import open_store
+from tracekit.recorders import Recorder
+from tracekit.recorders.direct import DirectCapture
+from tracekit.recorders.handoff import Slab
+from tracekit.recorders.spool import read_entry, write_entry
+from tracekit.store.tensors import from_torch
+
+
+class _FakeHandoff:
+    """Slabs in a folder; what is handed over is kept for the test to read."""
+
+    def __init__(self, folder):
+        self.folder, self.made, self.free, self.handed = folder, 0, [], []
+
+    def slab(self, size):
+        if self.free:
+            slab = self.free.pop()
+            slab.resize(size)
+            slab.fresh = False
+            return slab
+        self.made += 1
+        return Slab(os.path.join(self.folder, f"slab-{self.made}"), size)
+
+    def release(self, slab):
+        self.free.append(slab)
+
+    def provisional_slab(self, step, slab):
+        self.handed.append((step, slab, slab.array.tobytes()))
+
+
+def _bits(t):
+    return t.view(torch.int16).numpy().view(np.uint16) if t.dtype == torch.bfloat16 else t.numpy()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_entry_filled_in_place_is_the_one_write_entry_writes(tmp_path, dtype):
+    torch.manual_seed(0)
+    params = [("w", torch.randn(5, 3, dtype=dtype)), ("b", torch.randn(3, dtype=dtype))]
+    grads = [("w", torch.randn(5, 3, dtype=dtype)), ("b", torch.randn(3, dtype=dtype))]
+    staged = {"outputs": {"output": torch.randn(2, 3, dtype=dtype)}, "loss": {"loss": torch.tensor(0.5)}}
+    handoff = _FakeHandoff(str(tmp_path))
+    buffers = {}
+    for round_ in range(3):  # fresh slab (pwrite), then reused ones (through the mapping)
+        before = {n: p.clone() for n, p in params}
+        grad_copies = {n: g.clone() for n, g in grads}
+        cap = DirectCapture.begin(handoff, 7, staged, grads, params, True, True, buffers)
+        assert cap is not None and cap.slab.fresh == (round_ == 0)
+        for (_, p), (_, g) in zip(params, grads):
+            p.add_(0.125 * (round_ + 1))  # the update, in place
+            g.mul_(3)  # a loop that changes gradients after the snapshot: the entry keeps the old ones
+        assert cap.capture(staged, dict(params))
+        expected = [(k, from_torch(n, t)) for k, ts in staged.items() for n, t in ts.items()]
+        expected += [("gradients", from_torch(n, grad_copies[n])) for n, _ in grads]
+        expected += [("parameters", from_torch(n, p)) for n, p in params]
+        expected += [("deltas", from_torch(n, p - before[n])) for n, p in params]
+        path = tmp_path / "general.part"
+        write_entry(str(path), 7, True, expected)
+        step, slab, data = handoff.handed[-1]
+        if round_ == 0:  # a fresh slab's padding is zeros: the very same bytes
+            assert data == path.read_bytes()
+        mine, theirs = read_entry(slab.path), read_entry(str(path))
+        try:
+            assert (mine.step, mine.complete) == (theirs.step, theirs.complete)
+            assert list(mine.kinds) == list(theirs.kinds)
+            for kind in theirs.kinds:
+                for a, b in zip(mine.kinds[kind], theirs.kinds[kind], strict=True):
+                    assert (a.name, a.dtype, a.shape, a.shard) == (b.name, b.dtype, b.shape, b.shard)
+                    assert a.data.tobytes() == b.data.tobytes()
+        finally:
+            mine.close()
+            theirs.close()
+        handoff.release(slab)
+    assert handoff.made == 1  # one file, reused
+
+
+def _train(model, opt, steps, rec, clones, flush=False):
+    for step in range(1, steps + 1):
+        g = torch.Generator().manual_seed(step)
+        x = torch.randn(16, 8, generator=g)
+        out = model(x)
+        loss = out.square().mean()
+        loss.backward()
+        rec.observe(output=out, loss=loss)
+        clones[step] = {"output": out.detach().clone(), "loss": loss.detach().clone(),
+                        "grads": {n: p.grad.clone() for n, p in model.named_parameters()},
+                        "before": {n: p.detach().clone() for n, p in model.named_parameters()}}
+        opt.step()
+        opt.zero_grad()
+        clones[step]["after"] = {n: p.detach().clone() for n, p in model.named_parameters()}
+        if flush:
+            rec.flush()  # the writer is done with every entry: the next step reuses a slab
+
+
+def _assert_recorded(store, clones, names=None):
+    rank = open_store(store).rank(0)
+    assert rank.completed_steps == sorted(clones)
+    for step, c in clones.items():
+        assert np.array_equal(rank.read_bits("outputs", step, "output"), _bits(c["output"]).reshape(-1))
+        assert np.array_equal(rank.read_bits("loss", step, "loss"), _bits(c["loss"]).reshape(-1))
+        for name in names or c["grads"]:
+            stored = name.replace("_fsdp_wrapped_module.", "")
+            assert np.array_equal(rank.read_bits("gradients", step, stored), _bits(c["grads"][name]).reshape(-1))
+            assert np.array_equal(rank.read_bits("parameters", step, stored), _bits(c["after"][name]).reshape(-1))
+            delta = c["after"][name] - c["before"][name]
+            assert np.array_equal(rank.read_bits("deltas", step, stored), _bits(delta).reshape(-1))
+
+
+@pytest.mark.parametrize("flush", [False, True])
+def test_steps_recorded_through_slabs_equal_the_loop_tensors_bitwise(tmp_path, flush):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    clones = {}
+    with Recorder(model, opt, store=str(tmp_path / "s")) as rec:
+        _train(model, opt, 6, rec, clones, flush=flush)
+        made = rec._handoff._slabs_made
+    assert made >= 1  # the steps went through slabs
+    if flush:
+        assert made <= 2  # and the writer's finished ones were reused
+    _assert_recorded(tmp_path / "s", clones)
+
+
+def test_pieces_of_fsdp2_parameters_go_through_slabs_bitwise(tmp_path):
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "pg"), 1), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+        mesh = init_device_mesh("cpu", (1,))
+        for m in model:
+            if isinstance(m, torch.nn.Linear):
+                fully_shard(m, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        clones = {}
+
+        def full(t):
+            return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+        with Recorder(model, opt, store=str(tmp_path / "s")) as rec:
+            for step in range(1, 4):
+                out = model(torch.randn(4, 8, generator=torch.Generator().manual_seed(step)))
+                loss = out.square().mean()
+                loss.backward()
+                rec.observe(output=out, loss=loss)
+                clones[step] = {"output": out.detach().clone(), "loss": loss.detach().clone(),
+                                "grads": {n: full(p.grad).clone() for n, p in model.named_parameters()},
+                                "before": {n: full(p.detach()).clone() for n, p in model.named_parameters()}}
+                opt.step()
+                opt.zero_grad()
+                clones[step]["after"] = {n: full(p.detach()).clone() for n, p in model.named_parameters()}
+            assert rec._handoff._slabs_made >= 1 and rec._pieces
+        _assert_recorded(tmp_path / "s", clones)
+        rank = open_store(tmp_path / "s").rank(0)
+        assert rank.tensor("gradients", "0.weight") is not None
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_step_that_no_longer_matches_its_plan_falls_back_bitwise(tmp_path):
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(4, 3))
+    rec = Recorder(params={"w": w}, store=str(tmp_path / "s")).start()
+    clones = {}
+    try:
+        for step in (1, 2):
+            out = w.sum(dim=0) * 2
+            out.sum().backward()
+            clones[step] = {"grads": {"w": w.grad.clone()}, "before": {"w": w.detach().clone()}}
+            if step == 1:
+                rec.observe(output=out.detach(), loss=out.sum().detach())
+            rec.begin_step()
+            assert rec._direct is not None
+            with torch.no_grad():
+                w.sub_(0.5 * w.grad)
+            w.grad.zero_()  # gradients changed after the snapshot: the entry keeps those of begin_step
+            if step == 2:  # staged after begin_step: the plan has no place for it, the general path records it
+                rec.observe(output=out.detach(), loss=out.sum().detach())
+            clones[step].update(output=out.detach().clone(), loss=out.sum().detach().clone(),
+                                after={"w": w.detach().clone()})
+            rec.end_step()
+        assert len(rec._handoff._free_slabs) >= 1  # the unused slab went back
+    finally:
+        rec.close()
+    _assert_recorded(tmp_path / "s", clones)
+
+
+def test_a_further_capture_of_the_step_replaces_the_first(tmp_path):
+    """Zero-code captures again after each optimizer of a step: the last capture is the step."""
+    torch.manual_seed(0)
+    w = torch.nn.Parameter(torch.randn(4, 3))
+    rec = Recorder(params={"w": w}, store=str(tmp_path / "s")).start()
+    try:
+        out = (w * 3).sum(dim=0)
+        out.sum().backward()
+        rec.observe(output=out.detach(), loss=out.sum().detach())
+        clones = {1: {"grads": {"w": w.grad.clone()}, "before": {"w": w.detach().clone()},
+                      "output": out.detach().clone(), "loss": out.sum().detach().clone()}}
+        rec.begin_step()
+        with torch.no_grad():
+            w.sub_(0.5)
+        rec.capture_after()
+        with torch.no_grad():
+            w.mul_(0.25)  # a second optimizer of the same step
+        rec.capture_after()
+        clones[1]["after"] = {"w": w.detach().clone()}
+        rec.finish_step()
+    finally:
+        rec.close()
+    _assert_recorded(tmp_path / "s", clones)
