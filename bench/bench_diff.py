@@ -6,9 +6,11 @@ separate processes:
   raw   numpy.fromfile of every chunk file of both stores (the bytes the diff must read);
   diff  tracekit.diff of the two stores;
 and prints both throughputs, the ratio raw read time / diff time of the same files (target >= 0.9
-in format 2, whose reads also check every object's hash) and the diff's peak RSS (target:
-bounded). --diff-layout fsdp builds the pair in row blocks instead (format 2: each rank writes its
-piece, every rank presents the same whole tensors; the diff reads each piece pair once).
+in format 2, whose reads also check every object's hash), the same ratio in CPU-seconds (the raw
+read is one thread, the diff --jobs threads: this one leaves the second core out) and the diff's
+peak RSS (target: bounded). --diff-layout fsdp builds the pair in row blocks instead (format 2:
+each rank writes its piece, every rank presents the same whole tensors; the diff reads each piece
+pair once).
 
 --identical adds the case content hashes are for: two identical stores (same data, written twice)
 diffed in format 1 (every byte read and compared) and in format 2 (decided by hash from the two
@@ -239,7 +241,7 @@ def different(a, size: int) -> None:
           flush=True)
     # The machine may be shared: wall-clock figures are taken as the best of --repeat runs, and the
     # CPU-time rates (bytes per CPU-second, all threads) show the work per byte whatever the load.
-    best = {"raw": 0.0, "diff": 0.0, "raw_cpu": 0.0, "diff_cpu": 0.0, "ratio": 0.0}
+    best = {"raw": 0.0, "diff": 0.0, "raw_cpu": 0.0, "diff_cpu": 0.0, "ratio": 0.0, "cpu_ratio": 0.0}
     rss = 0
     for i in range(a.repeat):
         load0 = _load()
@@ -249,15 +251,21 @@ def different(a, size: int) -> None:
         nb, sec, cpu, peak, line = run(DIFF, 5, ROOT, ref, cand, a.jobs)
         rate, rate_cpu = int(nb) / float(sec), int(nb) / float(cpu)
         ratio = raw_sec / float(sec)  # the same files: raw read time over diff time
+        # the same in CPU-seconds (every thread of each): the raw read is one thread, the diff
+        # --jobs threads, so the wall-clock ratio counts the diff's second core; this one does not
+        cpu_ratio = (raw_bytes / raw_cpu) / float(cpu)
         rss = max(rss, int(peak))
         print(f"run {i + 1}: raw read {raw_bytes / 2**20:.0f} MiB in {raw_sec:.2f} s = {raw / 2**20:6.0f} MiB/s "
               f"({raw_cpu / 2**20:6.0f} per CPU-s)   diff {int(nb) / 2**20:.0f} MiB in {float(sec):.2f} s = "
-              f"{rate / 2**20:6.0f} MiB/s ({rate_cpu / 2**20:6.0f} per CPU-s)   raw time / diff time {ratio:.2f}   "
+              f"{rate / 2**20:6.0f} MiB/s ({rate_cpu / 2**20:6.0f} per CPU-s)   raw time / diff time {ratio:.2f} "
+              f"(CPU-s {cpu_ratio:.2f})   "
               f"diff peak RSS {int(peak) / 2**20:.0f} MiB   [{load0} / {_load()}]   [{line.strip()}]", flush=True)
-        for k, v in (("raw", raw), ("diff", rate), ("raw_cpu", raw_cpu), ("diff_cpu", rate_cpu), ("ratio", ratio)):
+        for k, v in (("raw", raw), ("diff", rate), ("raw_cpu", raw_cpu), ("diff_cpu", rate_cpu), ("ratio", ratio),
+                     ("cpu_ratio", cpu_ratio)):
             best[k] = max(best[k], v)
     print(json.dumps({"format": a.format, "store_mib": round(n / 2**20), "jobs": a.jobs, "raw_mib_s": round(best["raw"] / 2**20),
                       "diff_mib_s": round(best["diff"] / 2**20), "ratio": round(best["ratio"], 3),
+                      "cpu_ratio": round(best["cpu_ratio"], 3),
                       "raw_mib_per_cpu_s": round(best["raw_cpu"] / 2**20),
                       "diff_mib_per_cpu_s": round(best["diff_cpu"] / 2**20),
                       "diff_peak_rss_mib": round(rss / 2**20)}), flush=True)

@@ -141,7 +141,7 @@ class _Writer:
         steps = []
         for _, name in self._entries(final):
             try:
-                entry = read_entry(os.path.join(self.spool, name))
+                entry = read_entry(os.path.join(self.spool, name), populate=False)  # the step number only
             except (OSError, ValueError):
                 continue
             steps.append(entry.step)

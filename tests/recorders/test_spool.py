@@ -34,3 +34,61 @@ def test_a_truncated_entry_is_refused(tmp_path):
         f.truncate(size - 64)
     with pytest.raises(ValueError, match="truncated"):
         read_entry(str(path))
+
+
+def _entry_with_layout(path, layout: dict) -> None:
+    """An entry whose one piece has the header layout `layout` (as if a rank wrote it so)."""
+    import json
+    import struct
+
+    from tracekit.recorders.spool import ALIGN, MAGIC
+
+    write_entry(str(path), 1, True, [("parameters", TensorData(
+        "w", "float32", (2, 3), np.zeros((2, 3), np.float32), Shard((5, 3), (2, 0), (2, 3), (0, 1))))])
+    raw = path.read_bytes()
+    start = len(MAGIC) + 8
+    (hlen,) = struct.unpack("<Q", raw[len(MAGIC):start])
+    header = json.loads(raw[start:start + hlen])
+    data = raw[start + hlen + -(start + hlen) % ALIGN:]
+    header["tensors"][0]["shard"] = layout
+    head = MAGIC + struct.pack("<Q", len(json.dumps(header))) + json.dumps(header).encode()
+    path.write_bytes(head + b"\0" * (-len(head) % ALIGN) + data)
+
+
+def test_layouts_read_again_are_the_same_and_a_bad_one_is_still_refused(tmp_path):
+    """read_entry remembers the layouts it checked (a rank sends the same ones every step); one
+    that fails the check is never remembered, so it is refused every time it comes."""
+    good = {"full_shape": [5, 3], "offset": [2, 0], "shape": [2, 3], "peers": [0, 1]}
+    first = read_entry(str(_write_and_path(tmp_path / "a.step", good)))
+    second = read_entry(str(_write_and_path(tmp_path / "b.step", good)))
+    try:
+        assert first.kinds["parameters"][0].shard == Shard((5, 3), (2, 0), (2, 3), (0, 1))
+        assert second.kinds["parameters"][0].shard is first.kinds["parameters"][0].shard  # checked once
+    finally:
+        first.close()
+        second.close()
+    for bad in ({"full_shape": [5, 3], "offset": [4, 0], "shape": [2, 3], "peers": [0, 1]},   # outside the tensor
+                {"full_shape": [5, 3], "offset": [2, 0], "shape": [2, 3], "peers": [1, 1]},   # peers twice
+                {"full_shape": [5, 3], "offset": "20", "shape": [2, 3], "peers": [0, 1]},     # not a list
+                {"full_shape": [5, 3], "offset": [[2], 0], "shape": [2, 3], "peers": [0, 1]}):
+        for _ in range(2):
+            with pytest.raises((ValueError, TypeError)):
+                read_entry(str(_write_and_path(tmp_path / "c.step", bad)))
+
+
+def _write_and_path(path, layout):
+    _entry_with_layout(path, layout)
+    return path
+
+
+@pytest.mark.parametrize("populate", [True, False])
+def test_an_entry_reads_the_same_mapped_at_once_or_page_by_page(tmp_path, populate):
+    data = np.arange(100_000, dtype=np.float32)
+    path = tmp_path / "1.step"
+    write_entry(str(path), 3, False, [("gradients", TensorData("g", "float32", (100_000,), data))])
+    entry = read_entry(str(path), populate=populate)
+    try:
+        assert (entry.step, entry.complete) == (3, False)
+        np.testing.assert_array_equal(entry.kinds["gradients"][0].data, data)
+    finally:
+        entry.close()

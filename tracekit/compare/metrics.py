@@ -28,7 +28,9 @@ passes when it is at most 1 (and no NaN/Inf mismatches).
 
 `compare_arrays` is the public entry point; `MetricsAccumulator` computes the same thing over
 consecutive blocks of a flat tensor (the diff engine feeds it chunk by chunk, so memory stays
-bounded whatever the tensor size) and accumulators of neighbouring blocks merge.
+bounded whatever the tensor size) and accumulators of neighbouring blocks merge. A finite real
+block takes a fast route (MetricsAccumulator._fast_pass) that gives the same values bit for bit
+with fewer passes over memory: tests/tracekit/test_compare_metrics_fast.py compares the two.
 """
 
 from __future__ import annotations
@@ -39,8 +41,10 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-# Elements per inner block: small enough that the ~10 passes over a block stay in the CPU cache
-# (measured best at 2^18 on a 2 MiB-L2 / 32 MiB-L3 machine; bench/bench_diff.py).
+# Elements per inner block (measured best at 2^18 on a 2 MiB-L2 / 32 MiB-L3 machine;
+# bench/bench_diff.py). The sums behind rel_l2 and the cosine are taken block by block (BLAS), so
+# the block size is part of their rounding: another size changes their last bits. The fast route
+# works inside a block in smaller sub-blocks (SUB_ELEMENTS), which leaves the sums as they are.
 BLOCK_ELEMENTS = 1 << 18
 
 
@@ -174,6 +178,10 @@ def work_dtype(dtype: np.dtype) -> np.dtype:
 
 
 _local = threading.local()
+# The block route that skips passes whose results it can get otherwise (max_rel from d / a, the
+# margin over the elements that can reach it): the same values bit for bit. Tests switch it off
+# to compare against the plain route.
+FAST_PATH = True
 # Sums of float32 squares below this have lost digits to underflow (float32's smallest normal is ~1.2e-38).
 _F32_TINY = 1e-30
 
@@ -188,6 +196,30 @@ def _scratch(dtype: np.dtype, n: int) -> tuple[np.ndarray, np.ndarray]:
     if got is None or got[0].size < n:
         got = bufs[key] = tuple(np.empty(max(n, BLOCK_ELEMENTS), dtype) for _ in range(2))
     return got[0][:n], got[1][:n]
+
+
+# Elements per sub-block of the fast route: its arrays (two inputs, |d|, d / a, two masks) stay in
+# a 2 MiB L2 cache while worked on.
+SUB_ELEMENTS = 1 << 16
+
+
+def _sub_scratch(dtype: np.dtype) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The fast route's sub-block buffers of this thread: quotients and two masks."""
+    key = "sub" + np.dtype(dtype).str
+    bufs = getattr(_local, "bufs", None)
+    if bufs is None:
+        bufs = _local.bufs = {}
+    got = bufs.get(key)
+    if got is None:
+        got = bufs[key] = (np.empty(SUB_ELEMENTS, dtype), np.empty(SUB_ELEMENTS, bool), np.empty(SUB_ELEMENTS, bool))
+    return got
+
+
+# The elementwise margin of a sub-block is taken over the elements that can hold it while at most
+# 1/this of them can; above it, every element's ratio is computed.
+_SCREEN_MAX_FRACTION = 8
+# Below this a screen's threshold (or atol) is too close to float underflow for its rounding argument.
+_SCREEN_MIN = 1e-30
 
 
 def _int_abs_diff(ra: np.ndarray, rb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -316,9 +348,18 @@ class MetricsAccumulator:
         self.n_fin += a.size
         ss_a = _dot(a, a)
         dot_ad = _dot(a, d)
-        ad = np.abs(d) if d.dtype.kind == "c" else np.abs(d, out=d)
-        i = int(np.argmax(ad))
-        mad = float(ad[i])
+        # a real block judged by the float rule takes the fast route (FAST_PATH; the same values,
+        # fewer passes over memory). ss_d == 0 (d is zero, or its squares underflow): the plain one.
+        fast = (FAST_PATH and native is None and o is None and a.dtype.kind == "f" and s2.size == a.size
+                and ss_d != 0)
+        if fast:
+            i, mad, q_max, m_fast = self._fast_pass(a, d, ss_a)  # d is |d| afterwards
+            ad = d
+        else:
+            q_max = m_fast = None
+            ad = np.abs(d) if d.dtype.kind == "c" else np.abs(d, out=d)
+            i = int(ad.argmax())
+            mad = float(ad[i])
         if a.dtype == np.float32 and not (_F32_TINY <= ss_a < math.inf and math.isfinite(dot_ad)
                                           and (_F32_TINY <= ss_d < math.inf or (ss_d == 0 and mad == 0))):
             # float32 squares that overflow or underflow (|x| beyond ~1e19 or below ~1e-19): the
@@ -334,9 +375,12 @@ class MetricsAccumulator:
         # a real buffer: |complex| into a complex one would warn when reduced below
         real = a.dtype.kind != "c" and s2.size == a.size
         if mad > 0:  # an identical block has no relative error: skip the division
-            absa = np.abs(a, out=s2) if real else np.abs(a)
-            rel = np.divide(ad, absa, out=absa)  # 0/0 -> nan (ignored by fmax), x/0 -> inf
-            max_rel = float(np.fmax.reduce(rel))
+            if q_max is not None:
+                max_rel = q_max
+            else:
+                absa = np.abs(a, out=s2) if real else np.abs(a)
+                rel = np.divide(ad, absa, out=absa)  # 0/0 -> nan (ignored by fmax), x/0 -> inf
+                max_rel = float(np.fmax.reduce(rel))
             if math.isinf(max_rel) and a.dtype == np.float32:
                 # x / tiny overflows float32 (|ref| subnormal): the quotient in float64, on this rare path
                 max_rel = float(np.fmax.reduce(ad.astype(np.float64) / np.abs(a.astype(np.float64))))
@@ -365,8 +409,10 @@ class MetricsAccumulator:
                 tol += atol
                 return tol
 
-            ratio = np.divide(ad, bound(), out=s2 if real else None)  # 0/0 (equal under an exact rule) is nan: ignored
-            m = float(np.fmax.reduce(ratio)) if ratio.size else 0.0
+            m = m_fast
+            if m is None:
+                ratio = np.divide(ad, bound(), out=s2 if real else None)  # 0/0 (equal under an exact rule) is nan: ignored
+                m = float(np.fmax.reduce(ratio)) if ratio.size else 0.0
             if math.isnan(m):
                 m = 0.0
             # A violation (ad > bound) has a quotient >= 1, division rounding being monotone, so a
@@ -386,6 +432,83 @@ class MetricsAccumulator:
             self._offer_worst(1, float(ad[k]), glob(k), *val(k))
             return
         self._offer_worst(0, mad, glob(i), *val(i))
+
+    def _fast_pass(self, a: np.ndarray, d: np.ndarray, ss_a: float) -> tuple[int, float, float, float | None]:
+        """(i, max |d|, max_rel, elementwise margin or None) of a finite real block, d = b - a
+        turned into |d| in place: what the plain route computes, bit for bit, in sub-blocks of
+        SUB_ELEMENTS that stay in the CPU's L2 cache while they are worked on (the block's
+        arrays do not fit there; each plain pass went out to memory).
+
+        i is the first position of the largest |d| (argmax per sub-block, a tie going to the
+        earlier sub-block). max_rel is max |d / a|, equal to |d| / |a| bit for bit (IEEE division
+        rounds the magnitude, the sign apart): no pass for |a|; 0/0 is NaN, ignored as fmax does.
+
+        The margin, max |d| / (atol + rtol |a|), is divided out only where it can be reached
+        (None where the screens do not apply: the caller makes the full pass). Every bound is at
+        least atol (a rounded sum of atol and a non-negative term), and at least rtol |a| (1 - 2u)
+        while atol is a normal number, so an element's ratio is at most |d| / atol and at most
+        about |d / a| / rtol, rounding being monotone. Given any ratio m_lb already reached (the
+        largest-|d| element of each sub-block so far), an element with |d| < m_lb atol (1 - 2^-20)
+        or |d / a| < m_lb rtol (1 - 2^-20) is below m_lb by more than the roundings (2^-20
+        against a few 2^-24) and cannot hold the maximum: the elements past the screen are
+        divided with the same float operations as the full pass (the whole sub-block where the
+        screen leaves more than 1/_SCREEN_MAX_FRACTION of it). The screen on the larger term of
+        the bound goes first, the other one only where the first leaves too many."""
+        w = d.dtype.type
+        rtol, atol = w(self.rtol), w(self.atol)
+        screen = _SCREEN_MIN <= atol < math.inf and 0 <= rtol < math.inf
+        atol_first = float(atol) ** 2 * a.size >= float(rtol) ** 2 * ss_a  # (in the mean square)
+        n = a.size
+        qbuf, mask1, mask2 = _sub_scratch(d.dtype)
+        best, i = -1.0, 0
+        q_max = math.nan
+        m = -math.inf
+        m_lb = 0.0  # a margin ratio some element reaches
+        for s in range(0, n, SUB_ELEMENTS):
+            e = min(n, s + SUB_ELEMENTS)
+            k = e - s
+            ds, as_ = d[s:e], a[s:e]
+            q = np.abs(np.divide(ds, as_, out=qbuf[:k]), out=qbuf[:k])  # 0/0 -> nan, x/0 -> inf
+            qm = float(np.fmax.reduce(q))
+            if not math.isnan(qm) and not qm <= q_max:  # fmax: NaN only where every quotient is NaN
+                q_max = qm
+            ad = np.abs(ds, out=ds)
+            j = int(ad.argmax())
+            v = float(ad[j])
+            if v > best:
+                best, i = v, s + j
+            if not screen:
+                continue
+            r = float(ad[j] / (np.abs(as_[j]) * rtol + atol))  # numpy scalars: the full pass's float ops
+            if r > m_lb:
+                m_lb = r
+            idx = None
+            if _SCREEN_MIN <= m_lb < math.inf:
+                tests = [(ad, float(atol)), (q, float(rtol))]
+                if not atol_first:
+                    tests.reverse()
+                mask = None
+                for x, scale in tests:
+                    t64 = m_lb * scale * (1.0 - 2.0**-20)
+                    if not t64 >= _SCREEN_MIN:
+                        continue  # near underflow the rounding argument does not hold
+                    t = w(t64)
+                    if t > t64:  # rounded up to the work dtype: the next one down
+                        t = np.nextafter(t, w(0))
+                    got = np.greater_equal(x, t, out=(mask1 if mask is None else mask2)[:k])
+                    mask = got if mask is None else np.logical_and(mask, got, out=mask)
+                    got = np.flatnonzero(mask)
+                    if got.size * _SCREEN_MAX_FRACTION <= k:
+                        idx = got
+                        break
+            sel = slice(None) if idx is None else idx
+            tol = np.abs(as_[sel])
+            tol *= rtol
+            tol += atol
+            ratio = np.divide(ad[sel], tol, out=tol)
+            if ratio.size:
+                m = max(m, float(np.fmax.reduce(ratio)))
+        return i, best, q_max, (m if screen else None)
 
     def _margin_of(self, ad: np.ndarray, tol: np.ndarray, nv: int) -> None:
         """Fold max(ad / tol) into the elementwise margin (tol may be overwritten)."""

@@ -22,7 +22,9 @@ ALGORITHM = "xxh3-128"
 FILE_PIECE = 8 << 20
 
 
-def _identity(name: str, dtype: str, shape, shard=None) -> bytes:
+def identity(name: str, dtype: str, shape, shard=None) -> bytes:
+    """What the hash covers besides the bytes: the tensor's name, logical dtype, (full) shape and,
+    for a shard, its place. A writer appending the same tensors every step computes it once."""
     ident = f"{name}\0{dtype}\0{','.join(str(int(d)) for d in shape)}\0"
     if shard is not None:  # a piece of the tensor: where it sits is part of what it is
         ident += shard.identity() + "\0"
@@ -33,7 +35,7 @@ def hasher(name: str, dtype: str, shape, shard=None):
     """A streaming hasher primed with the tensor's identity (and, for a shard, its place in the
     full tensor); update() it with the bytes in order."""
     h = xxhash.xxh3_128()
-    h.update(_identity(name, dtype, shape, shard))
+    h.update(identity(name, dtype, shape, shard))
     return h
 
 
@@ -48,6 +50,11 @@ def combined(digests) -> bytes:
 
 def tensor_hash(name: str, dtype: str, shape, data: np.ndarray, shard=None) -> bytes:
     """The 16-byte digest of a tensor (or of its shard) whose bytes (storage dtype, C order) are `data`."""
-    h = hasher(name, dtype, shape, shard)
+    return digest_of(identity(name, dtype, shape, shard), data)
+
+
+def digest_of(ident: bytes, data: np.ndarray) -> bytes:
+    """tensor_hash() of a tensor whose identity() is `ident`."""
+    h = xxhash.xxh3_128(ident)
     h.update(memoryview(np.ascontiguousarray(data)).cast("B"))
     return h.digest()

@@ -104,6 +104,29 @@ def write_parts(root: str, key: str, parts: Iterable, pad_to: int | None = None)
             f.truncate(pad_to)
 
 
+def replace_file(path: str, data: bytes) -> None:
+    """Replace a small local file (a metadata document) atomically: written under a temporary name
+    beside it, zarr's own (`zarr.<hex>.partial` for zarr.json), then renamed over it; a crash
+    leaves the old file or the new one, and at worst a stray temporary, as zarr's writes do."""
+    stem, _ = os.path.splitext(path)
+    tmp = f"{stem}.{_tmp_name()[5:]}.partial"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
 _TMP = {"pid": None, "tag": "", "seq": itertools.count()}
 
 
@@ -124,11 +147,15 @@ def write_once(root, key: str, parts: Iterable) -> bool:
     """
     if not is_local(root):
         return write_objects(root, [(key, list(parts))]) == 1
-    path = local_path(_folder(root), key)
+    return _write_once_local(local_path(_folder(root), key), parts)
+
+
+def _write_once_local(path: str, parts: Iterable) -> bool:
+    """write_once() of the object at a local `path`."""
     if os.path.isfile(path):
         return False
-    folder = os.path.dirname(path)
-    tmp = os.path.join(folder, _tmp_name())
+    folder, _, _ = path.rpartition(os.sep)
+    tmp = f"{folder}{os.sep}{_tmp_name()}"
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
     try:
         try:
@@ -160,8 +187,11 @@ def write_objects(root, items, present: set | None = None) -> int:
     every key of `items`, so a writer asks about an unchanged object once. On an object store
     the HEAD and PUT requests of all items run concurrently (tracekit/store/location.py)."""
     todo = [(k, p) for k, p in items if present is None or k not in present]
-    if is_local(root) or not todo:
-        written = sum(write_once(root, k, p) for k, p in todo)
+    if is_local(root):
+        folder = _folder(root)  # once, not per object: a step writes hundreds
+        written = sum(_write_once_local(local_path(folder, k), p) for k, p in todo)
+    elif not todo:
+        written = 0
     else:
         written = root.put_missing([(k, _joined(p)) for k, p in todo])
     if present is not None:

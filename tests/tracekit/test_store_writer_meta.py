@@ -1,0 +1,168 @@
+"""The writer keeps its rank's zarr.json documents itself (tracekit/store/nodemeta.py) on a local store:
+the documents must be what zarr writes, open with zarr, xarray and tracekit, and a writer killed at
+any point must leave a readable store whose unlisted rows do not count."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import zarr
+
+import tracekit
+from tracekit import open_store
+from tracekit.store import RankWriter, TensorData, create_store, finalize_store
+from tracekit.store import nodemeta
+from tracekit.store.verify import verify_store
+
+TIMES = ("start_time", "end_time")
+
+
+def _write(path, version, steps=3, ranks=2, shards=False):
+    create_store(path, {"command": ["test"]}, format_version=version)
+    for r in range(ranks):
+        w = RankWriter(path, r, {"coords": {"rank": r, "world_size": ranks}, "run": {"device": "cpu"}})
+        for s in range(steps + 1):
+            w.write(s, "parameters", [
+                TensorData("w", "float32", (2, 3), np.arange(6, dtype=np.float32) * (s + 1) + r),
+                TensorData("n", "int64", (), np.array(s, dtype=np.int64)),
+            ])
+            if s:
+                w.write(s, "loss", [TensorData("loss", "float32", (), np.array(0.5 / s, dtype=np.float32))])
+                w.complete_step(s)
+        w.update_attrs(extra={"note": "x"})
+        w.close()
+    return path
+
+
+def _docs(path):
+    """Every zarr.json below the store, parsed, start/end times dropped (they differ between runs)."""
+    out = {}
+    for folder, _, files in os.walk(path):
+        if "zarr.json" in files:
+            with open(os.path.join(folder, "zarr.json")) as f:
+                doc = json.load(f)
+            attrs = doc.get("attributes", {})
+            for t in TIMES:  # the root's times are inside its `tracekit` attribute
+                attrs.pop(t, None)
+                if isinstance(attrs.get("tracekit"), dict):
+                    attrs["tracekit"].pop(t, None)
+            out[os.path.relpath(folder, path)] = doc
+    return out
+
+
+def _through_zarr(monkeypatch):
+    """NodeMeta taking zarr's own path, as it does for a store at a URL."""
+    real = nodemeta.NodeMeta.__init__
+
+    def init(self, node):
+        real(self, node)
+        self.file, self.doc = None, None
+
+    monkeypatch.setattr(nodemeta.NodeMeta, "__init__", init)
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_direct_metadata_is_what_zarr_writes(tmp_path, monkeypatch, version):
+    direct = _write(str(tmp_path / "direct"), version)
+    with monkeypatch.context() as m:
+        _through_zarr(m)
+        via_zarr = _write(str(tmp_path / "zarr"), version)
+    a, b = _docs(direct), _docs(via_zarr)
+    assert a == b
+    assert a["rank_1/parameters"]["attributes"]["steps"] == [0, 1, 2, 3]
+    assert a["rank_1"]["attributes"]["completed_steps"] == [1, 2, 3]
+    assert a["rank_1"]["attributes"]["status"] == "finished" and a["rank_1"]["attributes"]["extra"] == {"note": "x"}
+    # compact, as zarr writes it under io.compact_metadata, and no temporary left behind
+    raw = open(os.path.join(direct, "rank_0", "loss", "zarr.json")).read()
+    assert "\n" not in raw
+    assert not [f for _, _, fs in os.walk(direct) for f in fs if f.endswith(".partial")]
+
+
+@pytest.mark.parametrize("version", [1, 2])
+def test_a_store_written_directly_opens_with_zarr_xarray_and_tracekit(tmp_path, version):
+    path = _write(str(tmp_path / "s"), version)
+    g = zarr.open_group(path, mode="r", use_consolidated=False)
+    for name, arr in g["rank_0/loss"].arrays():
+        assert arr.shape[0] == 3, name  # one row per listed step
+    store = open_store(path)
+    assert store.rank(1).completed_steps == [1, 2, 3]
+    np.testing.assert_array_equal(store.rank(1).read("parameters", 2, "w"),
+                                  np.arange(6, dtype=np.float32).reshape(2, 3) * 3 + 1)
+    assert verify_store(path).ok
+    finalize_store(path, 0)
+    # the consolidated metadata finalization writes sees the grown shapes
+    consolidated = zarr.open_group(path, mode="r")
+    assert consolidated.metadata.consolidated_metadata is not None
+    assert consolidated["rank_0/parameters"][next(iter(dict(g["rank_0/parameters"].arrays())))].shape[0] == 4
+    tree = tracekit.open(path)
+    assert list(tree["loss"].step.values) == [1, 2, 3]
+    assert list(tree["parameters"].step.values) == [0, 1, 2, 3]
+    assert float(tree["loss"]["loss"].sel(rank=1, step=2)) == 0.25
+
+
+KILLED = textwrap.dedent("""
+    import os, sys
+    import numpy as np
+    from tracekit.store import RankWriter, TensorData, create_store, io, nodemeta
+    path, version, where = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    create_store(path, {{}}, format_version=version)
+    w = RankWriter(path, 0, {{}})
+    real_update, real_replace = nodemeta.NodeMeta.update_attrs, io.replace_file
+    state = {{"armed": False}}
+
+    def update(self, fields):
+        if state["armed"] and where == "before_steps" and "steps" in fields:
+            os._exit(0)  # the row's chunks and the arrays' shapes are written; the row is not listed
+        real_update(self, fields)
+
+    def replace(file, data):
+        if state["armed"] and where == "mid_document":  # the first document of step 3: an array's shape
+            tmp = file[:-len("json")] + "deadbeef.partial"
+            with open(tmp, "wb") as f:
+                f.write(data[: len(data) // 2])
+            os._exit(0)  # killed with half a document written beside the old one
+        real_replace(file, data)
+
+    real_parts = io.write_parts
+
+    def parts(root, key, chunks, pad_to=None):
+        if state["armed"] and where == "mid_chunks":
+            os._exit(0)  # an array grown, its row's chunk not written yet
+        real_parts(root, key, chunks, pad_to)
+
+    nodemeta.NodeMeta.update_attrs = update
+    io.replace_file = replace
+    io.write_parts = parts
+    for s in (1, 2, 3):
+        state["armed"] = s == 3
+        w.write(s, "parameters", [TensorData("w", "float32", (3,), np.full(3, s, dtype=np.float32))])
+        w.complete_step(s)
+""")
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("where", ["mid_chunks", "before_steps", "mid_document"])
+def test_a_writer_killed_mid_step_leaves_the_row_unlisted_and_the_store_readable(tmp_path, version, where):
+    path = str(tmp_path / "s")
+    subprocess.run([sys.executable, "-c", KILLED.format(), path, str(version), where], check=True)
+    store = open_store(path)
+    view = store.rank(0)
+    assert view.steps("parameters") == [1, 2]
+    assert view.completed_steps == [1, 2]
+    np.testing.assert_array_equal(view.read("parameters", 2, "w"), np.full(3, 2, dtype=np.float32))
+    result = verify_store(path)
+    assert result.ok, [p.line() for p in result.problems]
+    g = zarr.open_group(path, mode="r", use_consolidated=False)
+    rows = {name: arr.shape[0] for name, arr in g["rank_0/parameters"].arrays()}
+    # killed before the listing: every array grown by an unlisted third row; mid-chunks: the first one at
+    # least; mid-document: the first array's old document is intact (the half new one lies beside it)
+    if where == "before_steps":
+        assert set(rows.values()) == {3}, rows
+    elif where == "mid_chunks":
+        assert max(rows.values()) == 3 and min(rows.values()) >= 2, rows
+    else:
+        assert set(rows.values()) == {2}, rows
