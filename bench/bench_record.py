@@ -207,7 +207,9 @@ def _untime_recorder_phases() -> None:
 
 def _time_recorder_phases() -> dict:
     """Wrap the recorder's training-thread entry points to report where the overhead goes. The
-    hand-off (spool writes, and any wait for room under the queue cap) is timed within end_step."""
+    hand-off (spool writes, and any wait for room under the queue cap) is timed within end_step;
+    with the direct capture (recorders/direct.py) the spool writes are begin_step's and capture's
+    own, and only the entry's hand-over (link, rename, any wait for room) is timed apart."""
     import collections
 
     from tracekit.recorders.handoff import Handoff
@@ -217,6 +219,8 @@ def _time_recorder_phases() -> dict:
     for cls, meth, label in ((Recorder, "observe", "observe"), (Recorder, "begin_step", "begin_step"),
                              (Handoff, "put", "(of which step 0's spool write)"),
                              (Recorder, "capture_after", "end_step: capture"), (Handoff, "provisional", "(of which spool write)"),
+                             # the direct capture writes the entry in begin_step and capture; this is its link + rename
+                             (Handoff, "provisional_slab", "(of which hand-over of the entry filled in place)"),
                              (Recorder, "finish_step", "end_step: seal")):
         orig = _ORIGINAL.setdefault((cls.__name__, meth), getattr(cls, meth))
 
