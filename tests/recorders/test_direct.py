@@ -19,8 +19,9 @@ from tracekit.store.tensors import from_torch
 class _FakeHandoff:
     """Slabs in a folder; what is handed over is kept for the test to read."""
 
-    def __init__(self, folder):
+    def __init__(self, folder, max_bytes=1 << 40):
         self.folder, self.made, self.free, self.handed = folder, 0, [], []
+        self.max_bytes = max_bytes  # the queue cap
 
     def slab(self, size):
         if self.free:
@@ -279,3 +280,21 @@ def test_a_step_begun_before_stop_writing_is_not_spooled(tmp_path):
                 opt.step()
             opt.zero_grad()
     assert open_store(tmp_path / "s").rank(0).completed_steps == [1]
+
+
+def test_an_entry_over_a_quarter_of_the_queue_cap_takes_the_general_path(tmp_path):
+    """Filling in place keeps about two entries' worth of memory in the rank (a mapped slab, kept
+    buffers): a step whose entry is over DIRECT_SHARE of the cap is left to the general path,
+    which frees its copies at the step's end, so the rank's extra peak RSS stays within the cap."""
+    from tracekit.recorders.direct import DIRECT_SHARE
+
+    params = [("w", torch.randn(64, 64))]
+    grads = [("w", torch.randn(64, 64))]
+    entry = 3 * 64 * 64 * 4  # gradients, parameters and deltas of w
+    for cap, direct in ((DIRECT_SHARE * entry, True), (DIRECT_SHARE * entry - 1, False)):
+        handoff = _FakeHandoff(str(tmp_path / str(cap)), max_bytes=cap)
+        os.makedirs(handoff.folder)
+        buffers = {}
+        got = DirectCapture.begin(handoff, 1, {}, grads, params, True, True, buffers)
+        assert (got is not None) == direct
+        assert handoff.made == int(direct) and (buffers == {}) != direct  # nothing taken when it declines
