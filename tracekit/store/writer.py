@@ -276,7 +276,10 @@ class _ObjectKindWriter:
         digests = bytearray()
         finite = np.empty(n, dtype=np.uint8)
         summaries = np.empty((n, N_FIELDS), dtype=np.float64)
-        objects = []  # (key, bytes) of the tensors whose bytes are kept, written together
+        objects = []  # (key, bytes) of the tensors whose bytes are kept, written together at a URL
+        # locally each object is written as soon as it is hashed and summarized, while its bytes are
+        # still in the CPU's cache (after the loop they would be copied from memory once more)
+        local = io.is_local(self.root)
         # The loop runs for every tensor of every step (600 per step for a 10M-parameter FSDP rank):
         # what does not change between steps is looked up, not recomputed.
         for i, t, sh, ident, numel, entry in zip(range(n), tensors, shards, self._idents, self._numels, self.index):
@@ -295,10 +298,14 @@ class _ObjectKindWriter:
             # the summary's NaN/Inf counts are exact but for complex (a magnitude can overflow)
             finite[i] = all_finite(data, t.dtype) if data.dtype.kind == "c" else summary_finite(summary)
             if entry.keeps_bytes:  # else summary and hash only (--full)
-                objects.append((object_key(digest), [view]))
+                if local:
+                    self.objects_written += io.write_objects(self.root, [(object_key(digest), [view])], self.present)
+                else:
+                    objects.append((object_key(digest), [view]))
         digests = np.frombuffer(bytes(digests), dtype=np.uint8)
         # objects first: an index row never names an object that is not there
-        self.objects_written += io.write_objects(self.root, objects, self.present)
+        if objects:
+            self.objects_written += io.write_objects(self.root, objects, self.present)
         row = len(self.steps)
         for arr, values in ((self.hash_array, digests), (self.finite_array, finite),
                             (self.summary_array, seal(summaries))):
