@@ -188,3 +188,30 @@ def test_a_document_encodes_as_json_dumps_after_every_change(tmp_path):
         assert text == json.dumps(meta.doc, allow_nan=True), i
         assert json.loads(text)["attributes"].keys() == meta.doc["attributes"].keys()
     assert zarr.open_group(str(tmp_path / "g"), mode="r").attrs["tensors"] == []
+
+
+def test_an_unchanged_tensor_is_summarized_once_and_its_summary_is_the_same(tmp_path, monkeypatch):
+    """The writer reuses the last step's summary of a tensor whose hash (identity and bytes) did not
+    change; what it stores is what summarizing the bytes gives."""
+    from tracekit.store import writer as writer_mod
+    from tracekit.store.summaries import summarize
+
+    calls = []
+    monkeypatch.setattr(writer_mod, "summarize", lambda data, dtype: calls.append(dtype) or summarize(data, dtype))
+    path = str(tmp_path / "s")
+    create_store(path, {})
+    w = RankWriter(path, 0, {})
+    frozen = np.linspace(-1, 1, 50, dtype=np.float32)
+    for s in (1, 2, 3):
+        w.write(s, "parameters", [TensorData("frozen", "float32", (50,), frozen),
+                                  TensorData("moving", "float32", (3,), np.full(3, s, dtype=np.float32)),
+                                  TensorData("frozen_copy", "float32", (50,), frozen.copy())])  # another name: its own hash
+        w.complete_step(s)
+    w.close()
+    assert len(calls) == 3 + 1 + 1  # step 1: all three; later steps: only the moving one
+    view = open_store(path).rank(0)
+    for s in (1, 2, 3):
+        got = view.summaries("parameters", s)
+        np.testing.assert_array_equal(got["frozen"], summarize(frozen, "float32"))
+        np.testing.assert_array_equal(got["frozen_copy"], summarize(frozen, "float32"))
+        np.testing.assert_array_equal(got["moving"], summarize(np.full(3, s, dtype=np.float32), "float32"))
