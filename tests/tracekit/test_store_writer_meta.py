@@ -45,8 +45,11 @@ def _docs(path):
         if "zarr.json" in files:
             with open(os.path.join(folder, "zarr.json")) as f:
                 doc = json.load(f)
-            for t in TIMES:
-                doc.get("attributes", {}).pop(t, None)
+            attrs = doc.get("attributes", {})
+            for t in TIMES:  # the root's times are inside its `tracekit` attribute
+                attrs.pop(t, None)
+                if isinstance(attrs.get("tracekit"), dict):
+                    attrs["tracekit"].pop(t, None)
             out[os.path.relpath(folder, path)] = doc
     return out
 
