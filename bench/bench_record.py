@@ -8,7 +8,8 @@ Linear(1000) = 100.1M (targets: <= 1.5x with bytes, <= 1.1x summaries only).
 
 Prints, side by side from one run, per variant: the step time and its ratio to the unrecorded
 steps of the same processes; the recorder's time on the training thread (phases); the CPU
-seconds per step of the rank and of its writer process (the writer is a child of the rank,
+seconds per step of the rank and of its writer process, and how much of the latter ran in the
+kernel (its file writes; the writer is a child of the rank,
 counted once it has exited at close); extra peak RSS of the rank over its unrecorded steps, the
 writer's peak RSS and the most bytes spooled at once, against the queue cap; the store's bytes and
 write rate, and the raw disk write speed for the same bytes. Variants:
@@ -90,6 +91,7 @@ def worker(args) -> None:
         phases = _time_recorder_phases()
         _reset_peak_rss()
         self0, child0 = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
+        child_sys0 = resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime
         t0 = time.perf_counter()
         with Recorder(model, opt, config=RecordConfig(store=store, every=args.every, full=full, queue_mb=args.queue_mb)) as rec:
             if variant == "gather":
@@ -105,6 +107,7 @@ def worker(args) -> None:
             "step": elapsed, "phases": dict(phases), "store": store,
             "rank_cpu": (_cpu(resource.RUSAGE_SELF) - self0) / args.steps,
             "writer_cpu": (_cpu(resource.RUSAGE_CHILDREN) - child0) / args.steps,
+            "writer_sys": (resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime - child_sys0) / args.steps,
             "rank_extra_rss": _peak_rss() - plain_rss,
             "writer_rss": writer_hwm,
             "spooled_peak": handoff.peak_spooled if handoff else 0,
@@ -151,7 +154,8 @@ def _report(args, model, world, plain, plain_cpu, per_rank, load0, load1, writer
         rank_cpu = [r[variant]["rank_cpu"] for r in per_rank]
         print(f"  CPU per step, rank:         " + ", ".join(f"{c * 1e3:.0f}" for c in rank_cpu) + f" ms (unrecorded {plain_cpu * 1e3:.0f})")
         print(f"  CPU per step, writer:       " + ", ".join(f"{c * 1e3:.0f}" for c in writer) + " ms; without its start "
-              f"({writer_start * 1e3:.0f} ms once): " + ", ".join(f"{(c - writer_start / args.steps) * 1e3:.0f}" for c in writer) + " ms")
+              f"({writer_start * 1e3:.0f} ms once): " + ", ".join(f"{(c - writer_start / args.steps) * 1e3:.0f}" for c in writer) + " ms"
+              + "; of it in the kernel: " + ", ".join(f"{r[variant].get('writer_sys', 0) * 1e3:.0f}" for r in per_rank) + " ms")
         extra_cpu = sum(rank_cpu) + sum(writer) - world * plain_cpu
         print(f"  recording CPU, all ranks:   {extra_cpu * 1e3:8.0f} ms/step over {os.cpu_count()} cores "
               f"(= {extra_cpu / os.cpu_count() * 1e3:.0f} ms of wall if the cores were the limit)")

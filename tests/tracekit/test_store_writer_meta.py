@@ -54,6 +54,11 @@ def _docs(path):
     return out
 
 
+def _raw(path, node):
+    with open(os.path.join(path, node, "zarr.json"), "rb") as f:
+        return f.read().decode()
+
+
 def _through_zarr(monkeypatch):
     """NodeMeta taking zarr's own path, as it does for a store at a URL."""
     real = nodemeta.NodeMeta.__init__
@@ -76,9 +81,12 @@ def test_direct_metadata_is_what_zarr_writes(tmp_path, monkeypatch, version):
     assert a["rank_1/parameters"]["attributes"]["steps"] == [0, 1, 2, 3]
     assert a["rank_1"]["attributes"]["completed_steps"] == [1, 2, 3]
     assert a["rank_1"]["attributes"]["status"] == "finished" and a["rank_1"]["attributes"]["extra"] == {"note": "x"}
-    # compact, as zarr writes it under io.compact_metadata, and no temporary left behind
-    raw = open(os.path.join(direct, "rank_0", "loss", "zarr.json")).read()
-    assert "\n" not in raw
+    # byte for byte what zarr writes (compact, io.compact_metadata), but where the times differ
+    for node in a:
+        if node.count(os.sep) >= 1:  # the kinds' groups and arrays
+            assert _raw(direct, node) == _raw(via_zarr, node), node
+    assert "\n" not in _raw(direct, "rank_0/loss")
+    # no temporary left behind
     assert not [f for _, _, fs in os.walk(direct) for f in fs if f.endswith(".partial")]
 
 
@@ -166,3 +174,47 @@ def test_a_writer_killed_mid_step_leaves_the_row_unlisted_and_the_store_readable
         assert max(rows.values()) == 3 and min(rows.values()) >= 2, rows
     else:
         assert set(rows.values()) == {2}, rows
+
+
+def test_a_document_encodes_as_json_dumps_after_every_change(tmp_path):
+    """NodeMeta assembles the JSON from each attribute's kept encoding: after any sequence of
+    changes it must still be json.dumps of the document (what zarr writes), NaN and unicode included."""
+    g = zarr.open_group(str(tmp_path / "g"), mode="w")
+    meta = nodemeta.NodeMeta(g)
+    steps = []
+    for i, fields in enumerate([{"tensors": [{"name": "w\u00e9", "shape": [2]}], "steps": steps},
+                                {"steps": steps + [1]}, {"x": float("nan"), "y": {"z": [1.5, None]}},
+                                {"tensors": []}, {"x": -float("inf")}]):
+        meta.update_attrs(fields)
+        with open(meta.file) as f:
+            text = f.read()
+        assert text == json.dumps(meta.doc, allow_nan=True), i
+        assert json.loads(text)["attributes"].keys() == meta.doc["attributes"].keys()
+    assert zarr.open_group(str(tmp_path / "g"), mode="r").attrs["tensors"] == []
+
+
+def test_an_unchanged_tensor_is_summarized_once_and_its_summary_is_the_same(tmp_path, monkeypatch):
+    """The writer reuses the last step's summary of a tensor whose hash (identity and bytes) did not
+    change; what it stores is what summarizing the bytes gives."""
+    from tracekit.store import writer as writer_mod
+    from tracekit.store.summaries import summarize
+
+    calls = []
+    monkeypatch.setattr(writer_mod, "summarize", lambda data, dtype: calls.append(dtype) or summarize(data, dtype))
+    path = str(tmp_path / "s")
+    create_store(path, {})
+    w = RankWriter(path, 0, {})
+    frozen = np.linspace(-1, 1, 50, dtype=np.float32)
+    for s in (1, 2, 3):
+        w.write(s, "parameters", [TensorData("frozen", "float32", (50,), frozen),
+                                  TensorData("moving", "float32", (3,), np.full(3, s, dtype=np.float32)),
+                                  TensorData("frozen_copy", "float32", (50,), frozen.copy())])  # another name: its own hash
+        w.complete_step(s)
+    w.close()
+    assert len(calls) == 3 + 1 + 1  # step 1: all three; later steps: only the moving one
+    view = open_store(path).rank(0)
+    for s in (1, 2, 3):
+        got = view.summaries("parameters", s)
+        np.testing.assert_array_equal(got["frozen"], summarize(frozen, "float32"))
+        np.testing.assert_array_equal(got["frozen_copy"], summarize(frozen, "float32"))
+        np.testing.assert_array_equal(got["moving"], summarize(np.full(3, s, dtype=np.float32), "float32"))
