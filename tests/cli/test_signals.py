@@ -203,7 +203,12 @@ def test_signal_under_torchrun_keeps_every_completed_step(tmp_path, sig, timing,
     else:
         os.kill(job.pids[0] if target == "worker" else job.proc.pid, sig)
     rc = job.finish()
-    assert rc != 0, job.err()
+    if timing == "exit" and rc == 0:
+        # a SIGINT in the exit flush can reach the worker after its last bytecode (Python ignores
+        # it in its shutdown): the job then ends 0, as it would have, with both ranks finished
+        assert {open_store(job.store).rank(r).status for r in (0, 1)} == {"finished"}, job.err()
+    else:
+        assert rc != 0, job.err()
     store = open_store(job.store)
     assert store.ranks == [0, 1]
     for r in (0, 1):
