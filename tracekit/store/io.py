@@ -109,13 +109,27 @@ def replace_file(path: str, data: bytes) -> None:
     beside it, zarr's own (`zarr.<hex>.partial` for zarr.json), then renamed over it; a crash
     leaves the old file or the new one, and at worst a stray temporary, as zarr's writes do."""
     stem, _ = os.path.splitext(path)
-    tmp = f"{stem}.{_tmp_name()[5:]}.partial"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    _publish(f"{stem}.{_tmp_name()[5:]}.partial", path, [data])
+
+
+def _publish(tmp: str, path: str, parts: Iterable, folder: str | None = None) -> None:
+    """Write the buffers into the new file `tmp`, then rename it over `path`: a reader sees the old
+    file or the whole new one, and a failure removes the temporary. `folder`: made when missing
+    (an object's new folder; a makedirs per object would cost a syscall each)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
     try:
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view):]
+            fd = os.open(tmp, flags, 0o644)
+        except FileNotFoundError:
+            if folder is None:
+                raise
+            os.makedirs(folder, exist_ok=True)
+            fd = os.open(tmp, flags, 0o644)
+        try:  # os.write, no buffered file: the parts are large and go out as they are
+            for p in parts:
+                view = memoryview(p).cast("B")
+                while view:
+                    view = view[os.write(fd, view):]
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -155,28 +169,7 @@ def _write_once_local(path: str, parts: Iterable) -> bool:
     if os.path.isfile(path):
         return False
     folder, _, _ = path.rpartition(os.sep)
-    tmp = f"{folder}{os.sep}{_tmp_name()}"
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL
-    try:
-        try:
-            fd = os.open(tmp, flags, 0o644)
-        except FileNotFoundError:  # the object's folder is new (a makedirs per object would cost a syscall each)
-            os.makedirs(folder, exist_ok=True)
-            fd = os.open(tmp, flags, 0o644)
-        try:  # os.write, no buffered file: the parts are large and go out as they are
-            for p in parts:
-                view = memoryview(p).cast("B")
-                while view:
-                    view = view[os.write(fd, view):]
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    _publish(f"{folder}{os.sep}{_tmp_name()}", path, parts, folder)
     return True
 
 
