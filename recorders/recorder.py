@@ -511,6 +511,7 @@ class Recorder:
         if self._direct is not None:
             self._direct.abandon()
             self._direct = None
+
     def _capture_after(self) -> dict[str, dict[str, torch.Tensor]]:
         kinds = self.config.kinds
         current = dict(self._params)
