@@ -150,29 +150,26 @@ class DirectCapture:
         left it; `grads`, `params`: (name, tensor) to record, the parameters as kind `parameters`
         when `keep_params`, their deltas when `deltas` (in that order, as the general path). None
         when the step needs the general path (nothing taken then)."""
-        plan, pieces, nbytes = [], {}, 0
+        plan, pieces = [], {}
         for kind, tensors in staged.items():
             for name, t in tensors.items():
                 local, shard = _unpack(t)
                 if local.device.type != "cpu":
                     return None
                 plan.append((_spec(kind, name, local, shard), kind, name))
-                nbytes += local.numel() * local.element_size()
         for kind, items in (("gradients", grads), ("parameters", params if keep_params or deltas else [])):
             for name, t in items:
                 piece = cpu_piece(t)
                 if piece is None:
                     return None
                 pieces[kind, name] = piece
-                # parameters: their bytes once if kept, and their deltas' once more
-                nbytes += piece[0].numel() * piece[0].element_size() * (1 if kind == "gradients" else keep_params + deltas)
-        if nbytes > handoff.max_bytes // DIRECT_SHARE:
-            return None
         for kind, wanted in (("gradients", True), ("parameters", keep_params), ("deltas", deltas)):
             if wanted:
                 of = "parameters" if kind == "deltas" else kind
                 plan += [(_spec(kind, name, *pieces[of, name]), kind, name) for name, _ in (grads if kind == "gradients" else params)]
         if any(spec is None for spec, _, _ in plan):
+            return None
+        if sum(spec[4] for spec, _, _ in plan) > handoff.max_bytes // DIRECT_SHARE:  # the entry's tensor bytes
             return None
         befores = {}
         snapshots = buffers.setdefault("before", {})
