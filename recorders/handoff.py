@@ -12,7 +12,6 @@ nothing is dropped.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import marshal
 import mmap
@@ -21,13 +20,13 @@ import select
 import shutil
 import subprocess
 import sys
-import tempfile
 
 import numpy as np
 
 import tracekit
 from tracekit.errors import TracekitError
-from tracekit.recorders.spool import PART, PROV, STEP, TRACE_EVENTS, TRACE_EVENTS_MARSHAL, entry_name, spool_root, write_entry
+from tracekit.recorders import spool_gc
+from tracekit.recorders.spool import ENV_SPOOL, PART, PROV, STEP, TRACE_EVENTS, TRACE_EVENTS_MARSHAL, entry_name, spool_root, write_entry
 from tracekit.recorders.spool_writer import ATTRS, LOCK
 from tracekit.store import TensorData
 from tracekit.store.location import canonical, child_env
@@ -128,9 +127,11 @@ class Handoff:
 
     def __init__(self, store: str, rank: int, attrs: dict, max_bytes: int):
         self.max_bytes = max_bytes
-        self.spool = tempfile.mkdtemp(prefix=f"tracekit-rank{rank}-", dir=spool_root(2 * max_bytes))
-        with open(os.path.join(self.spool, ATTRS), "w") as f:
-            json.dump(attrs, f)
+        if not os.environ.get(ENV_SPOOL):  # no launcher (it sets ENV_SPOOL and clears what dead recordings left)
+            spool_gc.collect()
+        # The writer's lock is taken with the folder and inherited, so neither `tracekit record` nor a
+        # cleaner (spool_gc) ever sees an unlocked spool whose writer has yet to start.
+        self.spool, lock = spool_gc.new_folder(spool_gc.rank_prefix(rank), spool_root(2 * max_bytes), LOCK)
         self._seq = 0
         self._pending: dict[int, int] = {}  # sealed entries not yet written: seq -> bytes
         self._prov: tuple[int, int] | None = None  # the open step's capture: (seq, bytes)
@@ -143,11 +144,9 @@ class Handoff:
         self._slab_of: dict[int, Slab] = {}  # entries handed over as slabs: seq -> slab, until written
         self._free_slabs: list[Slab] = []  # slabs whose entries the writer has written and unlinked
         self._slabs_made = 0
-        # The writer's lock is taken here and inherited, so `tracekit record` never sees an unlocked
-        # spool whose writer has yet to start.
-        lock = os.open(os.path.join(self.spool, LOCK), os.O_CREAT | os.O_RDWR, 0o600)
         try:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            with open(os.path.join(self.spool, ATTRS), "w") as f:
+                json.dump(attrs, f)
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "tracekit.recorders.spool_writer", "--spool", self.spool,
                  "--store", canonical(store), "--rank", str(rank), "--rank-pid", str(os.getpid()),

@@ -18,7 +18,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from typing import Sequence
 
@@ -33,7 +32,7 @@ from tracekit.recorders.config import RecordConfig, format_step_range
 from tracekit.recorders.spool import ENV_SPOOL, spool_root
 from tracekit.recorders.spool_writer import LOCK
 from tracekit.recorders.exits import StderrTail, worker_exits
-from tracekit.recorders import progress
+from tracekit.recorders import progress, spool_gc
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)  # start the flush clock
@@ -92,7 +91,11 @@ def launch(command: Sequence[str], config: RecordConfig, force: bool = False, ex
 
 
 def _launch(command, config: RecordConfig, store: str, claim: JobClaim, env_updates, flush_timeout: float) -> int:
-    spools = tempfile.mkdtemp(prefix="tracekit-spool-", dir=spool_root(config.queue_mb * 1024 * 1024))
+    # what recordings killed before their cleanup left (SIGKILLed launchers and writer processes)
+    spool_gc.collect(spool_gc.roots() + ([os.environ[ENV_SPOOL]] if os.environ.get(ENV_SPOOL) else []))
+    # locked for our life: the mark of a live launcher that spool_gc.collect() goes by
+    spools, spools_lock = spool_gc.new_folder(spool_gc.LAUNCHER_PREFIX, spool_root(config.queue_mb * 1024 * 1024),
+                                              spool_gc.LAUNCHER_LOCK)
     env = worker_env(config.with_store(store))
     env[ENV_SPOOL] = spools
     env[ENV_RUN_ID] = claim.run_id
@@ -149,6 +152,7 @@ def _launch(command, config: RecordConfig, store: str, claim: JobClaim, env_upda
         return 128 + ended_by[0] if ended_by and status == 0 else status
     finally:
         shutil.rmtree(spools, ignore_errors=True)
+        os.close(spools_lock)
 
 
 def _wait(proc: subprocess.Popen, deadline: list[float], on_poll=lambda: None) -> int:
