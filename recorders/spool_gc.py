@@ -7,10 +7,12 @@ steps still in it, would hold /dev/shm memory until reboot. So every folder hold
 that its owner keeps locked (flock) for its life, and a recording that starts removes the folders
 in the spool roots whose lock nobody holds (collect()).
 
-The owner locks its folder right after creating it (new_folder); a collector that found the lock
-free in between removes the folder while holding that lock, and the owner, once it gets the lock,
-sees its lock file gone and starts over with a new folder. So a folder being created, or whose
-owner lives, is never removed.
+The owner locks its folder right after creating it (new_folder). A folder without a lock file is
+left alone until it has been unchanged for STALE_S (its maker may be about to create the lock file;
+tracekit before this change made launcher folders without one). A collector that finds the lock
+file there but free removes the folder while holding the lock, and an owner that was just about
+to lock it sees, once it gets the lock, that its lock file is gone, and starts over with a new
+folder. So a folder being made, or whose owner lives, is never removed.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import re
 import shutil
 import stat
 import tempfile
+import time
 
 from tracekit.recorders import spool
 from tracekit.recorders.spool_writer import LOCK as RANK_LOCK
@@ -33,6 +36,11 @@ LAUNCHER_LOCK = "launcher.lock"  # held by the launcher for its life
 _LAUNCHER_NAME = re.compile(r"tracekit-spool-[a-z0-9_]{8}\Z")
 _RANK_NAME = re.compile(r"tracekit-rank[0-9]+-[a-z0-9_]{8}\Z")
 _ATTEMPTS = 10  # folders a new_folder() may lose to collectors (each needs a collector in a window of microseconds)
+# A folder without its lock file counts as dead once unchanged this long (its mtime moves with every
+# entry made or removed in it). Such folders are a launcher's of a tracekit before the launcher's lock,
+# which may still live (running a command whose ranks have yet to record), or a maker's killed
+# between making the folder and its lock file, or while removing it.
+STALE_S = 24 * 3600
 
 log = logging.getLogger(__name__)
 
@@ -47,10 +55,7 @@ def new_folder(prefix: str, root: str, lock_name: str) -> tuple[str, int]:
     for _ in range(_ATTEMPTS):
         folder = tempfile.mkdtemp(prefix=prefix, dir=root)
         lock = os.path.join(folder, lock_name)
-        try:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except FileNotFoundError:  # a collector removed the folder before we locked it
-            continue
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         fcntl.flock(fd, fcntl.LOCK_EX)  # a collector holds it only while it removes the folder
         try:
             here = os.stat(lock, follow_symlinks=False)
@@ -71,7 +76,7 @@ def roots() -> list[str]:
 def collect(where: list[str] | None = None) -> int:
     """Remove the spool folders of dead recordings in `where` (default: roots()): rank spools whose
     writer lock is free, and launcher folders whose launcher lock is free once the dead rank spools
-    in them are removed. Only our own names, owned by this user, never through a symlink. Never
+    in them are removed (folders without a lock file: once unchanged for STALE_S). Only our own names, owned by this user, never through a symlink. Never
     raises: a recording must not fail for this. Returns the number of folders removed."""
     removed, errors = 0, []
     for root in where if where is not None else roots():
@@ -113,17 +118,23 @@ def _open_own_dir(parent_fd: int, name: str) -> int | None:
     return fd
 
 
-def _lock_if_dead(dir_fd: int, lock_name: str) -> int | None:
-    """The folder's lock, taken by us, if its owner is dead (nobody holds it); None while it lives.
-    A missing lock file is created: a folder whose owner is starting gets its lock from us then,
-    and waits for it (new_folder)."""
-    fd = os.open(lock_name, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd)
+LIVE, DEAD, UNKNOWN = "live", "dead", "unknown"
+
+
+def _owner(dir_fd: int, lock_name: str) -> tuple[str, int | None]:
+    """Whether the folder's owner lives, and, when it is dead and the folder has a lock file, that
+    lock, now taken by us. With a lock file: dead when nobody holds the lock. Without one: dead once
+    the folder is unchanged for STALE_S, unknown until then (its maker may be about to lock it)."""
+    try:
+        fd = os.open(lock_name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return (DEAD if time.time() - os.fstat(dir_fd).st_mtime > STALE_S else UNKNOWN), None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)
-        return None
-    return fd
+        return LIVE, None
+    return DEAD, fd
 
 
 def _remove_rank_spool(parent_fd: int, name: str) -> int:
@@ -131,14 +142,15 @@ def _remove_rank_spool(parent_fd: int, name: str) -> int:
     if dir_fd is None:
         return 0
     try:
-        lock = _lock_if_dead(dir_fd, RANK_LOCK)
-        if lock is None:
+        owner, lock = _owner(dir_fd, RANK_LOCK)
+        if owner != DEAD:
             return 0
         try:
             # its entries are steps the dead writer never stored: nothing can store them now
             shutil.rmtree(name, ignore_errors=True, dir_fd=parent_fd)  # checks again for a symlink
         finally:
-            os.close(lock)
+            if lock is not None:
+                os.close(lock)
         return 1
     finally:
         os.close(dir_fd)
@@ -149,24 +161,26 @@ def _remove_launcher_folder(parent_fd: int, name: str) -> int:
     if dir_fd is None:
         return 0
     try:
-        lock = _lock_if_dead(dir_fd, LAUNCHER_LOCK)
-        if lock is None:
-            return 0
+        owner, lock = _owner(dir_fd, LAUNCHER_LOCK)
+        if owner == LIVE:
+            return 0  # it removes its folder itself when it ends
         try:
             removed = 0
-            for inner in os.listdir(dir_fd):
+            for inner in os.listdir(dir_fd):  # each has a lock of its own, whoever made the folder
                 if _RANK_NAME.match(inner):
                     try:
                         removed += _remove_rank_spool(dir_fd, inner)
                     except OSError:
                         pass
             # a writer that outlived its launcher still holds its spool here: keep the folder for now
-            if os.listdir(dir_fd) != [LAUNCHER_LOCK]:
+            if owner != DEAD or set(os.listdir(dir_fd)) - {LAUNCHER_LOCK}:
                 return removed
-            os.unlink(LAUNCHER_LOCK, dir_fd=dir_fd)
+            if lock is not None:
+                os.unlink(LAUNCHER_LOCK, dir_fd=dir_fd)
             os.rmdir(name, dir_fd=parent_fd)
             return removed + 1
         finally:
-            os.close(lock)
+            if lock is not None:
+                os.close(lock)
     finally:
         os.close(dir_fd)

@@ -33,8 +33,11 @@ def _no_job_outlives_its_test():
 
 def record(store, *args, force=False, env=None):
     cmd = [sys.executable, "-m", "tracekit.cli.main", "record", "-o", store, *(["--force"] if force else []), "--", *args]
+    # the launcher's spool folder in the test's own folder: a SIGKILLed launcher leaves it behind
+    spools = os.path.join(os.path.dirname(store), "spools")
+    os.makedirs(spools, exist_ok=True)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, **(env or {})})
+                            env={**os.environ, "TRACEKIT_SPOOL": spools, **(env or {})})
     _STARTED.append(proc)
     return proc
 
@@ -119,6 +122,7 @@ def test_stale_lock_of_a_killed_launcher_is_reported_and_taken_over_with_force(t
     assert s.job_state == "launcher died"
     assert s.rank(0).completed_steps == [1]
     assert s.rank(0).status == "terminated"
+    assert len(os.listdir(tmp_path / "spools")) == 1  # the killed launcher's folder (in tmp_path, not /dev/shm)
     run_id = s.meta["run_id"]
     again = record(store, sys.executable, TINY, "--steps", "2")
     _, err = again.communicate(timeout=DEADLINE_S)
@@ -131,6 +135,7 @@ def test_stale_lock_of_a_killed_launcher_is_reported_and_taken_over_with_force(t
     s = open_store(store)
     assert s.meta["run_id"] != run_id and s.job_state == "finished"
     assert s.rank(0).completed_steps == [1, 2]
+    assert os.listdir(tmp_path / "spools") == []  # the killed launcher's folder went as the next job started
 
 
 def _running(pid: int) -> bool:

@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -53,12 +54,22 @@ def contents(path):
     return sorted(str(p.relative_to(path)) for p in path.rglob("*"))
 
 
+def aged(path):
+    """`path` as if unchanged for longer than spool_gc.STALE_S."""
+    t = time.time() - spool_gc.STALE_S - 60
+    os.utime(path, (t, t))
+    return path
+
+
 def test_a_rank_spool_whose_writer_died_is_removed_with_its_entries(tmp_path):
     dead = folder(tmp_path, "tracekit-rank0-abcd_123", ["attrs.json", "0000000001.step", "0000000002.prov"], LOCK)
-    # killed before it was locked, or in the middle of its writer's removal: no lock file at all
-    unlocked = folder(tmp_path, "tracekit-rank12-zzzzzzzz", ["0000000003.step"])
+    # no lock file at all (killed in the middle of its writer's removal): once unchanged for a day
+    unlocked = aged(folder(tmp_path, "tracekit-rank12-zzzzzzzz", ["0000000003.step"]))
+    # no lock file yet: its maker may be about to lock it
+    young = folder(tmp_path, "tracekit-rank3-youngyou", ["attrs.json"])
     assert spool_gc.collect([str(tmp_path)]) == 2
     assert not dead.exists() and not unlocked.exists()
+    assert contents(young) == ["attrs.json"]
 
 
 def test_a_rank_spool_whose_writer_lives_is_kept_until_it_lets_go(tmp_path):
@@ -74,19 +85,26 @@ def test_a_rank_spool_whose_writer_lives_is_kept_until_it_lets_go(tmp_path):
 def test_launcher_folders_go_only_with_their_launcher_and_every_writer_in_them(tmp_path):
     live = folder(tmp_path, "tracekit-spool-livelive", lock=spool_gc.LAUNCHER_LOCK)  # just made: still empty
     dead_empty = folder(tmp_path, "tracekit-spool-deadempt", lock=spool_gc.LAUNCHER_LOCK)
-    no_lock = folder(tmp_path, "tracekit-spool-nolock00")
     dead_with_dead = folder(tmp_path, "tracekit-spool-deaddead", lock=spool_gc.LAUNCHER_LOCK)
     folder(dead_with_dead, "tracekit-rank1-abcdefgh", ["0000000004.step"], LOCK)
     # a writer that outlived its SIGKILLed launcher, still writing
     dead_with_live = folder(tmp_path, "tracekit-spool-deadlive", lock=spool_gc.LAUNCHER_LOCK)
     writer = folder(dead_with_live, "tracekit-rank0-abcdefgh", ["0000000005.step"], LOCK)
+    # no lock file (a launcher of a tracekit without it, alive or not): its dead writers' spools go
+    # at once, the folder once unchanged for a day
+    old_style = folder(tmp_path, "tracekit-spool-oldstyle")
+    folder(old_style, "tracekit-rank0-deadxxxx", ["0000000006.step"], LOCK)
+    old_style_aged = aged(folder(tmp_path, "tracekit-spool-oldaged0"))
     with held(live / spool_gc.LAUNCHER_LOCK), held(writer / LOCK):
-        assert spool_gc.collect([str(tmp_path)]) == 4  # three launcher folders and one rank spool
+        # the dead launchers' folders (3), the dead rank spools (2)
+        assert spool_gc.collect([str(tmp_path)]) == 5
         assert contents(live) == [spool_gc.LAUNCHER_LOCK]
         assert contents(writer) == ["0000000005.step", LOCK]
-    assert not dead_empty.exists() and not no_lock.exists() and not dead_with_dead.exists()
-    assert spool_gc.collect([str(tmp_path)]) == 3  # once they let go: the live launcher's, the writer's and its folder
-    assert os.listdir(tmp_path) == []
+        assert contents(old_style) == []
+    assert not dead_empty.exists() and not dead_with_dead.exists() and not old_style_aged.exists()
+    # once they let go: the live launcher's folder, the writer's spool and its launcher's folder
+    assert spool_gc.collect([str(tmp_path)]) == 3
+    assert os.listdir(tmp_path) == [old_style.name]
 
 
 def test_only_folders_of_ours_by_name_and_owner_are_touched_and_symlinks_never_followed(tmp_path):
@@ -136,23 +154,24 @@ class _CollectorIn:
 
 
 @pytest.mark.parametrize("moment", ["before-the-lock-file", "before-the-lock"])
-def test_a_folder_being_made_is_never_lost_its_maker_starts_over(tmp_path, monkeypatch, moment):
+def test_a_folder_being_made_is_never_lost(tmp_path, monkeypatch, moment):
     root = str(tmp_path)
-    if moment == "before-the-lock":  # the maker has opened its lock file: it locks an unlinked file, then sees that
+    if moment == "before-the-lock":  # the collector removes it; the maker locks an unlinked file, sees that, starts over
         monkeypatch.setattr(spool_gc, "fcntl", _CollectorIn(root))
-    else:  # the folder is gone before the maker opens its lock file
+    else:  # the collector finds no lock file in a new folder
         made, real = [], tempfile.mkdtemp
 
         def mkdtemp(**kw):
             made.append(real(**kw))
-            if len(made) == 1:
-                assert spool_gc.collect([root]) == 1
+            assert spool_gc.collect([root]) == 0  # no lock file yet, and new: left alone
             return made[-1]
 
         monkeypatch.setattr(tempfile, "mkdtemp", mkdtemp)
     path, fd = spool_gc.new_folder("tracekit-rank0-", root, LOCK)
     try:
-        assert os.listdir(root) == [os.path.basename(path)]  # a second folder; the first one is gone
+        assert os.listdir(root) == [os.path.basename(path)]  # the first folder was removed, or is this one
+        if moment == "before-the-lock-file":
+            assert made == [path]
         monkeypatch.undo()
         assert spool_gc.collect([root]) == 0  # ours, locked
         assert os.path.exists(os.path.join(path, LOCK))
