@@ -175,7 +175,7 @@ def wait_for_writers(spools: str, deadline: float) -> None:
     """Wait until every rank's writer process has finished (each holds a lock for its life); at the
     deadline, stop the ones still writing (SIGTERM: they finish the step in hand, list the rest)."""
     try:
-        folders = [os.path.join(spools, d) for d in os.listdir(spools)]
+        folders = [os.path.join(spools, d) for d in os.listdir(spools) if d != spool_gc.LAUNCHER_LOCK]
     except OSError:
         return
     for folder in folders:

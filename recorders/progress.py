@@ -13,6 +13,7 @@ import os
 import sys
 
 from tracekit.recorders.spool import PROV, STEP, entry_seq
+from tracekit.recorders.spool_gc import LAUNCHER_LOCK
 from tracekit.recorders.spool_writer import LOCK
 
 PREFIX = "tracekit record: "
@@ -85,7 +86,8 @@ class StoredWhileRunning:
         if self.said:
             return
         try:
-            left = len(os.listdir(self.spools))  # a rank's folder lives as long as its writer
+            # a rank's folder lives as long as its writer; beside them, the launcher's own lock file
+            left = len(set(os.listdir(self.spools)) - {LAUNCHER_LOCK})
         except OSError:
             return
         if left:

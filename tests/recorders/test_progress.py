@@ -6,6 +6,7 @@ import fcntl
 import os
 
 from tracekit.recorders import progress
+from tracekit.recorders.spool_gc import LAUNCHER_LOCK
 from tracekit.recorders.spool_writer import LOCK
 
 
@@ -40,6 +41,7 @@ def test_pending_counts_the_entries_of_busy_writers_only(tmp_path, capsys):
 
 def test_stored_while_running_speaks_once_after_the_last_writer_is_gone(tmp_path, capsys):
     watch = progress.StoredWhileRunning(str(tmp_path))
+    (tmp_path / LAUNCHER_LOCK).write_text("")  # the launcher's, there for its whole life
     watch()  # no writer started yet: not "all stored"
     (tmp_path / "tracekit-rank0-a").mkdir()
     (tmp_path / "tracekit-rank1-b").mkdir()
