@@ -111,3 +111,22 @@ def test_metadata_grows_per_rank_and_step_only_by_its_index_rows_and_step_number
     # steps 4..6 are one digit: ", 4" is 3 bytes in each list that holds the step
     lists = 2 * len(TENSORS) + 3
     assert docs <= ranks * added * lists * 3, (docs, ranks * added * lists * 3)
+
+
+@pytest.mark.parametrize("path, role", [
+    ("objects/ab/0123456789abcdef0123456789abcd", fpm.OBJECTS),
+    ("objects/zarr.json", fpm.DOC_ARRAYS),
+    ("objects/ab/.tmp-0123456789abcdef-3", fpm.TEMPORARY),
+    ("rank_2/zarr.json", fpm.DOC_RANKS),
+    ("rank_2/zarr.0123abcd.partial", fpm.TEMPORARY),
+    ("rank_2/gradients/zarr.json", fpm.DOC_KINDS),
+    ("rank_2/gradients/summary/zarr.json", fpm.DOC_ARRAYS),
+    ("rank_2/gradients/summary/c/7/0", "rows/summary"),
+    ("rank_2/gradients/float32/c/7/3", "rows/float32"),  # format 1's packed rows
+    ("rank_2/traces/ops/zarr.json", fpm.TRACES),
+    ("rank_2/traces/ops/step_3/events/c/0", fpm.TRACES),
+    (".tracekit_job/zarr.json", fpm.CLAIMS),
+    ("notes.txt", fpm.OTHER),
+])
+def test_role_of_a_file_by_its_place_in_the_layout(path, role):
+    assert fpm.role_of(path.split("/")) == role
