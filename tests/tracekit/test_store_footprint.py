@@ -117,6 +117,7 @@ def test_metadata_grows_per_rank_and_step_only_by_its_index_rows_and_step_number
     ("objects/ab/0123456789abcdef0123456789abcd", fpm.OBJECTS),
     ("objects/zarr.json", fpm.DOC_ARRAYS),
     ("objects/ab/.tmp-0123456789abcdef-3", fpm.TEMPORARY),
+    ("zarr.json.4242.tmp", fpm.TEMPORARY),
     ("rank_2/zarr.json", fpm.DOC_RANKS),
     ("rank_2/zarr.0123abcd.partial", fpm.TEMPORARY),
     ("rank_2/gradients/zarr.json", fpm.DOC_KINDS),

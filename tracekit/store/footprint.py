@@ -35,8 +35,9 @@ OTHER = "other"
 
 
 def _is_temporary(name: str) -> bool:
-    # store/io.py: `.tmp-<tag>-<n>` beside an object, `zarr.<tag>.partial` beside a document (zarr's own)
-    return name.startswith(".tmp-") or name.endswith(".partial")
+    # store/io.py: `.tmp-<tag>-<n>` beside an object, `zarr.<tag>.partial` beside a document (zarr's
+    # own); `zarr.json.<pid>.tmp`: a root rewritten by an older tracekit's launcher
+    return name.startswith(".tmp-") or name.endswith((".partial", ".tmp"))
 
 
 @dataclass
@@ -117,7 +118,7 @@ def footprint(path: str) -> Footprint:
                 if cons:
                     out.add(DOC_CONSOLIDATED, cons)
                 continue
-            out.add(role_of(base + [name]) if base else OTHER, size)
+            out.add(role_of(base + [name]), size)
     return out
 
 
