@@ -70,6 +70,14 @@ def test_every_rank_reads_whole_tensors_assembled_from_the_pieces(tmp_path):
     assert verify_store(path).ok
 
 
+def test_verify_counts_the_bytes_of_the_objects_it_hashed_not_of_whole_tensors(tmp_path):
+    path = _write(str(tmp_path / "s"))
+    result = verify_store(path)
+    # every object once: a piece of w or e counts its own bytes, not the whole tensor's
+    assert result.ok and result.objects == len(_objects(path))
+    assert result.bytes_read == sum(os.path.getsize(o) for o in _objects(path))
+
+
 def test_a_sharded_store_diffs_like_the_gathered_one(tmp_path):
     sharded = _write(str(tmp_path / "sharded"))
     gathered = _write(str(tmp_path / "gathered"), sharded=False)

@@ -8,7 +8,7 @@ import warnings
 
 import zarr
 
-from tracekit.store.io import compact_metadata
+from tracekit.store.io import compact_metadata, replace_file
 from tracekit.store.location import resolve
 from tracekit.store.reader import open_store
 from tracekit.store.format import ROOT_KEY
@@ -66,10 +66,8 @@ def mark_writers_outlived(path: str, exit_status: int) -> None:
     with an atomic rename: the ranks still running read the root once per step.
     """
     meta_file = os.path.join(path, "zarr.json")
-    with open(meta_file) as f:
+    with open(meta_file, "rb") as f:
         doc = json.load(f)
     doc["attributes"][ROOT_KEY]["writers_outlived_launcher"] = {"command_exit_status": exit_status, "time": now_iso()}
-    tmp = f"{meta_file}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=2)
-    os.replace(tmp, meta_file)
+    # unindented, as zarr writes every other document of the store (io.compact_metadata)
+    replace_file(meta_file, json.dumps(doc, allow_nan=True).encode())
