@@ -15,9 +15,6 @@ pidfd turning readable.
 
 SIGTERM sent to this process itself (the launcher's --flush-timeout ran out) stops it after the
 entry in hand: the steps not written are listed in the rank's `unwritten_steps` attribute.
-Runs at a lower CPU priority than the rank (WRITER_NICENESS): where the cores are all busy, the
-rank's step goes first and the writer catches up while the rank waits (collectives, data, the
-end of the job); the spool's cap (the rank blocks when it is full) bounds how far it falls behind.
 Never imports torch.
 """
 
@@ -39,10 +36,6 @@ from tracekit.recorders.spool import PROV, STEP, TRACE_EVENTS, TRACE_EVENTS_MARS
 from tracekit.store import RankWriter
 from tracekit.store.ownership import ENV_RUN_ID
 from tracekit.store.traces import TraceWriter
-
-# Added to the inherited niceness (0-19; 19 is the lowest priority). On idle cores it changes
-# nothing; on a machine whose cores the ranks keep busy it lets the training steps go first.
-WRITER_NICENESS = 10
 
 LOCK = "writer.lock"  # held for the writer's life: `tracekit record` waits on it before finalizing
 ATTRS = "attrs.json"  # the rank group's attributes, written by the rank before it starts us
@@ -193,10 +186,6 @@ def main(argv=None) -> int:
     p.add_argument("--rank-pid", type=int, required=True)
     p.add_argument("--lock-fd", type=int, default=None, help="the spool's lock, already held (inherited)")
     args = p.parse_args(argv)
-    try:
-        os.nice(WRITER_NICENESS)
-    except OSError:  # a sandbox that forbids it: write at the rank's priority
-        pass
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # the job's signals are the rank's business, not ours
     if args.lock_fd is not None:

@@ -199,20 +199,6 @@ def test_handoff_reports_a_writer_failure_at_the_next_handoff(tmp_path):
     assert rank.completed_steps == [1] and rank.status == "failed"
 
 
-def test_the_writer_process_runs_at_a_lower_priority_than_the_rank(tmp_path):
-    from tracekit.recorders.spool_writer import WRITER_NICENESS
-
-    ho = _handoff(tmp_path, max_bytes=1 << 20)
-    ho.put(1, [("loss", from_torch("loss", torch.tensor(1.0)))], complete=True)
-    ho.flush()  # the writer has started and written: its niceness is set by now
-    try:
-        ours = os.getpriority(os.PRIO_PROCESS, 0)
-        assert os.getpriority(os.PRIO_PROCESS, ho._proc.pid) == min(19, ours + WRITER_NICENESS) > ours or ours == 19
-    finally:
-        ho.close("finished")
-    assert open_store(tmp_path / "s").rank(0).completed_steps == [1]
-
-
 def test_provisional_capture_is_replaced_until_sealed_and_kept_if_never_sealed(tmp_path):
     ho = _handoff(tmp_path, max_bytes=1 << 20)
     ho.put(1, [("loss", from_torch("loss", torch.tensor(1.0)))], complete=True)
