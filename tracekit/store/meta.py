@@ -48,6 +48,11 @@ class TensorInfo:
         """Elements in this rank's object of the tensor: the whole tensor, or its shard."""
         return self.shard.numel if self.shard is not None else self.numel
 
+    @property
+    def stored_nbytes(self) -> int:
+        """Bytes of this rank's object of the tensor (its shard's, for a piece)."""
+        return self.stored_numel * storage_dtype(self.dtype).itemsize
+
     @classmethod
     def from_attrs(cls, entry: dict) -> "TensorInfo":
         """One index entry, checked (a dtype tracekit cannot store is damage too)."""

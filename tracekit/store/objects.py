@@ -56,7 +56,7 @@ def scan_object(root: str, digest: bytes, info, buf: np.ndarray | None = None) -
     when its bytes match; whether every element is finite). `buf`: a reusable read buffer."""
     key = object_key(digest)
     dtype = storage_dtype(info.dtype)
-    expected = info.stored_numel * dtype.itemsize
+    expected = info.stored_nbytes
     if buf is None:
         buf = np.empty(min(FILE_PIECE, max(expected, 1)), dtype=np.uint8)
     piece = len(buf) - len(buf) % dtype.itemsize  # whole elements per piece, for the finiteness check
@@ -166,7 +166,7 @@ class ObjectRows:
         if not self.shape[0]:
             return
         for t in self.tensors:
-            expected = t.stored_numel * self.dtype.itemsize
+            expected = t.stored_nbytes
             if expected <= HUGE_CLAIM or t.shard is not None or not t.keeps_bytes:
                 continue
             digest = self.view.row_digests(self.kind, 0)[self._positions[t.name]]

@@ -17,7 +17,6 @@ import numpy as np
 from tracekit.errors import StoreError
 from tracekit.store import io
 from tracekit.store.chunks import chunk_cols, chunk_key
-from tracekit.store.dtypes import storage_dtype
 from tracekit.store.hashing import FILE_PIECE
 from tracekit.store.objects import scan_object
 from tracekit.store.reader import RankView, RunStore, open_store
@@ -121,7 +120,7 @@ def _verify_v2_kind(view: RankView, kind, tensors, rows, result, report, known, 
                 known[digest] = scan_object(io_root, digest, info, buf)
                 result.objects += 1
                 if known[digest][0] is None:  # the object's bytes: a shard's, not the whole tensor's
-                    result.bytes_read += info.stored_numel * storage_dtype(info.dtype).itemsize
+                    result.bytes_read += info.stored_nbytes
             problem, finite = known[digest]
             if problem is None and flags[info.name] != finite:
                 problem = (f"its finite index says {'all finite' if flags[info.name] else 'not all finite'}, "
