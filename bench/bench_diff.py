@@ -8,7 +8,10 @@ separate processes:
 and prints both throughputs, the ratio raw read time / diff time of the same files (target >= 0.9
 in format 2, whose reads also check every object's hash), the same ratio in CPU-seconds (the raw
 read is one thread, the diff --jobs threads: this one leaves the second core out) and the diff's
-peak RSS (target: bounded). --diff-layout fsdp builds the pair in row blocks instead (format 2:
+peak RSS (target: bounded). --cache says where both read from: `warm` (the page cache: the files
+were just written or read; the rate of memory copies), `cold` (the disk: every file of both stores
+is dropped from the page cache before each measurement, with posix_fadvise(DONTNEED), no root
+needed), or `both` (the default; a line each). --diff-layout fsdp builds the pair in row blocks instead (format 2:
 each rank writes its piece, every rank presents the same whole tensors; the diff reads each piece
 pair once).
 
@@ -81,6 +84,20 @@ def build(path: str, size_bytes: int, ranks: int, steps: int, tensors: int, nois
         return TensorData(f"layer{t}.weight", "float32", (numel,), x)
 
     return write_ddp_like(path, ranks, steps, tensors, make)
+
+
+def evict(*paths: str) -> None:
+    """Drop every file of these folders from the page cache (written back first): the next read
+    comes from the disk. posix_fadvise(DONTNEED) drops a file's clean cached pages, unprivileged."""
+    for p in paths:
+        for d, _, fs in os.walk(p):
+            for f in fs:
+                fd = os.open(os.path.join(d, f), os.O_RDONLY)
+                try:
+                    os.fdatasync(fd)
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+                finally:
+                    os.close(fd)
 
 
 RAW = r"""
@@ -203,6 +220,9 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--keep", action="store_true", help="keep the stores afterwards")
+    ap.add_argument("--cache", default="both", choices=("warm", "cold", "both"),
+                    help="different stores read from the page cache (warm), from the disk (cold: the files "
+                         "dropped from the page cache before each run), or both (default)")
     ap.add_argument("--format", type=int, default=2, choices=(1, 2), help="store format of the two stores")
     ap.add_argument("--identical", action="store_true", help="also time identical stores, format 1 vs 2")
     ap.add_argument("--identical-only", action="store_true", help="only the identical-store case")
@@ -241,13 +261,28 @@ def different(a, size: int) -> None:
           flush=True)
     # The machine may be shared: wall-clock figures are taken as the best of --repeat runs, and the
     # CPU-time rates (bytes per CPU-second, all threads) show the work per byte whatever the load.
+    for cache in (("warm", "cold") if a.cache == "both" else (a.cache,)):
+        measure_different(a, ref, cand, n, cache)
+    if not a.keep:
+        shutil.rmtree(ref, ignore_errors=True)
+        shutil.rmtree(cand, ignore_errors=True)
+
+
+def measure_different(a, ref: str, cand: str, n: int, cache: str) -> None:
+    """--repeat runs of the raw read and the diff, read from the page cache (`warm`) or the disk (`cold`)."""
     best = {"raw": 0.0, "diff": 0.0, "raw_cpu": 0.0, "diff_cpu": 0.0, "ratio": 0.0, "cpu_ratio": 0.0}
     rss = 0
+    if cache == "warm":
+        run(RAW, 3, ref, cand)  # the page cache filled, whatever ran before
     for i in range(a.repeat):
         load0 = _load()
+        if cache == "cold":
+            evict(ref, cand)
         nb, sec, cpu = run(RAW, 3, ref, cand)
         raw_bytes, raw_sec = int(nb), float(sec)
         raw, raw_cpu = raw_bytes / raw_sec, raw_bytes / float(cpu)
+        if cache == "cold":
+            evict(ref, cand)
         nb, sec, cpu, peak, line = run(DIFF, 5, ROOT, ref, cand, a.jobs)
         rate, rate_cpu = int(nb) / float(sec), int(nb) / float(cpu)
         ratio = raw_sec / float(sec)  # the same files: raw read time over diff time
@@ -255,7 +290,7 @@ def different(a, size: int) -> None:
         # --jobs threads, so the wall-clock ratio counts the diff's second core; this one does not
         cpu_ratio = (raw_bytes / raw_cpu) / float(cpu)
         rss = max(rss, int(peak))
-        print(f"run {i + 1}: raw read {raw_bytes / 2**20:.0f} MiB in {raw_sec:.2f} s = {raw / 2**20:6.0f} MiB/s "
+        print(f"{cache} run {i + 1}: raw read {raw_bytes / 2**20:.0f} MiB in {raw_sec:.2f} s = {raw / 2**20:6.0f} MiB/s "
               f"({raw_cpu / 2**20:6.0f} per CPU-s)   diff {int(nb) / 2**20:.0f} MiB in {float(sec):.2f} s = "
               f"{rate / 2**20:6.0f} MiB/s ({rate_cpu / 2**20:6.0f} per CPU-s)   raw time / diff time {ratio:.2f} "
               f"(CPU-s {cpu_ratio:.2f})   "
@@ -263,15 +298,13 @@ def different(a, size: int) -> None:
         for k, v in (("raw", raw), ("diff", rate), ("raw_cpu", raw_cpu), ("diff_cpu", rate_cpu), ("ratio", ratio),
                      ("cpu_ratio", cpu_ratio)):
             best[k] = max(best[k], v)
-    print(json.dumps({"format": a.format, "store_mib": round(n / 2**20), "jobs": a.jobs, "raw_mib_s": round(best["raw"] / 2**20),
+    print(json.dumps({"cache": cache, "format": a.format, "store_mib": round(n / 2**20), "jobs": a.jobs,
+                      "raw_mib_s": round(best["raw"] / 2**20),
                       "diff_mib_s": round(best["diff"] / 2**20), "ratio": round(best["ratio"], 3),
                       "cpu_ratio": round(best["cpu_ratio"], 3),
                       "raw_mib_per_cpu_s": round(best["raw_cpu"] / 2**20),
                       "diff_mib_per_cpu_s": round(best["diff_cpu"] / 2**20),
                       "diff_peak_rss_mib": round(rss / 2**20)}), flush=True)
-    if not a.keep:
-        shutil.rmtree(ref, ignore_errors=True)
-        shutil.rmtree(cand, ignore_errors=True)
 
 
 if __name__ == "__main__":

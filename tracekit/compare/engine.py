@@ -24,6 +24,7 @@ from tracekit.compare.alignment import KindPair, TensorPair
 from tracekit.compare.by_summary import compare_summaries
 from tracekit.compare.catalog import StoreCatalog, load_catalog
 from tracekit.compare.metrics import MetricsAccumulator, identical_metrics
+from tracekit.compare.readahead import Readahead
 from tracekit.compare import pieces
 from tracekit.compare.report import DiffReport, Divergence, KindSummary, LossRow, TensorResult
 from tracekit.compare.traces import compare_store_traces
@@ -54,6 +55,11 @@ class _Unit:
     start: int  # element span of the ref array
     stop: int
     segments: list[_Segment]
+
+    def nbytes(self, sides: int) -> int:
+        """About the bytes the unit reads (the ref side's, times the sides)."""
+        return sides * sum((sg.stop - sg.start) * sg.tensor.ref.nbytes // max(1, sg.tensor.ref.numel)
+                           for sg in self.segments)
 
 
 def _units(pair: KindPair, step: int, ref_rc, skip: frozenset = frozenset()) -> list[_Unit]:
@@ -209,12 +215,28 @@ class _Engine:
             out[t.name] = pieces.plan_tensor(kp.kind, step, list(zip(views, infos)))
         return out
 
-    def run_unit(self, u: _Unit) -> tuple[list[tuple[str, int, MetricsAccumulator]], int]:
-        kind, step, p = u.pair.kind, u.step, u.pair
+    def _sides(self, p: KindPair) -> list[tuple[str, StoreCatalog, Callable]]:
+        """(side, its rank's catalog entry, the TensorPair's info of that side) of a rank pair."""
         sides = [("ref", self.ref.ranks[p.ref_rank], lambda t: t.ref),
                  ("cand", self.cand.ranks[p.rank], lambda t: t.cand)]
         if self.oracle is not None:
             sides.append(("oracle", self.oracle.ranks[p.oracle_rank], lambda t: t.oracle))
+        return sides
+
+    def hint_unit(self, u: _Unit) -> None:
+        """Start reading a unit's bytes from disk in the background (compare/readahead.py)."""
+        for _, rc, info_of in self._sides(u.pair):
+            for key, span in _span(u.segments, info_of).items():
+                r = RowReader(rc.view, u.pair.kind, u.step, key, span, array=rc.array(u.pair.kind, key),
+                              row=rc.kinds[u.pair.kind].rows[u.step])
+                try:
+                    r.prefetch(*span)
+                finally:
+                    r.close()
+
+    def run_unit(self, u: _Unit) -> tuple[list[tuple[str, int, MetricsAccumulator]], int]:
+        kind, step = u.pair.kind, u.step
+        sides = self._sides(u.pair)
         buffers = self._local.__dict__.setdefault("buffers", Buffers())
         readers: dict[tuple[str, str], RowReader] = {}
         accs = {}
@@ -227,6 +249,7 @@ class _Engine:
                 for key, span in _span(u.segments, info_of).items():
                     readers[(side, key)] = RowReader(rc.view, kind, step, key, span, array=rc.array(kind, key),
                                                      row=rc.kinds[kind].rows[step])
+                    readers[(side, key)].prefetch(*span)  # the disk reads ahead while the first tensors are compared
             for batch in _batches(u.segments, self.oracle is not None):
                 n = sum(t - f for _, f, t in batch)
                 sg0, f0, _ = batch[0]
@@ -405,14 +428,31 @@ def _compare_steps_here(engine: "_Engine", plan, steps: list[int], jobs: int | N
     the tensors in unread[(id(pair), step)] (equal content hashes, same[...], or no bytes) are not read."""
     if jobs is None:
         jobs = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
+    ahead = Readahead()
+    sides = 2 if engine.oracle is None else 3
+
+    def prepare(step: int):
+        """A step's rank pairs, sharded-tensor plans and packed-row units, registered with the
+        read-ahead in the order they will be submitted."""
+        pairs = [kp for kp in plan.pairs if step in kp.steps and kp.tensors]
+        # sharded tensors: region by region; a region pair that several rank pairs share is compared once
+        plans = {id(kp): engine.sharded_plans(kp, step, unread[(id(kp), step)]) for kp in pairs}
+        units = [u for kp in pairs for u in _units(kp, step, engine.ref.ranks[kp.ref_rank],
+                                                     unread[(id(kp), step)] | set(plans[id(kp)]))]
+        for u in units:
+            ahead.add(("unit", id(u)), u.nbytes(sides), lambda u=u: engine.hint_unit(u))
+        for kp in pairs:
+            for tp in plans[id(kp)].values():
+                if tp.shared:
+                    for i in range(len(tp.regions)):
+                        ahead.add(("region", step, tp.key(i)), tp.region_nbytes(i), lambda tp=tp, i=i: tp.hint(i))
+        return pairs, plans, units
+
     with ThreadPoolExecutor(max_workers=max(1, int(jobs)), thread_name_prefix="tracekit-diff") as pool:
-        for step in steps:
-            pairs = [kp for kp in plan.pairs if step in kp.steps and kp.tensors]
-            # sharded tensors: region by region; a region pair that several rank pairs share is compared once
-            plans = {id(kp): engine.sharded_plans(kp, step, unread[(id(kp), step)]) for kp in pairs}
-            units = [u for kp in pairs for u in _units(kp, step, engine.ref.ranks[kp.ref_rank],
-                                                         unread[(id(kp), step)] | set(plans[id(kp)]))]
-            futures = [pool.submit(engine.run_unit, u) for u in units]
+        prepared = prepare(steps[0]) if steps else None
+        for n_step, step in enumerate(steps):
+            pairs, plans, units = prepared
+            futures = [pool.submit(ahead.run, ("unit", id(u)), engine.run_unit, u) for u in units]
             regions: dict[tuple, object] = {}
             wholes: dict[tuple[int, str], object] = {}
             for kp in pairs:
@@ -424,9 +464,14 @@ def _compare_steps_here(engine: "_Engine", plan, steps: list[int], jobs: int | N
                     if tp.shared:
                         for i in range(len(tp.regions)):
                             if tp.key(i) not in regions:
-                                regions[tp.key(i)] = pool.submit(pieces.compare_shared_region, tp, i, new_acc)
+                                regions[tp.key(i)] = pool.submit(ahead.run, ("region", step, tp.key(i)),
+                                                                 pieces.compare_shared_region, tp, i, new_acc)
                     else:
                         wholes[(id(kp), t.name)] = pool.submit(pieces.compare_regions, tp, new_acc)
+            if n_step + 1 < len(steps):
+                # the next step's comparisons are known now, so the disk can read into them while
+                # this step's last ones finish (its results are waited for below)
+                prepared = prepare(steps[n_step + 1])
             checks = [pool.submit(_check_hash_decided, kp, step, engine.ref.ranks[kp.ref_rank],
                                   engine.cand.ranks[kp.rank], same[(id(kp), step)])
                       for kp in pairs if same[(id(kp), step)] and not engine.trust_index]

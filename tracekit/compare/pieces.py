@@ -27,7 +27,7 @@ import numpy as np
 
 from tracekit.compare.metrics import BLOCK_ELEMENTS, MetricsAccumulator
 from tracekit.store.dtypes import to_numpy_values
-from tracekit.store.reader import PieceReader
+from tracekit.store.reader import PieceReader, prefetch_pieces
 from tracekit.store.rows import Buffers
 
 # Elements read per side at a time: a few metric blocks, small enough to stay in the CPU cache.
@@ -63,6 +63,14 @@ class TensorPlan:
     @property
     def nbytes(self) -> int:
         return sum(s.info.nbytes for s in self.sides)
+
+    def region_nbytes(self, i: int) -> int:
+        """The bytes of shared region i's objects, every side."""
+        return sum(s.pieces[self.regions[i]].info.stored_nbytes for s in self.sides)
+
+    def hint(self, i: int) -> None:
+        """Start reading shared region i's objects from disk in the background (readahead.py)."""
+        prefetch_pieces([s.pieces[self.regions[i]] for s in self.sides])
 
 
 def is_sharded(infos) -> bool:

@@ -77,13 +77,17 @@ _FLOAT8_TABLES: dict[str, np.ndarray] = {}
 _NONFINITE_MASK = {"bfloat16": 0x7F80, "float8_e4m3fn": 0x7F, "float8_e5m2": 0x7C}
 
 
+_BLAS_FLOATS = (np.dtype(np.float32), np.dtype(np.float64))
+
+
 def all_finite(data: np.ndarray, logical: str) -> bool:
     """True exactly when no element is NaN or Inf (data in storage dtype).
 
     Exact, because readers check a store's finiteness flags against the bytes: a tensor split into
-    pieces must give the same answer piece by piece as whole. For native floats the sum is tried
-    first (one reduction, no temporary): a finite sum proves every element finite; only when it is
-    not (a NaN, an Inf, or an overflowing sum of finite values) are the elements looked at."""
+    pieces must give the same answer piece by piece as whole. For native floats a reduction is
+    tried first (no temporary): a finite sum of squares (BLAS, float32/float64; ~3x the speed of
+    numpy's pairwise sum) or sum proves every element finite; only when it is not (a NaN, an Inf,
+    or an overflowing sum of finite values) are the elements looked at."""
     if not data.size:
         return True
     if logical in _NONFINITE_MASK:
@@ -91,7 +95,11 @@ def all_finite(data: np.ndarray, logical: str) -> bool:
         return not bool(np.any((data & mask) == mask))
     if data.dtype.kind in "fc":
         with np.errstate(over="ignore", invalid="ignore"):
-            if np.isfinite(np.add.reduce(data, axis=None)):
+            if data.dtype in _BLAS_FLOATS:
+                flat = data.reshape(-1)
+                if np.isfinite(np.dot(flat, flat)):
+                    return True
+            elif np.isfinite(np.add.reduce(data, axis=None)):
                 return True
         return bool(np.isfinite(data).all())
     return True

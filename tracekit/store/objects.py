@@ -191,6 +191,19 @@ class ObjectRows:
     def _where(self, row: int, name: str) -> str:
         return self.view.where(self.kind, self.view.step_of_row(self.kind, row), name)
 
+    def prefetch(self, row: int, start: int, stop: int) -> None:
+        """Start reading from disk the objects that elements [start, stop) of a row lie in (a hint,
+        io.prefetch): a caller about to read the range has them arrive while it compares."""
+        digests = self.view.row_digests(self.kind, row)
+        i = max(0, int(np.searchsorted(self._starts, start, side="right")) - 1)
+        keys = []
+        while i < len(self.tensors) and self.tensors[i].offset < stop:
+            t = self.tensors[i]
+            if t.keeps_bytes and t.shard is None and t.offset + t.numel > start:
+                keys.append(object_key(digests[self._positions[t.name]]))
+            i += 1
+        io.prefetch(self.view.store.io_root, keys)
+
     def read_into(self, row: int, start: int, stop: int, out: np.ndarray) -> np.ndarray:
         """Elements [start, stop) of a row into `out` (storage dtype, length stop - start).
 

@@ -139,6 +139,17 @@ class Piece:
         return self.info.stored_numel
 
 
+def prefetch_pieces(pieces) -> None:
+    """Start reading these pieces' objects from disk in the background (a hint, io.prefetch)."""
+    by_root: dict[int, tuple[object, list[str]]] = {}
+    for p in pieces:
+        if p.info.keeps_bytes:
+            root = p.view.store.io_root
+            by_root.setdefault(id(root), (root, []))[1].append(object_key(p.digest))
+    for root, keys in by_root.values():
+        io.prefetch(root, keys)
+
+
 class PieceReader:
     """A piece's object read front to back in ranges (bounded memory), its bytes hashed as they
     pass unless this open store verified the object already; finish() then checks the hash and
@@ -170,6 +181,7 @@ class PieceReader:
         if self.reader.size() != expected:
             self.close()
             raise damaged(self.where, f"its object {self.key} has the wrong size (the index says {expected} bytes)")
+        getattr(self.reader, "prefetch", lambda: None)()
 
     def read(self, n: int, out: np.ndarray) -> np.ndarray:
         """The next n elements (storage dtype) into out[:n]."""

@@ -143,6 +143,17 @@ class RowReader:
                 raise StoreError(f"{_where(self.view, self.kind, self.step)}: unreadable chunk file ({e.strerror or e})") from None
         return fd
 
+    def prefetch(self, start: int, stop: int) -> None:
+        """Start reading from disk the files that hold elements [start, stop) (a hint: see io.prefetch)."""
+        if self.objects:
+            self.arr.prefetch(self.row, start, stop)
+        elif self.folder is not None:
+            for c in range(start // self.width, (max(stop, start + 1) - 1) // self.width + 1):
+                try:
+                    io.prefetch_fd(self._fd(c))
+                except StoreError:
+                    return  # the read reports it
+
     def read(self, start: int, stop: int, out: np.ndarray) -> np.ndarray:
         """Elements [start, stop) in storage dtype, into `out` (length stop - start) when read directly."""
         if self.objects:
