@@ -140,3 +140,32 @@ def test_a_format_1_diff_hints_the_chunk_files_it_reads(tmp_path, monkeypatch):
     stores = (os.path.realpath(ref) + os.sep, os.path.realpath(cand) + os.sep)
     assert hinted and all(p.startswith(stores) for p in hinted)
     assert sum(os.path.getsize(p) for p in hinted) >= report.bytes_compared  # the chunks it read
+
+
+def test_a_step_planned_early_reports_its_problem_after_the_earlier_steps(tmp_path, monkeypatch):
+    """The next step is planned while the current one is compared (to hint its reads); a problem
+    planning it (a damaged index) must still come after the current step's own problem."""
+    from tracekit.compare import engine, pieces
+    from tracekit.errors import StoreError
+
+    ref = _store(tmp_path / "ref", 0)
+    cand = _store(tmp_path / "cand", 0, noise=1e-7)
+    plans, compare = engine._Engine.sharded_plans, pieces.compare_shared_region
+
+    def bad_plan(self, kp, step, skip):
+        if step == 3:
+            raise StoreError("planning step 3 failed")
+        return plans(self, kp, step, skip)
+
+    def bad_compare(tp, i, new_acc):
+        if tp.step == 2:
+            raise StoreError("comparing step 2 failed")
+        return compare(tp, i, new_acc)
+
+    monkeypatch.setattr(engine._Engine, "sharded_plans", bad_plan)
+    monkeypatch.setattr(pieces, "compare_shared_region", bad_compare)
+    with pytest.raises(StoreError, match="comparing step 2"):
+        tracekit.diff(ref, cand, jobs=2)
+    monkeypatch.setattr(pieces, "compare_shared_region", compare)
+    with pytest.raises(StoreError, match="planning step 3"):
+        tracekit.diff(ref, cand, jobs=2)

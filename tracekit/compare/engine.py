@@ -451,6 +451,8 @@ def _compare_steps_here(engine: "_Engine", plan, steps: list[int], jobs: int | N
     with ThreadPoolExecutor(max_workers=max(1, int(jobs)), thread_name_prefix="tracekit-diff") as pool:
         prepared = prepare(steps[0]) if steps else None
         for n_step, step in enumerate(steps):
+            if isinstance(prepared, Exception):
+                raise prepared  # the step's plan failed (a damaged index): reported in step order
             pairs, plans, units = prepared
             futures = [pool.submit(ahead.run, ("unit", id(u)), engine.run_unit, u) for u in units]
             regions: dict[tuple, object] = {}
@@ -471,7 +473,10 @@ def _compare_steps_here(engine: "_Engine", plan, steps: list[int], jobs: int | N
             if n_step + 1 < len(steps):
                 # the next step's comparisons are known now, so the disk can read into them while
                 # this step's last ones finish (its results are waited for below)
-                prepared = prepare(steps[n_step + 1])
+                try:
+                    prepared = prepare(steps[n_step + 1])
+                except Exception as e:  # raised when that step comes: an earlier one's problem goes first
+                    prepared = e
             checks = [pool.submit(_check_hash_decided, kp, step, engine.ref.ranks[kp.ref_rank],
                                   engine.cand.ranks[kp.rank], same[(id(kp), step)])
                       for kp in pairs if same[(id(kp), step)] and not engine.trust_index]
