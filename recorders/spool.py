@@ -42,7 +42,9 @@ from tracekit.store import TensorData
 from tracekit.store.shards import Shard
 
 MAGIC = b"TKSPOOL1"
-ALIGN = 64
+# Tensors start at page boundaries in an entry (its mapping is page aligned): the writer can then
+# hand a large one to the disk straight from the spool with O_DIRECT (tracekit/store/io.py).
+ALIGN = 4096
 PART, PROV, STEP = ".part", ".prov", ".step"
 TRACE_EVENTS, TRACE_EVENTS_MARSHAL = "trace_events", "marshal"  # a traced step's events: kind, codec
 ENV_SPOOL = "TRACEKIT_SPOOL"  # a folder for the ranks' spool folders, set by `tracekit record`

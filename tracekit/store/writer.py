@@ -249,6 +249,7 @@ class _ObjectKindWriter:
         self.steps: list[int] = []
         self.objects_written = 0  # new objects; the rest were already in the store (dedup)
         self.present: set[str] = set()  # object keys this writer knows are stored (asked once)
+        self.direct = io.direct_writes(store_root)  # large objects around the page cache (io.Direct)
         # the last step's summary of each digest: a tensor whose bytes did not change (a frozen
         # parameter, its zero delta) has the same hash, and so the same summary, computed once
         self._summaries: dict[bytes, np.ndarray] = {}
@@ -306,7 +307,8 @@ class _ObjectKindWriter:
             finite[i] = all_finite(data, t.dtype) if data.dtype.kind == "c" else summary_finite(summary)
             if entry.keeps_bytes:  # else summary and hash only (--full)
                 if local:
-                    self.objects_written += io.write_objects(self.root, [(object_key(digest), [view])], self.present)
+                    self.objects_written += io.write_objects(self.root, [(object_key(digest), [view])], self.present,
+                                                               self.direct)
                 else:
                     objects.append((object_key(digest), [view]))
         digests = np.frombuffer(bytes(digests), dtype=np.uint8)
