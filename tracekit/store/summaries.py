@@ -12,6 +12,7 @@ summarized by their magnitudes, integer and bool tensors as float64 (exact below
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import xxhash
@@ -67,6 +68,16 @@ def unseal(row: np.ndarray, fields: int = N_FIELDS) -> np.ndarray | None:
 _BLOCK = 1 << 16
 
 
+_buffers = threading.local()
+
+
+def _block_buffer() -> np.ndarray:
+    buf = getattr(_buffers, "f64", None)
+    if buf is None:
+        buf = _buffers.f64 = np.empty(_BLOCK, dtype=np.float64)
+    return buf
+
+
 def summarize(data: np.ndarray, dtype: str) -> np.ndarray:
     """The summary (float64[N_FIELDS]) of a flat tensor or shard `data` in storage dtype.
 
@@ -95,7 +106,11 @@ def summarize(data: np.ndarray, dtype: str) -> np.ndarray:
             b_lo, b_hi = float(vals.min()), float(vals.max())
         if not vals.size:
             continue
-        v64 = vals.astype(np.float64, copy=False)
+        if vals.dtype == np.float64:
+            v64 = vals
+        else:  # into this thread's block buffer: a fresh float64 array per block costs page faults
+            v64 = _block_buffer()[: vals.size]
+            v64[...] = vals
         lo, hi = min(lo, b_lo), max(hi, b_hi)
         total += float(np.add.reduce(v64))
         ss += float(np.dot(v64, v64))
