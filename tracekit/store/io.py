@@ -184,9 +184,10 @@ def _write_direct(fd: int, view: memoryview, head: int, direct: "Direct") -> mem
 # machine whose cores all train it is taken from the training. Measured here, 60 MB as objects
 # into fresh page cache against direct: 64 KiB each 110 vs 65 ms of CPU, 200 KiB 89 vs 26-38,
 # 1 MiB 73 vs 10-15 (the direct writes wait for the disk instead: 130, 80-100 and 60 ms of wall,
-# which the writer, running beside the training, can spend). Smaller objects stay buffered: there
-# the wait grows and the CPU saved shrinks.
-DIRECT_MIN = 128 << 10
+# which the writer, running beside the training, can spend). But a 10M-parameter recording
+# (~200 KiB pieces) showed no gain end to end with 128 KiB here (its writer's kernel time is the
+# creation and renaming of ~600 files a step, not the copy), so smaller objects stay buffered.
+DIRECT_MIN = 1 << 20
 DIRECT_ALIGN = 4096  # buffer address and length: a multiple of any disk's logical block
 # Local disk file systems where O_DIRECT is plain DMA; elsewhere (NFS, FUSE, overlay, tmpfs) it
 # can be slow, emulated or refused, so objects are written through the page cache.
