@@ -23,6 +23,7 @@ from tracekit.errors import StoreError
 from tracekit.store import io
 from tracekit.store.chunks import check_size_claims, chunk_cols, first_missing_chunk, irregular_metadata
 from tracekit.store.rows import read_row_bytes
+from tracekit.store.scratch import thread_buffer
 from tracekit.store.format import FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX_STEP, RANK_PREFIX, ROOT_KEY, SUMMARY_ARRAY
 from tracekit.store.hashing import HASH_BYTES, combined
 from tracekit.store.dtypes import all_finite
@@ -107,14 +108,10 @@ def _step_list(value, where: str) -> list[int]:
 # Bytes hashed at a time when checking an object: a buffer each thread reuses (a fresh one per
 # object costs page faults), small enough that the finiteness pass finds it in the CPU cache.
 SCAN_BYTES = 1 << 20
-_scan = threading.local()
 
 
 def _scan_buffer() -> np.ndarray:
-    buf = getattr(_scan, "buf", None)
-    if buf is None:
-        buf = _scan.buf = np.empty(SCAN_BYTES, dtype=np.uint8)
-    return buf
+    return thread_buffer("scan", SCAN_BYTES, np.uint8)
 
 
 @dataclass(frozen=True)

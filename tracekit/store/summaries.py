@@ -12,12 +12,12 @@ summarized by their magnitudes, integer and bool tensors as float64 (exact below
 from __future__ import annotations
 
 import math
-import threading
 
 import numpy as np
 import xxhash
 
 from tracekit.store.dtypes import to_numpy_values
+from tracekit.store.scratch import thread_buffer
 
 SUMMARY_FIELDS = ("min", "max", "mean", "l2", "nan", "inf", "neg_inf")
 N_FIELDS = len(SUMMARY_FIELDS)
@@ -68,16 +68,6 @@ def unseal(row: np.ndarray, fields: int = N_FIELDS) -> np.ndarray | None:
 _BLOCK = 1 << 16
 
 
-_buffers = threading.local()
-
-
-def _block_buffer() -> np.ndarray:
-    buf = getattr(_buffers, "f64", None)
-    if buf is None:
-        buf = _buffers.f64 = np.empty(_BLOCK, dtype=np.float64)
-    return buf
-
-
 def summarize(data: np.ndarray, dtype: str) -> np.ndarray:
     """The summary (float64[N_FIELDS]) of a flat tensor or shard `data` in storage dtype.
 
@@ -109,7 +99,7 @@ def summarize(data: np.ndarray, dtype: str) -> np.ndarray:
         if vals.dtype == np.float64:
             v64 = vals
         else:  # into this thread's block buffer: a fresh float64 array per block costs page faults
-            v64 = _block_buffer()[: vals.size]
+            v64 = thread_buffer("summarize-f64", _BLOCK, np.float64)[: vals.size]
             v64[...] = vals
         lo, hi = min(lo, b_lo), max(hi, b_hi)
         total += float(np.add.reduce(v64))
