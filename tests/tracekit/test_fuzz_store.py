@@ -273,3 +273,31 @@ def test_the_fuzz_oracle_can_fail(pristine, tmp_path):
         # the default does not read bytes whose hashes agree, and says so
         fast = _cli("diff", ref, cand, "--exact")
         assert fast.exit_code == 0 and "decided by hash:" in fast.output, fast.output
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+@pytest.mark.parametrize("index", ["hash", "finite"])
+def test_a_fifo_for_an_index_arrays_metadata_is_one_line_not_a_hang(tmp_path, index):
+    """zarr blocks forever opening a FIFO (a thread of its own pool: the process then cannot even
+    exit). A FIFO in the place of a format 2 index array's zarr.json must be refused before zarr
+    looks: by tracekit.open and by diff, each in a process of its own, within the deadline."""
+    import subprocess
+    import sys
+
+    ref = write_store(tmp_path / "ref", _data(), format_version=2)
+    cand = str(tmp_path / "cand")
+    shutil.copytree(ref, cand)
+    meta = os.path.join(cand, "rank_0", "parameters", index, "zarr.json")
+    os.unlink(meta)
+    os.mkfifo(meta)
+    code = ("import sys, tracekit\nfrom tracekit.errors import TracekitError\ntry:\n"
+            " t = tracekit.open(sys.argv[1])\n [n.to_dataset().load() for n in t.children.values()]\n"
+            "except TracekitError as e:\n print('refused:', e)\n")
+    for argv in ([sys.executable, "-c", code, cand], [sys.executable, "-m", "tracekit.cli.main", "diff", ref, cand]):
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=HANG_S * 2)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"{argv[1:3]} hung on a FIFO {index}/zarr.json")
+        text = out.stdout + out.stderr
+        assert "is not a regular file" in text, text
+        assert "Traceback" not in text

@@ -471,6 +471,11 @@ class RankView:
         with self._lock:
             arr = self._index_arrays.get((kind, name))
         if arr is None:
+            # before zarr looks: it would block forever opening a FIFO in the place of zarr.json
+            odd = irregular_metadata(self._kind(kind), [name])
+            if odd is not None:
+                raise StoreError(f"{self.store.path}: rank {self.rank} {kind}/{name}: {odd} is not a regular file "
+                                 f"(damaged store?)")
             try:
                 present = name in self._kind(kind)
             except Exception as e:  # zarr parses the member's metadata to answer: damaged JSON is one line
