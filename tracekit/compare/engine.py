@@ -29,7 +29,7 @@ from tracekit.compare import pieces
 from tracekit.compare.report import DiffReport, Divergence, KindSummary, LossRow, TensorResult
 from tracekit.compare.traces import compare_store_traces
 from tracekit.compare.tolerances import DEFAULT_ORACLE_FACTOR, Tolerance, Tolerances, load_config, parse_tol_option
-from tracekit.store.dtypes import to_numpy_values
+from tracekit.store.dtypes import storage_dtype, to_numpy_values
 from tracekit.errors import UsageError
 from tracekit.store.kinds import kind_order
 from tracekit.store.rows import Buffers, RowReader
@@ -58,8 +58,7 @@ class _Unit:
 
     def nbytes(self, sides: int) -> int:
         """About the bytes the unit reads (the ref side's, times the sides)."""
-        return sides * sum((sg.stop - sg.start) * sg.tensor.ref.nbytes // max(1, sg.tensor.ref.numel)
-                           for sg in self.segments)
+        return sides * sum((sg.stop - sg.start) * storage_dtype(sg.tensor.ref.dtype).itemsize for sg in self.segments)
 
 
 def _units(pair: KindPair, step: int, ref_rc, skip: frozenset = frozenset()) -> list[_Unit]:
@@ -223,12 +222,15 @@ class _Engine:
             sides.append(("oracle", self.oracle.ranks[p.oracle_rank], lambda t: t.oracle))
         return sides
 
+    @staticmethod
+    def _row_reader(rc, kind: str, step: int, key: str, span: tuple[int, int]) -> RowReader:
+        return RowReader(rc.view, kind, step, key, span, array=rc.array(kind, key), row=rc.kinds[kind].rows[step])
+
     def hint_unit(self, u: _Unit) -> None:
         """Start reading a unit's bytes from disk in the background (compare/readahead.py)."""
         for _, rc, info_of in self._sides(u.pair):
             for key, span in _span(u.segments, info_of).items():
-                r = RowReader(rc.view, u.pair.kind, u.step, key, span, array=rc.array(u.pair.kind, key),
-                              row=rc.kinds[u.pair.kind].rows[u.step])
+                r = self._row_reader(rc, u.pair.kind, u.step, key, span)
                 try:
                     r.prefetch(*span)
                 finally:
@@ -247,8 +249,7 @@ class _Engine:
         try:
             for side, rc, info_of in sides:
                 for key, span in _span(u.segments, info_of).items():
-                    readers[(side, key)] = RowReader(rc.view, kind, step, key, span, array=rc.array(kind, key),
-                                                     row=rc.kinds[kind].rows[step])
+                    readers[(side, key)] = self._row_reader(rc, kind, step, key, span)
                     readers[(side, key)].prefetch(*span)  # the disk reads ahead while the first tensors are compared
             for batch in _batches(u.segments, self.oracle is not None):
                 n = sum(t - f for _, f, t in batch)

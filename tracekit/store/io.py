@@ -196,7 +196,8 @@ ENV_DIRECT = "TRACEKIT_DIRECT_WRITES"  # "0": never write around the page cache
 
 
 class Direct:
-    """Whether a local store's large objects are written with O_DIRECT (one per writer and store)."""
+    """Whether a local store's large objects are written with O_DIRECT (one per kind writer: each
+    learns a refusal by itself, once)."""
 
     def __init__(self, folder: str):
         self.enabled = (hasattr(os, "O_DIRECT") and os.environ.get(ENV_DIRECT, "1") != "0"
@@ -216,7 +217,7 @@ class Direct:
 
 
 def direct_writes(root) -> Direct | None:
-    """The Direct of a local store (None at a URL): made once per writer."""
+    """The Direct of a local store (None at a URL): made once per kind writer."""
     return Direct(_folder(root)) if is_local(root) else None
 
 
@@ -387,6 +388,9 @@ class _RemoteReader:
         data = buf.as_numpy_array()
         dest[: len(data)] = data
         return len(data)
+
+    def prefetch(self) -> None:
+        pass  # ranged GETs of what is read: nothing to read ahead
 
     def close(self) -> None:
         pass

@@ -138,13 +138,9 @@ class Piece:
 
 def prefetch_pieces(pieces) -> None:
     """Start reading these pieces' objects from disk in the background (a hint, io.prefetch)."""
-    by_root: dict[int, tuple[object, list[str]]] = {}
     for p in pieces:
         if p.info.keeps_bytes:
-            root = p.view.store.io_root
-            by_root.setdefault(id(root), (root, []))[1].append(object_key(p.digest))
-    for root, keys in by_root.values():
-        io.prefetch(root, keys)
+            io.prefetch(p.view.store.io_root, [object_key(p.digest)])
 
 
 class PieceReader:
@@ -178,7 +174,7 @@ class PieceReader:
         if self.reader.size() != expected:
             self.close()
             raise damaged(self.where, f"its object {self.key} has the wrong size (the index says {expected} bytes)")
-        getattr(self.reader, "prefetch", lambda: None)()
+        self.reader.prefetch()
 
     def read(self, n: int, out: np.ndarray) -> np.ndarray:
         """The next n elements (storage dtype) into out[:n]."""
@@ -445,13 +441,19 @@ class RankView:
                 arr = self._object_rows[(kind, key)] = ObjectRows(self, kind, key)
         return arr
 
+    def _refuse_irregular(self, kind: str, key: str) -> None:
+        """StoreError when a member's metadata is not a regular file: zarr, asked anything about the
+        member, would block forever opening a FIFO there (or read a device without end)."""
+        odd = irregular_metadata(self._kind(kind), [key])
+        if odd is not None:
+            raise StoreError(f"{self.store.path}: rank {self.rank} {kind}/{key}: {odd} is not a regular file "
+                             f"(damaged store?)")
+
     def _checked_array(self, kind: str, key: str, extents: list[tuple[str, int, int]]) -> zarr.Array:
         """A zarr array of a kind (v1 packed data, v2 index), its size claims checked against the
         files (StoreError if they lie). `extents`: (tensor, offset, numel) the index places in it."""
         where = f"{self.store.path}: rank {self.rank} {kind}/{key}"
-        odd = irregular_metadata(self._kind(kind), [key])
-        if odd is not None:
-            raise StoreError(f"{where}: {odd} is not a regular file (damaged store?)")
+        self._refuse_irregular(kind, key)
         try:
             arr = self._kind(kind)[key]
         except StoreError:
@@ -471,11 +473,7 @@ class RankView:
         with self._lock:
             arr = self._index_arrays.get((kind, name))
         if arr is None:
-            # before zarr looks: it would block forever opening a FIFO in the place of zarr.json
-            odd = irregular_metadata(self._kind(kind), [name])
-            if odd is not None:
-                raise StoreError(f"{self.store.path}: rank {self.rank} {kind}/{name}: {odd} is not a regular file "
-                                 f"(damaged store?)")
+            self._refuse_irregular(kind, name)  # before zarr is asked whether the array is there
             try:
                 present = name in self._kind(kind)
             except Exception as e:  # zarr parses the member's metadata to answer: damaged JSON is one line
