@@ -12,6 +12,14 @@ mapped spool file (a Handoff slab, reused from step to step):
   (torch.sub(after, before, out=...): the same kernel as `after - before`, so the same bits),
   the staged output and loss copied; then the entry is handed over (durable on return).
 
+A tensor whose bytes are not kept (--full names others) is hashed and summarized here, on the
+training thread, and travels as a digest record (recorders/spool.py) instead of its bytes: a
+pass over the tensor in place of a copy into the spool, and the writer process then reads
+nothing (it would hash and summarize the copy). A delta of that kind is computed block by block
+into a small buffer and hashed and summarized while the block is in the CPU's cache, so it is
+never written out whole. The hash and summary are the ones the writer computes from bytes
+(tracekit.store.summaries.digest_and_summary), bit for bit.
+
 The entry is the one write_entry() would write for the same tensors, byte for byte but for the
 padding between tensors (a reused slab keeps old bytes there; no reader looks at them).
 Anything the plan did not foresee (a parameter's layout or a staged tensor changed, a capture the
@@ -26,16 +34,20 @@ import torch
 
 from tracekit.recorders.coords import is_dtensor
 from tracekit.recorders.materialize import local_piece
-from tracekit.recorders.spool import entry_head, layout
+from tracekit.recorders.spool import DIGEST_RECORD, digest_record, entry_head, layout
+from tracekit.store import TensorData
 from tracekit.store.dtypes import storage_dtype
+from tracekit.store.hashing import identity
+from tracekit.store.keep import keeps_bytes
+from tracekit.store.summaries import BLOCK, DigestCache
 
 
-# Filling in place holds memory the general path frees at each step's end: the slab it maps and
-# the buffers it keeps (parameters before the update, deltas on their way to a fresh slab), about
-# two entries' worth in the rank's RSS. It is taken only while an entry is at most this share of
-# the queue cap (--queue-mb), so the rank's extra peak RSS stays within the cap (bench_record at
-# 100M params: a 601 MB entry filled in place gave 1.21x the 1024 MB cap on one rank).
-DIRECT_SHARE = 4
+# Filling in place holds memory the general path frees at each step's end: the slab it maps (the
+# kept bytes) and the buffers it keeps (parameters before the update, kept deltas on their way to
+# a fresh slab). It is taken only while the queue cap (--queue-mb) is at least DIRECT_SHARE times
+# those, so the rank's extra peak RSS stays within the cap (bench_record at 100M params: 1000 MB
+# of them, a 601 MB entry filled in place, gave 1.21x the 1024 MB cap on one rank).
+DIRECT_SHARE = 2.5
 
 
 def cpu_piece(t: torch.Tensor):
@@ -56,7 +68,10 @@ def cpu_piece(t: torch.Tensor):
 _DTYPES: dict = {}  # torch dtype -> its store name, or None when a store cannot hold it
 
 
-def _spec(kind: str, name: str, local: torch.Tensor, shard) -> tuple | None:
+def _spec(kind: str, name: str, local: torch.Tensor, shard, full=()) -> tuple | None:
+    """(kind, name, dtype, shape, nbytes, shard, digested): the tensor's place in the entry; a
+    digested one (its bytes not kept under the --full patterns `full`; never a complex one, whose
+    finiteness the writer checks on its bytes) takes a digest record."""
     dtype = _DTYPES.get(local.dtype, False)
     if dtype is False:
         dtype = str(local.dtype).removeprefix("torch.")
@@ -67,12 +82,30 @@ def _spec(kind: str, name: str, local: torch.Tensor, shard) -> tuple | None:
         _DTYPES[local.dtype] = dtype
     if dtype is None:
         return None
-    return (kind, name, dtype, tuple(local.shape), local.numel() * local.element_size(), shard)
+    if full and not local.is_complex() and not keeps_bytes(full, kind, name):
+        return (kind, name, dtype, tuple(local.shape), DIGEST_RECORD, shard, True)
+    return (kind, name, dtype, tuple(local.shape), local.numel() * local.element_size(), shard, False)
 
 
 def _slot(whole: torch.Tensor, offset: int, spec: tuple) -> torch.Tensor:
-    _, _, dtype, shape, nbytes, _ = spec
+    _, _, dtype, shape, nbytes, _, _ = spec
     return whole[offset:offset + nbytes].view(getattr(torch, dtype)).view(shape)
+
+
+def _values(t: torch.Tensor, dtype: str) -> np.ndarray:
+    """A contiguous CPU tensor's flat data in storage dtype (a view, no copy)."""
+    return t.reshape(-1).view(torch.uint8).numpy().view(storage_dtype(dtype))
+
+
+def _difference_blocks(after: torch.Tensor, before: torch.Tensor, scratch: torch.Tensor, dtype: str):
+    """after - before, one summaries.BLOCK at a time, computed into `scratch` (each block is gone
+    when the next is made): the same kernel as the whole difference, elementwise, so the same bits."""
+    a, b = after.contiguous().reshape(-1), before.reshape(-1)
+    sdt = storage_dtype(dtype)
+    for start in range(0, a.numel(), BLOCK):
+        out = scratch[:min(BLOCK, a.numel() - start)]
+        torch.sub(a[start:start + BLOCK], b[start:start + BLOCK], out=out)
+        yield out.view(torch.uint8).numpy().view(sdt)
 
 
 def _unpack(t) -> tuple:
@@ -91,12 +124,17 @@ def _raw(t: torch.Tensor) -> memoryview:
 class DirectCapture:
     """One step's entry, laid out at begin_step and filled in place (see the module's doc)."""
 
-    def __init__(self, handoff, step: int, plan: list[tuple], befores: dict, buffers: dict):
+    def __init__(self, handoff, step: int, plan: list[tuple], befores: dict, buffers: dict, full=()):
         self.handoff = handoff
+        self.full = full
         self.step = step
         self.plan = plan  # (spec, source, name) per tensor, in the entry's order; source: a staged kind,
         self.befores = befores  # or "gradients", "parameters", "deltas"; befores: name -> snapshot
         self.spare = buffers.setdefault("spare", {})  # name -> a buffer for a delta on its way to a fresh slab
+        self.digests: DigestCache = buffers.setdefault("digests", DigestCache())  # across steps: frozen tensors
+        self.idents: dict = buffers.setdefault("idents", {})  # spec -> what its hash covers besides the bytes
+        self.scratch: dict = buffers.setdefault("scratch", {})  # torch dtype -> one block of a delta
+        self.records: dict = {}  # (source, name) -> TensorData of a digested tensor, for snapshots()
         specs = [spec for spec, _, _ in plan]
         cached = buffers.get("layout")
         if cached is None or cached[0] != specs:  # laid out again only when the tensors change
@@ -125,7 +163,26 @@ class DirectCapture:
             view = views[offset] = _slot(torch.from_numpy(self.slab.array), offset, spec)
         return view
 
-    def _put(self, offset: int, spec: tuple, t: torch.Tensor) -> None:
+    def _ident(self, spec: tuple) -> bytes:
+        ident = self.idents.get(spec)
+        if ident is None:
+            kind, name, dtype, shape, _, shard, _ = spec
+            ident = self.idents[spec] = identity(name, dtype, shape if shard is None else shard.full_shape, shard)
+        return ident
+
+    def _put_digest(self, offset: int, spec: tuple, source: str, parts) -> None:
+        """Hash and summarize a digested tensor (`parts`: its flat data, or a callable giving its
+        blocks) and write its record."""
+        kind, name, dtype, shape, _, shard, _ = spec
+        digest, summary = self.digests.get((kind, name), self._ident(spec), parts, dtype)
+        self._put_bytes(offset, np.frombuffer(digest_record(digest, summary), dtype=np.uint8))
+        self.records[source, name] = TensorData(name, dtype, shape, np.empty(0, dtype=storage_dtype(dtype)), shard,
+                                                digest=digest, summary=summary)
+
+    def _put(self, offset: int, spec: tuple, t: torch.Tensor, source: str = "") -> None:
+        if spec[6]:
+            self._put_digest(offset, spec, source, _values(t.contiguous(), spec[2]))
+            return
         if self.slab.fresh:
             self.slab.write_at(offset, _raw(t.contiguous()))
         else:
@@ -133,6 +190,12 @@ class DirectCapture:
 
     def _put_difference(self, offset: int, spec: tuple, name: str, after: torch.Tensor) -> None:
         before = self.befores[name]
+        if spec[6]:
+            scratch = self.scratch.get(before.dtype)
+            if scratch is None:
+                scratch = self.scratch[before.dtype] = torch.empty(BLOCK, dtype=before.dtype)
+            self._put_digest(offset, spec, "deltas", lambda: _difference_blocks(after, before, scratch, spec[2]))
+            return
         if not self.slab.fresh:
             torch.sub(after, before, out=self._slot(offset, spec))
             return
@@ -143,20 +206,21 @@ class DirectCapture:
 
     @classmethod
     def begin(cls, handoff, step: int, staged: dict, grads: list, params: list, keep_params: bool,
-              deltas: bool, buffers: dict) -> "DirectCapture | None":
+              deltas: bool, buffers: dict, full=()) -> "DirectCapture | None":
         """Lay out the step's entry and take the before-the-update copies: gradients into the entry,
         parameters (when `deltas`) into buffers of the recorder's (`buffers`, a dict kept across
         steps and updated here). `staged`: kind -> {name: tensor or (piece, Shard)} as observe()
         left it; `grads`, `params`: (name, tensor) to record, the parameters as kind `parameters`
-        when `keep_params`, their deltas when `deltas` (in that order, as the general path). None
-        when the step needs the general path (nothing taken then)."""
+        when `keep_params`, their deltas when `deltas` (in that order, as the general path); `full`:
+        the --full patterns (tensors they do not name are digested). None when the step needs the
+        general path (nothing taken then)."""
         plan, pieces = [], {}
         for kind, tensors in staged.items():
             for name, t in tensors.items():
                 local, shard = _unpack(t)
                 if local.device.type != "cpu":
                     return None
-                plan.append((_spec(kind, name, local, shard), kind, name))
+                plan.append((_spec(kind, name, local, shard, full), kind, name))
         for kind, items in (("gradients", grads), ("parameters", params if keep_params or deltas else [])):
             for name, t in items:
                 piece = cpu_piece(t)
@@ -166,10 +230,14 @@ class DirectCapture:
         for kind, wanted in (("gradients", True), ("parameters", keep_params), ("deltas", deltas)):
             if wanted:
                 of = "parameters" if kind == "deltas" else kind
-                plan += [(_spec(kind, name, *pieces[of, name]), kind, name) for name, _ in (grads if kind == "gradients" else params)]
+                plan += [(_spec(kind, name, *pieces[of, name], full), kind, name)
+                         for name, _ in (grads if kind == "gradients" else params)]
         if any(spec is None for spec, _, _ in plan):
             return None
-        if sum(spec[4] for spec, _, _ in plan) > handoff.max_bytes // DIRECT_SHARE:  # the entry's tensor bytes
+        held = sum(spec[4] for spec, _, _ in plan)  # the slab
+        held += sum(pieces["parameters", name][0].nbytes for name, _ in params) if deltas else 0  # befores
+        held += sum(spec[4] for spec, source, _ in plan if source == "deltas" and not spec[6])  # kept deltas' spare buffers
+        if held * DIRECT_SHARE > handoff.max_bytes:
             return None
         befores = {}
         snapshots = buffers.setdefault("before", {})
@@ -179,18 +247,21 @@ class DirectCapture:
             if buf is None or buf.shape != local.shape or buf.dtype != local.dtype:
                 buf = snapshots[name] = torch.empty_like(local, memory_format=torch.contiguous_format)
             befores[name] = buf.copy_(local)
-        cap = cls(handoff, step, plan, befores, buffers)
+        cap = cls(handoff, step, plan, befores, buffers, full)
         for (spec, source, name), offset in zip(plan, cap.offsets):
             if source == "gradients":
-                cap._put(offset, spec, pieces[source, name][0])
+                cap._put(offset, spec, pieces[source, name][0], source)
         return cap
 
     def snapshots(self) -> tuple[list, list]:
         """The gradients and parameters taken before the update, as snapshot_piece() gives them (copies,
-        not views of the entry), for the general path when this capture falls back to it."""
+        not views of the entry), for the general path when this capture falls back to it. A
+        digested gradient comes as its TensorData (hash and summary, no bytes)."""
         grads, before = [], []
         for (spec, source, name), offset in zip(self.plan, self.offsets):
-            if source == "gradients":
+            if source == "gradients" and spec[6]:  # digested at begin_step: its record stands in
+                grads.append((name, self.records[source, name]))
+            elif source == "gradients":
                 grads.append((name, _snapshot(self._slot(offset, spec).clone(), spec[5])))
             elif source == "deltas":
                 before.append((name, _snapshot(self.befores[name], spec[5])))
@@ -210,7 +281,7 @@ class DirectCapture:
             else:
                 t = staged.get(source, {}).get(name)
                 piece = _unpack(t) if t is not None and _unpack(t)[0].device.type == "cpu" else None
-            if piece is None or _spec(spec[0], name, *piece) != spec:
+            if piece is None or _spec(spec[0], name, *piece, self.full) != spec:
                 return False
             sources[source, name] = piece[0]
         staged_planned = sum(1 for spec, source, _ in self.plan if source not in ("gradients", "parameters", "deltas"))
@@ -223,7 +294,7 @@ class DirectCapture:
             if source == "deltas":
                 self._put_difference(offset, spec, name, sources[source, name])
             elif source != "gradients":
-                self._put(offset, spec, sources[source, name])
+                self._put(offset, spec, sources[source, name], source)
         self.handoff.provisional_slab(self.step, self.slab)
         self.published = True
         return True

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 
 from tracekit.errors import TracekitError
-from tracekit.store import create_store, holds_pieces, is_store
+from tracekit.store import TensorData, create_store, holds_pieces, is_store
 from tracekit.store.location import canonical
 from tracekit.store.kinds import INITIAL_STEP
 from tracekit.store.ownership import new_run_id
@@ -436,7 +436,8 @@ class Recorder:
             grads = [(n, p.grad) for n, p in chosen if p.grad is not None] if "gradients" in kinds else []
             try:
                 self._direct = DirectCapture.begin(self._handoff, step, self._staged, grads, chosen,
-                                                   "parameters" in kinds, "deltas" in kinds, self._direct_buffers)
+                                                   "parameters" in kinds, "deltas" in kinds, self._direct_buffers,
+                                                   self.config.full)
             except OSError as e:  # the spool's filesystem is full or gone: as the general path says it
                 raise WriterFailed(f"cannot spool step {step}: {e}") from None
             if self._direct is not None:
@@ -524,11 +525,14 @@ class Recorder:
         if "optimizer_state" in kinds:
             chosen = [(n, p) for n, p in self._params if n in self._recorded_names]
             wanted += [("optimizer_state", n, t) for n, t in state_tensors(self.optimizer, chosen)]
-        # one batched gather for every kind of the step (sharded state is gathered like parameters)
-        full = self._gather_all([(f"{kind}/{n}", t) for kind, n, t in wanted])
+        # one batched gather for every kind of the step (sharded state is gathered like parameters);
+        # a gradient the direct capture digested (TensorData: hash and summary) needs none
+        full = self._gather_all([(f"{kind}/{n}", t) for kind, n, t in wanted if not isinstance(t, TensorData)])
         staged: dict[str, dict[str, torch.Tensor]] = {}
-        for kind, n, _ in wanted:
-            if f"{kind}/{n}" in full:
+        for kind, n, t in wanted:
+            if isinstance(t, TensorData):
+                staged.setdefault(kind, {})[n] = t
+            elif f"{kind}/{n}" in full:
                 staged.setdefault(kind, {})[n] = full[f"{kind}/{n}"]
         return staged
 
@@ -537,8 +541,9 @@ class Recorder:
 
 
 def _entries(kinds: dict[str, dict[str, torch.Tensor]]) -> list:
-    """Store entries of the staged tensors: whole tensors, or (piece, Shard) pairs (local_cpu)."""
-    return [(kind, from_torch_piece(n, *t) if isinstance(t, tuple) else from_torch(n, t))
+    """Store entries of the staged tensors: whole tensors, (piece, Shard) pairs (local_cpu), or
+    TensorData already (a digested gradient, DirectCapture.snapshots)."""
+    return [(kind, t if isinstance(t, TensorData) else from_torch_piece(n, *t) if isinstance(t, tuple) else from_torch(n, t))
             for kind, tensors in kinds.items() for n, t in tensors.items()]
 
 

@@ -22,8 +22,10 @@ Layout of one entry: MAGIC, an 8-byte little-endian header length, a JSON header
 (extra: {"trace": {"level", "events": "marshal"}} for a traced step, whose tensors are its --trace-full
 ones, kind "trace", and its events as one marshal blob, kind TRACE_EVENTS; see Handoff.put_trace;
 shard: the layout of a sharded tensor's piece, Shard.to_spool(); `shape` is the piece's), then
-each tensor's bytes in storage dtype, each starting on a 64-byte boundary (entry_head()). No torch here: the
-writer process never imports it.
+each tensor's bytes in storage dtype, each starting on a page boundary (entry_head()). A tensor whose
+bytes are not kept and that the rank hashed and summarized itself carries "digest": true and, in
+place of its bytes, a DIGEST_RECORD (its 16-byte hash, then its summary as float64), 8-byte
+aligned. No torch here: the writer process never imports it.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ import numpy as np
 
 from tracekit.store.dtypes import storage_dtype
 from tracekit.store import TensorData
+from tracekit.store.hashing import HASH_BYTES
+from tracekit.store.summaries import N_FIELDS
 from tracekit.store.shards import Shard
 
 MAGIC = b"TKSPOOL1"
@@ -76,8 +80,18 @@ def entry_seq(filename: str) -> int | None:
     return int(stem) if dot and stem.isdigit() else None
 
 
-def _pad(n: int) -> int:
-    return -n % ALIGN
+def _pad(n: int, align: int = ALIGN) -> int:
+    return -n % align
+
+
+# A tensor the rank hashed and summarized itself (its bytes are not kept, --full) travels as a
+# record of its digest and its summary (float64, little-endian): {"digest": true} in the header.
+DIGEST_RECORD = HASH_BYTES + 8 * N_FIELDS
+_RECORD_ALIGN = 8  # records need no page of their own: only tensors' bytes go to the disk with O_DIRECT
+
+
+def digest_record(digest: bytes, summary: np.ndarray) -> bytes:
+    return digest + np.ascontiguousarray(summary, dtype="<f8").tobytes()
 
 
 @dataclass(frozen=True)
@@ -91,14 +105,20 @@ class Layout:
 
 
 def layout(specs: list[tuple]) -> Layout:
-    """The layout of tensors described by `specs`: (kind, name, dtype, shape, nbytes, shard or None) each."""
+    """The layout of tensors described by `specs`: (kind, name, dtype, shape, nbytes, shard or None
+    [, digested]) each; a digested one's nbytes are DIGEST_RECORD's."""
     entries, offset = [], 0
-    for kind, name, dtype, shape, nbytes, shard in specs:
+    for kind, name, dtype, shape, nbytes, shard, *digested in specs:
+        digested = bool(digested and digested[0])
+        offset += _pad(offset, _RECORD_ALIGN if digested else ALIGN)
         entry = {"kind": kind, "name": name, "dtype": dtype, "shape": list(shape), "offset": offset, "nbytes": nbytes}
         if shard is not None:
             entry["shard"] = shard.to_spool()
+        if digested:
+            entry["digest"] = True
         entries.append(entry)
-        offset += nbytes + _pad(nbytes)
+        offset += nbytes
+    offset += _pad(offset)
     return Layout(json.dumps(entries), tuple(e["offset"] for e in entries), offset)
 
 
@@ -120,16 +140,24 @@ def write_entry(path: str, step: int, complete: bool, tensors: list[tuple[str, T
                 extra: dict | None = None) -> int:
     """Write one entry to `path` (a .part name); returns its size. `tensors` are (kind, TensorData);
     `extra` (JSON) says what else the entry is, e.g. a step's trace."""
-    specs = [(kind, t.name, t.dtype, t.shape, t.data.nbytes, t.shard) for kind, t in tensors]
-    head, _, size = entry_head(step, complete, specs, extra)
+    specs = [(kind, t.name, t.dtype, t.shape, DIGEST_RECORD, t.shard, True) if t.digest is not None
+             else (kind, t.name, t.dtype, t.shape, t.data.nbytes, t.shard) for kind, t in tensors]
+    head, offsets, size = entry_head(step, complete, specs, extra)
     with open(path, "wb") as f:
         f.write(head)
-        for _, t in tensors:
-            data = np.ascontiguousarray(t.data)
+        at = len(head)
+        for (_, t), offset in zip(tensors, offsets):
+            if offset > at:
+                f.write(b"\0" * (offset - at))
+            if t.digest is not None:
+                data = np.frombuffer(digest_record(t.digest, t.summary), dtype=np.uint8)
+            else:
+                data = np.ascontiguousarray(t.data)
             if data.nbytes:
                 f.write(memoryview(data.reshape(-1).view(np.uint8)))
-            if _pad(data.nbytes):
-                f.write(b"\0" * _pad(data.nbytes))
+            at = offset + data.nbytes
+        if size > at:
+            f.write(b"\0" * (size - at))
     return size
 
 
@@ -200,9 +228,16 @@ def read_entry(path: str, populate: bool = True) -> Entry:
             lo = base + e["offset"]
             if lo + e["nbytes"] > size:
                 raise ValueError(f"{path} is truncated")
-            data = np.frombuffer(buf[lo:lo + e["nbytes"]], dtype=sdt)
             shard = _shard(e["shard"]) if "shard" in e else None
-            kinds.setdefault(e["kind"], []).append(TensorData(e["name"], logical, tuple(e["shape"]), data, shard))
+            if e.get("digest"):
+                if e["nbytes"] != DIGEST_RECORD:
+                    raise ValueError(f"{path}: a digest record of {e['nbytes']} bytes")
+                record = bytes(buf[lo:lo + DIGEST_RECORD])
+                t = TensorData(e["name"], logical, tuple(e["shape"]), np.empty(0, dtype=sdt), shard,
+                               digest=record[:HASH_BYTES], summary=np.frombuffer(record[HASH_BYTES:], dtype="<f8").astype(np.float64))
+            else:
+                t = TensorData(e["name"], logical, tuple(e["shape"]), np.frombuffer(buf[lo:lo + e["nbytes"]], dtype=sdt), shard)
+            kinds.setdefault(e["kind"], []).append(t)
         del buf
         return Entry(header["step"], header["complete"], kinds, mapped, header.get("extra") or {})
     except Exception:

@@ -57,7 +57,8 @@ class _Writer:
             attrs = json.load(f)
         # writes only while the store's root names the job this rank was started in
         # --full travels in the rank's attributes (explicit Recorder and zero-code alike): this
-        # process hashes and summarizes every tensor, and keeps the bytes of those it names
+        # process hashes and summarizes every tensor that came with its bytes (the rank digests some
+        # of the others itself: recorders/direct.py), and keeps the bytes of those it names
         full = (attrs.get("config") or {}).get("full") or ()
         self.writer = RankWriter(store, rank, attrs, run_id=os.environ.get(ENV_RUN_ID) or None, full=full)
         self.traces: TraceWriter | None = None  # created at the first traced step

@@ -10,9 +10,11 @@ import torch
 
 from tracekit import open_store
 from tracekit.recorders import Recorder
+from tracekit.recorders.config import RecordConfig
 from tracekit.recorders.direct import DirectCapture
 from tracekit.recorders.handoff import Slab
-from tracekit.recorders.spool import read_entry, write_entry
+from tracekit.recorders.spool import DIGEST_RECORD, read_entry, write_entry
+from tracekit.store.keep import parse_full
 from tracekit.store.tensors import from_torch
 
 
@@ -282,19 +284,84 @@ def test_a_step_begun_before_stop_writing_is_not_spooled(tmp_path):
     assert open_store(tmp_path / "s").rank(0).completed_steps == [1]
 
 
-def test_an_entry_over_a_quarter_of_the_queue_cap_takes_the_general_path(tmp_path):
-    """Filling in place keeps about two entries' worth of memory in the rank (a mapped slab, kept
-    buffers): a step whose entry is over DIRECT_SHARE of the cap is left to the general path,
-    which frees its copies at the step's end, so the rank's extra peak RSS stays within the cap."""
+@pytest.mark.parametrize("full, held", [((), 5), (("gradients:*",), 2)])
+def test_a_capture_holding_over_its_share_of_the_queue_cap_takes_the_general_path(tmp_path, full, held):
+    """Filling in place keeps memory in the rank (a mapped slab with the kept bytes, the parameters
+    before the update, kept deltas' buffers): a step holding more than 1/DIRECT_SHARE of the cap is
+    left to the general path, which frees its copies at the step's end, so the rank's extra peak
+    RSS stays within the cap. A digested tensor (not named by --full) holds only its record."""
     from tracekit.recorders.direct import DIRECT_SHARE
 
     params = [("w", torch.randn(64, 64))]
     grads = [("w", torch.randn(64, 64))]
-    entry = 3 * 64 * 64 * 4  # gradients, parameters and deltas of w
-    for cap, direct in ((DIRECT_SHARE * entry, True), (DIRECT_SHARE * entry - 1, False)):
+    # all kept: the slab's gradients, parameters and deltas of w, the parameters before, a delta's
+    # buffer; gradients only: the slab's gradients and the parameters before (+ 2 small records)
+    nbytes = held * 64 * 64 * 4 + (0 if not full else 2 * DIGEST_RECORD)
+    for cap, direct in ((int(DIRECT_SHARE * nbytes), True), (int(DIRECT_SHARE * nbytes) - 1, False)):
         handoff = _FakeHandoff(str(tmp_path / str(cap)), max_bytes=cap)
         os.makedirs(handoff.folder)
         buffers = {}
-        got = DirectCapture.begin(handoff, 1, {}, grads, params, True, True, buffers)
+        got = DirectCapture.begin(handoff, 1, {}, grads, params, True, True, buffers, parse_full(full))
         assert (got is not None) == direct
         assert handoff.made == int(direct) and (buffers == {}) != direct  # nothing taken when it declines
+
+
+def _record_steps(store, full, dtype, late_observe_at=None):
+    """Three steps of a hand-written update of a 72,000-element matrix (over one summaries.BLOCK), a
+    vector, and a frozen vector (its delta zero, its bytes unchanged); returns the recorder's
+    counts of slabs made and steps the direct capture took."""
+    torch.manual_seed(0)
+    params = {"a": torch.nn.Parameter(torch.randn(300, 240).to(dtype)), "b": torch.nn.Parameter(torch.randn(240).to(dtype)),
+              "frozen": torch.nn.Parameter(torch.randn(5).to(dtype))}
+    rec = Recorder(params=params, config=RecordConfig(store=store, full=full)).start()
+    direct_steps = 0
+    try:
+        for step in (1, 2, 3):
+            x = torch.randn(300, generator=torch.Generator().manual_seed(step)).to(dtype)
+            out = torch.tanh(x @ params["a"] + params["b"]) * params["frozen"].sum()
+            out.sum().backward()
+            if step != late_observe_at:
+                rec.observe(output=out.detach(), loss=out.sum().detach())
+            rec.begin_step()
+            direct_steps += rec._direct is not None
+            with torch.no_grad():
+                for name, p in params.items():
+                    if name != "frozen":
+                        p.sub_(0.1 * p.grad)
+                    p.grad = None
+            if step == late_observe_at:  # staged after begin_step: the step falls back to the general path
+                rec.observe(output=out.detach(), loss=out.sum().detach())
+            rec.end_step()
+        made = rec._handoff._slabs_made
+    finally:
+        rec.close()
+    return made, direct_steps
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("late_observe_at", [None, 2])
+def test_tensors_digested_on_the_rank_have_the_hashes_and_summaries_the_writer_gives(tmp_path, monkeypatch, dtype,
+                                                                                     late_observe_at):
+    """Tensors --full does not name are hashed and summarized in the rank and sent as records (no
+    bytes): the store holds the very hashes and summaries the writer computes from bytes (the
+    general path, and a store keeping every tensor), also for a step that falls back to the
+    general path after its gradients were digested, and for a frozen tensor hashed first."""
+    full = ("gradients:a", "outputs:*")  # keep these; digest the rest (gradient b, parameters, deltas, loss)
+    made, direct_steps = _record_steps(str(tmp_path / "direct"), full, dtype, late_observe_at)
+    assert made >= 1 and direct_steps == 3
+    _record_steps(str(tmp_path / "kept"), (), dtype, late_observe_at)
+    with monkeypatch.context() as m:
+        m.setattr(DirectCapture, "begin", classmethod(lambda cls, *a, **k: None))
+        assert _record_steps(str(tmp_path / "general"), full, dtype, late_observe_at) == (0, 0)
+    direct, general, kept = (open_store(tmp_path / n).rank(0) for n in ("direct", "general", "kept"))
+    for kind in ("gradients", "parameters", "deltas", "loss", "outputs"):
+        for step in (1, 2, 3):
+            want = general.summaries(kind, step)
+            got = direct.summaries(kind, step)
+            assert got.keys() == want.keys() and all(got[n].tobytes() == want[n].tobytes() for n in want), (kind, step)
+            assert direct.digests(kind, step) == general.digests(kind, step) == kept.digests(kind, step), (kind, step)
+    assert np.array_equal(direct.read_bits("gradients", 2, "a"), kept.read_bits("gradients", 2, "a"))
+    with pytest.raises(Exception, match="summar|bytes|full"):
+        direct.read_bits("parameters", 2, "a")  # digested: no bytes were kept
+    zero = direct.summaries("deltas", 3)["frozen"]
+    assert (zero[0], zero[1], zero[3]) == (0.0, 0.0, 0.0)  # the frozen vector's delta, from its digest

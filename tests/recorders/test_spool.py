@@ -94,3 +94,34 @@ def test_an_entry_reads_the_same_mapped_at_once_or_page_by_page(tmp_path, popula
         np.testing.assert_array_equal(entry.kinds["gradients"][0].data, data)
     finally:
         entry.close()
+
+
+def test_a_digested_tensor_travels_as_its_record_and_kept_bytes_stay_page_aligned(tmp_path):
+    from tracekit.recorders.spool import ALIGN, DIGEST_RECORD, read_entry as read
+    from tracekit.store.summaries import summarize
+
+    kept = np.arange(1000, dtype=np.float32)
+    shard = Shard((8, 3), (4, 0), (4, 3), (0, 1))
+    summary = summarize(np.array([1.0, -2.0, np.nan], dtype=np.float32), "float32")
+    tensors = [("gradients", TensorData("g", "float32", (4, 3), np.empty(0, np.float32), shard,
+                                        digest=bytes(range(16)), summary=summary)),
+               ("gradients", TensorData("h", "bfloat16", (2,), np.empty(0, np.uint16), digest=b"\xff" * 16,
+                                        summary=summary * 2)),
+               ("parameters", TensorData("w", "float32", (1000,), kept))]
+    path = tmp_path / "1.part"
+    size = write_entry(str(path), 3, True, tensors)
+    raw = path.read_bytes()
+    assert len(raw) == size and size % ALIGN == 0 and size < 4 * ALIGN + kept.nbytes  # records take no page each
+    entry = read(str(path))
+    try:
+        g, h = entry.kinds["gradients"]
+        (w,) = entry.kinds["parameters"]
+        assert (g.digest, g.shard, g.shape, g.data.size) == (bytes(range(16)), shard, (4, 3), 0)
+        assert g.summary.tobytes() == summary.tobytes() and h.summary.tobytes() == (summary * 2).tobytes()
+        assert (h.dtype, h.digest) == ("bfloat16", b"\xff" * 16)
+        assert w.digest is None and np.array_equal(w.data, kept)
+        # the kept tensor's bytes start on a page of the file (O_DIRECT writes straight from the spool)
+        assert raw.find(kept.tobytes()) % ALIGN == 0
+    finally:
+        entry.close()
+    assert DIGEST_RECORD == 16 + 8 * len(summary)

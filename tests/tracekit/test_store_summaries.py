@@ -20,7 +20,9 @@ from tracekit.errors import StoreError, UsageError
 from tracekit.store import open_store
 from tracekit.store.format import object_key
 from tracekit.store.keep import keeps_bytes, parse_full
-from tracekit.store.summaries import LEGACY_FIELDS, NEG_INF, SUMMARY_FIELDS, combine, seal, summarize, unseal
+from tracekit.store.hashing import identity, tensor_hash
+from tracekit.store.summaries import (BLOCK, LEGACY_FIELDS, NEG_INF, SUMMARY_FIELDS, DigestCache, blocks, combine,
+                                     digest_and_summary, seal, summarize, unseal)
 from tracekit.store.verify import verify_store
 from tracekit.testing import write_store
 
@@ -302,3 +304,51 @@ def test_summaries_of_float8_need_no_torch_and_match_its_values():
     for hexed, d in zip(out, ("float8_e4m3fn", "float8_e5m2")):
         expected = bits.view(getattr(torch, d)).float().numpy().view(np.uint32)
         assert hexed == expected.tobytes().hex(), d  # bit for bit, NaN payloads and signs too
+
+
+# ---- hashing and summarizing in one pass (the writer, and ranks that send no bytes) ----------------
+
+_DIGEST_CASES = [("float32", np.float32), ("float64", np.float64), ("int64", np.int64), ("bfloat16", np.uint16)]
+
+
+@pytest.mark.parametrize("dtype, sdt", _DIGEST_CASES)
+@pytest.mark.parametrize("n", [0, 1, BLOCK - 1, BLOCK, 2 * BLOCK + 5])
+def test_one_pass_gives_the_hash_and_the_summary_of_two(dtype, sdt, n):
+    rng = np.random.default_rng(n)
+    if dtype == "bfloat16":
+        data = (rng.standard_normal(n).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    else:
+        data = (rng.standard_normal(n) * 100).astype(sdt)
+    if n > 3 and dtype.startswith("float"):
+        data[1], data[n - 2] = np.nan, -np.inf  # in the first and the last block
+    ident = identity("w", dtype, (n,))
+    digest, summary = digest_and_summary(ident, data, dtype)
+    assert digest == tensor_hash("w", dtype, (n,), data)
+    assert summary.tobytes() == summarize(data, dtype).tobytes()  # bit for bit, NaN included
+    # fed as blocks (a delta computed block by block), the same
+    digest2, summary2 = digest_and_summary(ident, iter(list(blocks(data))), dtype)
+    assert digest2 == digest and summary2.tobytes() == summary.tobytes()
+
+
+def test_a_frozen_tensor_is_hashed_first_and_a_change_after_it_is_summarized_again():
+    cache = DigestCache()
+    ident = identity("w", "float32", (10,))
+    data = np.arange(10, dtype=np.float32)
+    calls = []
+
+    def parts():
+        calls.append(1)
+        return blocks(data)
+
+    first = cache.get("w", ident, parts, "float32")
+    second = cache.get("w", ident, parts, "float32")  # unchanged: from now on hashed first
+    assert len(calls) == 2 and first[0] == second[0]
+    third = cache.get("w", ident, parts, "float32")
+    assert len(calls) == 3 and third[1].tobytes() == first[1].tobytes()  # one hashing pass, summary reused
+    data[3] = 1e6  # changed after being frozen: hashed, then summarized anew
+    fourth = cache.get("w", ident, parts, "float32")
+    assert len(calls) == 5
+    assert fourth[0] == tensor_hash("w", "float32", (10,), data)
+    assert fourth[1].tobytes() == summarize(data, "float32").tobytes()
+    # an array instead of a callable works the same way
+    assert cache.get("w", ident, data, "float32")[1].tobytes() == fourth[1].tobytes()

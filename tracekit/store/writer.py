@@ -20,7 +20,6 @@ from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
-import xxhash
 import zarr
 
 from tracekit.errors import StoreError
@@ -35,7 +34,7 @@ from tracekit.store.location import resolve
 from tracekit.store.meta import STEPS, KindMeta, TensorInfo, index_of
 from tracekit.store.nodemeta import NodeMeta
 from tracekit.store.shards import Shard
-from tracekit.store.summaries import N_FIELDS, row_width, seal, summarize
+from tracekit.store.summaries import N_FIELDS, DigestCache, row_width, seal
 from tracekit.store.summaries import finite as summary_finite
 
 
@@ -54,6 +53,10 @@ class TensorData:
     # None: the whole tensor. Else this rank's piece of a sharded tensor and where it sits in the
     # full one (tracekit/store/shards.py); `shape` is then the piece's shape. Format 2 only.
     shard: "Shard | None" = None
+    # Set when the rank hashed and summarized the tensor itself and sent no bytes (a tensor whose
+    # bytes are not kept, --full): its hash (hashing.digest_of) and summary; `data` is then empty.
+    digest: bytes | None = None
+    summary: np.ndarray | None = None
 
 
 def is_store(path, storage_options=None) -> bool:
@@ -250,9 +253,7 @@ class _ObjectKindWriter:
         self.objects_written = 0  # new objects; the rest were already in the store (dedup)
         self.present: set[str] = set()  # object keys this writer knows are stored (asked once)
         self.direct = io.direct_writes(store_root)  # large objects around the page cache (io.Direct)
-        # the last step's summary of each digest: a tensor whose bytes did not change (a frozen
-        # parameter, its zero delta) has the same hash, and so the same summary, computed once
-        self._summaries: dict[bytes, np.ndarray] = {}
+        self._digests = DigestCache()  # per tensor: a frozen one is hashed, and its summary reused
 
     def _create(self, tensors: Sequence[TensorData], shards) -> None:
         index, _ = index_of((t.name, t.dtype, t.shape if sh is None else sh.full_shape) for t, sh in zip(tensors, shards))
@@ -284,10 +285,16 @@ class _ObjectKindWriter:
         # locally each object is written as soon as it is hashed and summarized, while its bytes are
         # still in the CPU's cache (after the loop they would be copied from memory once more)
         local = io.is_local(self.root)
-        known, self._summaries = self._summaries, {}
         # The loop runs for every tensor of every step (600 per step for a 10M-parameter FSDP rank):
         # what does not change between steps is looked up, not recomputed.
         for i, t, sh, ident, numel, entry in zip(range(n), tensors, shards, self._idents, self._numels, self.index):
+            if t.digest is not None:  # hashed and summarized by the rank; no bytes came
+                if entry.keeps_bytes:
+                    raise StoreError(f"{self.kind} tensor {t.name!r}: its bytes are to be kept (--full), but only its hash came")
+                digests += t.digest
+                summaries[i] = t.summary
+                finite[i] = summary_finite(t.summary)  # the rank sends no complex tensor this way
+                continue
             data = t.data
             if not data.flags.c_contiguous:
                 data = np.ascontiguousarray(data)
@@ -295,16 +302,10 @@ class _ObjectKindWriter:
             if sh is not None and (tuple(t.shape) != sh.shape or data.size != numel):
                 raise StoreError(f"{self.kind} tensor {t.name!r}: its data is not the shard its layout names")
             view = memoryview(data).cast("B")
-            h = xxhash.xxh3_128(ident)
-            h.update(view)
-            digest = h.digest()
+            digest, summaries[i] = self._digests.get(i, ident, data, t.dtype)
             digests += digest
-            summary = known.get(digest)
-            if summary is None:
-                summary = summarize(data, t.dtype)
-            summaries[i] = self._summaries[digest] = summary
             # the summary's NaN/Inf counts are exact but for complex (a magnitude can overflow)
-            finite[i] = all_finite(data, t.dtype) if data.dtype.kind == "c" else summary_finite(summary)
+            finite[i] = all_finite(data, t.dtype) if data.dtype.kind == "c" else summary_finite(summaries[i])
             if entry.keeps_bytes:  # else summary and hash only (--full)
                 if local:
                     self.objects_written += io.write_objects(self.root, [(object_key(digest), [view])], self.present,
@@ -353,6 +354,8 @@ class _KindWriter:
             _check_same_tensors(self.kind, self.index, tensors)
         parts: dict[str, list[np.ndarray]] = {k: [] for k in self.arrays}
         for t in tensors:
+            if t.digest is not None:
+                raise StoreError(f"{self.kind} tensor {t.name!r}: store format 1 keeps every tensor's bytes, but only its hash came")
             parts[t.dtype].append(np.ascontiguousarray(t.data).reshape(-1))
         row = len(self.steps)
         for key, arr in self.arrays.items():
