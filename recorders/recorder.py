@@ -34,7 +34,9 @@ from tracekit.recorders.coords import detect_coords
 from tracekit.recorders.direct import DirectCapture
 from tracekit.recorders.materialize import (canonical_name, flatten_output, full_cpu, gather_full_cpu, local_cpu, minus_piece, select,
                                             snapshot_piece)
-from tracekit.store.tensors import from_torch, from_torch_piece
+from tracekit.store.keep import keeps_bytes
+from tracekit.store.summaries import DigestCache
+from tracekit.store.tensors import digested, from_torch, from_torch_piece
 from tracekit.recorders.optim_state import state_tensors
 from tracekit.recorders.replay import Replay
 
@@ -467,7 +469,7 @@ class Recorder:
             if self._writes and self._handoff is not None:
                 # spooled now, not at finish_step(): if the rank dies before the step is sealed
                 # (zero-code seals at the next backward), the writer still stores this capture
-                self._handoff.provisional(self.step + 1, _entries({**self._staged, **captured}))
+                self._handoff.provisional(self.step + 1, self._spooled_entries({**self._staged, **captured}))
                 self._spooled = True
         if self._in_step and self._replay is not None and not self._closed:
             # right after the update and its capture, before any next forward: the step taken is
@@ -537,7 +539,20 @@ class Recorder:
         return staged
 
     def _submit(self, step: int, kinds: dict[str, dict[str, torch.Tensor]], complete: bool) -> None:
-        self._handoff.put(step, _entries(kinds), complete)
+        self._handoff.put(step, self._spooled_entries(kinds), complete)
+
+    def _spooled_entries(self, kinds: dict[str, dict[str, torch.Tensor]]) -> list:
+        """_entries(), each tensor whose bytes are not kept (--full) hashed and summarized here, so
+        that only its digest travels through the spool (the writer would read the bytes only to
+        hash and summarize them); a complex one travels whole (its finiteness is checked on its bytes)."""
+        entries = _entries(kinds)
+        full = self.config.full
+        if not full:
+            return entries
+        digests = self._direct_buffers.setdefault("digests", DigestCache())  # one cache with the direct capture's
+        return [(kind, digested(t, digests, (kind, t.name))
+                 if t.digest is None and t.data.dtype.kind != "c" and not keeps_bytes(full, kind, t.name) else t)
+                for kind, t in entries]
 
 
 def _entries(kinds: dict[str, dict[str, torch.Tensor]]) -> list:

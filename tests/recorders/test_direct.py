@@ -10,6 +10,7 @@ import torch
 
 from tracekit import open_store
 from tracekit.recorders import Recorder
+from tracekit.recorders import handoff as handoff_module
 from tracekit.recorders.config import RecordConfig
 from tracekit.recorders.direct import DirectCapture
 from tracekit.recorders.handoff import Slab
@@ -343,22 +344,34 @@ def _record_steps(store, full, dtype, late_observe_at=None):
 def test_tensors_digested_on_the_rank_have_the_hashes_and_summaries_the_writer_gives(tmp_path, monkeypatch, dtype,
                                                                                      late_observe_at):
     """Tensors --full does not name are hashed and summarized in the rank and sent as records (no
-    bytes): the store holds the very hashes and summaries the writer computes from bytes (the
-    general path, and a store keeping every tensor), also for a step that falls back to the
-    general path after its gradients were digested, and for a frozen tensor hashed first."""
+    bytes), by the direct capture and by the general path: the store holds the very hashes and
+    summaries the writer computes from bytes (a store keeping every tensor), also for a step that
+    falls back to the general path after its gradients were digested, and for a frozen tensor
+    hashed first."""
     full = ("gradients:a", "outputs:*")  # keep these; digest the rest (gradient b, parameters, deltas, loss)
     made, direct_steps = _record_steps(str(tmp_path / "direct"), full, dtype, late_observe_at)
     assert made >= 1 and direct_steps == 3
     _record_steps(str(tmp_path / "kept"), (), dtype, late_observe_at)
-    with monkeypatch.context() as m:
+    entries = []  # the general path's spool entries: (kind, name, bytes that travel)
+    real_write_entry = handoff_module.write_entry
+
+    def spy(path, step, complete, tensors, extra=None):
+        entries.append([(kind, t.name, t.data.nbytes) for kind, t in tensors])
+        return real_write_entry(path, step, complete, tensors, extra)
+
+    with monkeypatch.context() as m:  # the general path digests them too, before they are spooled
         m.setattr(DirectCapture, "begin", classmethod(lambda cls, *a, **k: None))
+        m.setattr(handoff_module, "write_entry", spy)
         assert _record_steps(str(tmp_path / "general"), full, dtype, late_observe_at) == (0, 0)
+    travelled = {(kind, name) for entry in entries for kind, name, nbytes in entry if nbytes}
+    assert travelled == {("gradients", "a"), ("outputs", "output")}
     direct, general, kept = (open_store(tmp_path / n).rank(0) for n in ("direct", "general", "kept"))
     for kind in ("gradients", "parameters", "deltas", "loss", "outputs"):
         for step in (1, 2, 3):
-            want = general.summaries(kind, step)
-            got = direct.summaries(kind, step)
-            assert got.keys() == want.keys() and all(got[n].tobytes() == want[n].tobytes() for n in want), (kind, step)
+            want = kept.summaries(kind, step)  # computed by the writer process from the bytes
+            for other in (direct, general):
+                got = other.summaries(kind, step)
+                assert got.keys() == want.keys() and all(got[n].tobytes() == want[n].tobytes() for n in want), (kind, step)
             assert direct.digests(kind, step) == general.digests(kind, step) == kept.digests(kind, step), (kind, step)
     assert np.array_equal(direct.read_bits("gradients", 2, "a"), kept.read_bits("gradients", 2, "a"))
     with pytest.raises(Exception, match="summar|bytes|full"):

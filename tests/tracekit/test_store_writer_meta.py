@@ -194,13 +194,15 @@ def test_a_document_encodes_as_json_dumps_after_every_change(tmp_path):
 
 
 def test_an_unchanged_tensor_is_summarized_once_and_its_summary_is_the_same(tmp_path, monkeypatch):
-    """The writer reuses the last step's summary of a tensor whose hash (identity and bytes) did not
-    change; what it stores is what summarizing the bytes gives."""
-    from tracekit.store import writer as writer_mod
+    """Once a tensor's hash (identity and bytes) came back unchanged, the writer hashes it first and
+    reuses its last summary while the hash stays the same; what it stores is what summarizing the
+    bytes gives."""
+    from tracekit.store import summaries as summaries_mod
     from tracekit.store.summaries import summarize
 
     calls = []
-    monkeypatch.setattr(writer_mod, "summarize", lambda data, dtype: calls.append(dtype) or summarize(data, dtype))
+    real = summaries_mod.digest_and_summary
+    monkeypatch.setattr(summaries_mod, "digest_and_summary", lambda ident, parts, dtype: calls.append(dtype) or real(ident, parts, dtype))
     path = str(tmp_path / "s")
     create_store(path, {})
     w = RankWriter(path, 0, {})
@@ -211,7 +213,7 @@ def test_an_unchanged_tensor_is_summarized_once_and_its_summary_is_the_same(tmp_
                                   TensorData("frozen_copy", "float32", (50,), frozen.copy())])  # another name: its own hash
         w.complete_step(s)
     w.close()
-    assert len(calls) == 3 + 1 + 1  # step 1: all three; later steps: only the moving one
+    assert len(calls) == 3 + 3 + 1  # steps 1 and 2: all three; step 3: only the moving one
     view = open_store(path).rank(0)
     for s in (1, 2, 3):
         got = view.summaries("parameters", s)

@@ -9,6 +9,8 @@ import numpy as np
 from tracekit.store.dtypes import storage_dtype
 from tracekit.errors import StoreError
 from tracekit.store import TensorData
+from tracekit.store.hashing import identity
+from tracekit.store.summaries import DigestCache
 
 # numpy lacks these dtypes; the store keeps their bits in an unsigned integer array of equal width
 _BITS_VIEW = {"bfloat16": "int16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8"}
@@ -47,3 +49,14 @@ def from_torch_piece(name: str, local, shard) -> TensorData:
     """This rank's piece of a sharded tensor (a tracekit.store.shards.Shard says where it sits) -> a
     store entry that carries its layout to the store writer, through the spool hand-off too."""
     return replace(from_torch(name, local), shard=shard)
+
+
+def digested(t: TensorData, cache: DigestCache, slot) -> TensorData:
+    """The entry with its hash and summary in place of its bytes: a tensor whose bytes are not kept
+    (--full), hashed and summarized where it is recorded, so that its bytes need not travel. The
+    hash and summary are the ones the store writer computes from the bytes (same code). `cache`
+    and `slot`: a frozen tensor is hashed first and its summary reused (DigestCache)."""
+    shape = t.shape if t.shard is None else t.shard.full_shape
+    data = np.ascontiguousarray(t.data).reshape(-1)
+    digest, summary = cache.get(slot, identity(t.name, t.dtype, shape, t.shard), data, t.dtype)
+    return replace(t, data=data[:0], digest=digest, summary=summary)
