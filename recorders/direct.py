@@ -94,7 +94,7 @@ def _slot(whole: torch.Tensor, offset: int, spec: tuple) -> torch.Tensor:
 
 def _values(t: torch.Tensor, dtype: str) -> np.ndarray:
     """A contiguous CPU tensor's flat data in storage dtype (a view, no copy)."""
-    return t.reshape(-1).view(torch.uint8).numpy().view(storage_dtype(dtype))
+    return np.frombuffer(_raw(t), dtype=storage_dtype(dtype))
 
 
 def _difference_blocks(after: torch.Tensor, before: torch.Tensor, scratch: torch.Tensor, dtype: str):

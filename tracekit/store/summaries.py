@@ -173,16 +173,17 @@ class DigestCache:
     def get(self, slot, ident: bytes, parts, dtype: str) -> tuple[bytes, np.ndarray]:
         """`parts`: the flat data in storage dtype, or a callable giving an iterable of its blocks
         (called once or twice)."""
+        feed = (lambda: blocks(parts)) if isinstance(parts, np.ndarray) else parts
         last = self._last.get(slot)
         if last is not None and last[2]:
             h = xxhash.xxh3_128(ident)
-            for block in (blocks(parts) if isinstance(parts, np.ndarray) else parts()):
+            for block in feed():
                 if block.size:
                     h.update(memoryview(block).cast("B"))
             digest = h.digest()
             if digest == last[0]:
                 return digest, last[1]
-        digest, summary = digest_and_summary(ident, parts if isinstance(parts, np.ndarray) else parts(), dtype)
+        digest, summary = digest_and_summary(ident, feed(), dtype)
         self._last[slot] = (digest, summary, last is not None and digest == last[0])
         return digest, summary
 
