@@ -39,6 +39,7 @@ from tracekit.store import TensorData
 from tracekit.store.dtypes import storage_dtype
 from tracekit.store.hashing import identity
 from tracekit.store.keep import keeps_bytes
+from tracekit.store.shards import full_shape
 from tracekit.store.summaries import BLOCK, DigestCache
 
 
@@ -134,7 +135,7 @@ class DirectCapture:
         self.digests: DigestCache = buffers.setdefault("digests", DigestCache())  # across steps: frozen tensors
         self.idents: dict = buffers.setdefault("idents", {})  # spec -> what its hash covers besides the bytes
         self.scratch: dict = buffers.setdefault("scratch", {})  # torch dtype -> one block of a delta
-        self.records: dict = {}  # (source, name) -> TensorData of a digested tensor, for snapshots()
+        self.digested_grads: dict = {}  # name -> (hash, summary) of a digested gradient, for snapshots()
         specs = [spec for spec, _, _ in plan]
         cached = buffers.get("layout")
         if cached is None or cached[0] != specs:  # laid out again only when the tensors change
@@ -167,7 +168,7 @@ class DirectCapture:
         ident = self.idents.get(spec)
         if ident is None:
             kind, name, dtype, shape, _, shard, _ = spec
-            ident = self.idents[spec] = identity(name, dtype, shape if shard is None else shard.full_shape, shard)
+            ident = self.idents[spec] = identity(name, dtype, full_shape(shape, shard), shard)
         return ident
 
     def _put_digest(self, offset: int, spec: tuple, source: str, parts) -> None:
@@ -176,8 +177,8 @@ class DirectCapture:
         kind, name, dtype, shape, _, shard, _ = spec
         digest, summary = self.digests.get((kind, name), self._ident(spec), parts, dtype)
         self._put_bytes(offset, np.frombuffer(digest_record(digest, summary), dtype=np.uint8))
-        self.records[source, name] = TensorData(name, dtype, shape, np.empty(0, dtype=storage_dtype(dtype)), shard,
-                                                digest=digest, summary=summary)
+        if source == "gradients":  # only a fallback step needs them again (snapshots)
+            self.digested_grads[name] = digest, summary
 
     def _put(self, offset: int, spec: tuple, t: torch.Tensor, source: str = "") -> None:
         if spec[6]:
@@ -260,7 +261,10 @@ class DirectCapture:
         grads, before = [], []
         for (spec, source, name), offset in zip(self.plan, self.offsets):
             if source == "gradients" and spec[6]:  # digested at begin_step: its record stands in
-                grads.append((name, self.records[source, name]))
+                digest, summary = self.digested_grads[name]
+                _, _, dtype, shape, _, shard, _ = spec
+                grads.append((name, TensorData(name, dtype, shape, np.empty(0, dtype=storage_dtype(dtype)), shard,
+                                               digest=digest, summary=summary)))
             elif source == "gradients":
                 grads.append((name, _snapshot(self._slot(offset, spec).clone(), spec[5])))
             elif source == "deltas":

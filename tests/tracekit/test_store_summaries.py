@@ -330,7 +330,12 @@ def test_one_pass_gives_the_hash_and_the_summary_of_two(dtype, sdt, n):
     assert digest2 == digest and summary2.tobytes() == summary.tobytes()
 
 
-def test_a_frozen_tensor_is_hashed_first_and_a_change_after_it_is_summarized_again():
+def test_a_frozen_tensor_is_hashed_first_and_a_change_after_it_is_summarized_again(monkeypatch):
+    from tracekit.store import summaries
+
+    one_pass = []  # hash-and-summary passes: none once the hash of a frozen tensor is known
+    real = summaries.digest_and_summary
+    monkeypatch.setattr(summaries, "digest_and_summary", lambda *a: one_pass.append(1) or real(*a))
     cache = DigestCache()
     ident = identity("w", "float32", (10,))
     data = np.arange(10, dtype=np.float32)
@@ -345,9 +350,9 @@ def test_a_frozen_tensor_is_hashed_first_and_a_change_after_it_is_summarized_aga
     assert len(calls) == 2 and first[0] == second[0]
     third = cache.get("w", ident, parts, "float32")
     assert len(calls) == 3 and third[1].tobytes() == first[1].tobytes()  # one hashing pass, summary reused
-    data[3] = 1e6  # changed after being frozen: hashed, then summarized anew
+    data[3] = 1e6  # changed after being frozen: hashed, then summarized anew (not hashed twice)
     fourth = cache.get("w", ident, parts, "float32")
-    assert len(calls) == 5
+    assert len(calls) == 5 and len(one_pass) == 2
     assert fourth[0] == tensor_hash("w", "float32", (10,), data)
     assert fourth[1].tobytes() == summarize(data, "float32").tobytes()
     # an array instead of a callable works the same way

@@ -16,6 +16,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+def full_shape(shape, shard: "Shard | None") -> tuple[int, ...]:
+    """The shape of the whole tensor that a recorded tensor of local `shape` is (a replica) or is a
+    piece of (`shard`): what its hash identity and its index entry name."""
+    return tuple(int(d) for d in shape) if shard is None else shard.full_shape
+
+
 @dataclass(frozen=True)
 class Shard:
     """Where one rank's piece sits in the full tensor."""

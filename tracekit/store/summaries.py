@@ -137,12 +137,16 @@ def blocks(data: np.ndarray):
         yield flat[start : start + BLOCK]
 
 
-def summarize(data: np.ndarray, dtype: str) -> np.ndarray:
-    """The summary (float64[N_FIELDS]) of a flat tensor or shard `data` in storage dtype."""
+def _summary_of(parts, dtype: str) -> np.ndarray:
     acc = Summarizer(dtype)
-    for block in blocks(data):
+    for block in parts:
         acc.add(block)
     return acc.result()
+
+
+def summarize(data: np.ndarray, dtype: str) -> np.ndarray:
+    """The summary (float64[N_FIELDS]) of a flat tensor or shard `data` in storage dtype."""
+    return _summary_of(blocks(data), dtype)
 
 
 def digest_and_summary(ident: bytes, parts, dtype: str) -> tuple[bytes, np.ndarray]:
@@ -183,7 +187,9 @@ class DigestCache:
             digest = h.digest()
             if digest == last[0]:
                 return digest, last[1]
-        digest, summary = digest_and_summary(ident, feed(), dtype)
+            summary = _summary_of(feed(), dtype)  # it changed: its hash is known, its summary is not
+        else:
+            digest, summary = digest_and_summary(ident, feed(), dtype)
         self._last[slot] = (digest, summary, last is not None and digest == last[0])
         return digest, summary
 

@@ -10,6 +10,7 @@ from tracekit.store.dtypes import storage_dtype
 from tracekit.errors import StoreError
 from tracekit.store import TensorData
 from tracekit.store.hashing import identity
+from tracekit.store.shards import full_shape
 from tracekit.store.summaries import DigestCache
 
 # numpy lacks these dtypes; the store keeps their bits in an unsigned integer array of equal width
@@ -56,7 +57,6 @@ def digested(t: TensorData, cache: DigestCache, slot) -> TensorData:
     (--full), hashed and summarized where it is recorded, so that its bytes need not travel. The
     hash and summary are the ones the store writer computes from the bytes (same code). `cache`
     and `slot`: a frozen tensor is hashed first and its summary reused (DigestCache)."""
-    shape = t.shape if t.shard is None else t.shard.full_shape
     data = np.ascontiguousarray(t.data).reshape(-1)
-    digest, summary = cache.get(slot, identity(t.name, t.dtype, shape, t.shard), data, t.dtype)
+    digest, summary = cache.get(slot, identity(t.name, t.dtype, full_shape(t.shape, t.shard), t.shard), data, t.dtype)
     return replace(t, data=data[:0], digest=digest, summary=summary)

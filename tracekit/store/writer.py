@@ -33,7 +33,7 @@ from tracekit.store.keep import keeps_bytes, parse_full
 from tracekit.store.location import resolve
 from tracekit.store.meta import STEPS, KindMeta, TensorInfo, index_of
 from tracekit.store.nodemeta import NodeMeta
-from tracekit.store.shards import Shard
+from tracekit.store.shards import Shard, full_shape
 from tracekit.store.summaries import N_FIELDS, DigestCache, row_width, seal
 from tracekit.store.summaries import finite as summary_finite
 
@@ -216,7 +216,7 @@ def _index_entries(tensors: Sequence["TensorData"]) -> tuple[list[TensorInfo], d
 
 def _check_same_tensors(kind: str, index: list[TensorInfo], tensors: Sequence["TensorData"], shards=None) -> None:
     shards = shards or [None] * len(tensors)
-    if ([(t.name, t.dtype, tuple(t.shape) if sh is None else sh.full_shape, sh) for t, sh in zip(tensors, shards)]
+    if ([(t.name, t.dtype, full_shape(t.shape, sh), sh) for t, sh in zip(tensors, shards)]
             != [(e.name, e.dtype, e.shape, e.shard) for e in index]):
         raise StoreError(
             f"the {kind} tensors changed between steps (names, dtypes or shapes); "
@@ -256,7 +256,7 @@ class _ObjectKindWriter:
         self._digests = DigestCache()  # per tensor: a frozen one is hashed, and its summary reused
 
     def _create(self, tensors: Sequence[TensorData], shards) -> None:
-        index, _ = index_of((t.name, t.dtype, t.shape if sh is None else sh.full_shape) for t, sh in zip(tensors, shards))
+        index, _ = index_of((t.name, t.dtype, full_shape(t.shape, sh)) for t, sh in zip(tensors, shards))
         index = [replace(e, shard=sh, keeps_bytes=keeps_bytes(self.full, self.kind, e.name)) for e, sh in zip(index, shards)]
         n = len(index)
         self.hash_array = _row_array(self.group, HASH_ARRAY, HASH_BYTES * n, np.uint8)
