@@ -17,6 +17,13 @@ write rate, and the raw disk write speed for the same bytes. Variants:
   summaries  --full matching no tensor: summaries and hashes only
   gather     the former path (every rank gathers whole tensors), for comparison
 The load average is printed at the start and the end: on a shared machine say it beside a figure.
+
+So is what creating a file costs on the disk, before and after (the writer creates one file per
+tensor kept, ~600 per rank and step at 10M). On an ext4 without a journal (this VM's disk) it is
+12-35 us while the disk is quiet, but 0.3-0.6 ms for a minute or more after many files were
+deleted (a removed store, an earlier bench's): the allocator then skips each recently freed inode
+one by one (fs/ext4/ialloc.c, recently_deleted()). A 10M figure measured in that state is the
+disk's, not tracekit's: wait until the probe says tens of microseconds.
 """
 
 from __future__ import annotations
@@ -239,6 +246,20 @@ def _time_recorder_phases() -> dict:
     return totals
 
 
+def create_cost(folder: str, files: int = 300) -> float:
+    """Seconds to create (and write 4 KiB into) one new file in a new subfolder of `folder`, as the
+    store writer does per object. The files stay until the bench's folder is removed: deleting
+    them here would itself slow the creations that follow (see the module's doc)."""
+    sub = tempfile.mkdtemp(prefix="create-probe-", dir=folder)
+    data = b"\0" * 4096
+    t0 = time.perf_counter()
+    for i in range(files):
+        fd = os.open(os.path.join(sub, str(i)), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        os.write(fd, data)
+        os.close(fd)
+    return (time.perf_counter() - t0) / files
+
+
 def raw_write_speed(folder: str, nbytes: int) -> float:
     import numpy as np
 
@@ -288,7 +309,12 @@ def main() -> None:
                __file__, "--worker", "--params", str(args.params), "--steps", str(args.steps), "--batch", str(args.batch),
                "--every", str(args.every), "--variants", args.variants, "--queue-mb", str(args.queue_mb), "--dir", folder]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        sys.exit(subprocess.call(cmd, env=env))
+        before = create_cost(folder)
+        print(f"creating a file on this disk, before the bench: {before * 1e6:.0f} us", flush=True)
+        rc = subprocess.call(cmd, env=env)
+        print(f"creating a file on this disk, after the bench:  {create_cost(folder) * 1e6:.0f} us "
+              f"(before: {before * 1e6:.0f} us; hundreds of us: figures slowed by recent deletions)")
+        sys.exit(rc)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
 

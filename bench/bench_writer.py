@@ -11,7 +11,8 @@ read back with read_entry, as the writer process reads it), so reading the spool
 
 Prints CPU ms per step (process time: the figure that competes with the training ranks for cores)
 and wall ms, split into: reading the spool entry, the store write (RankWriter.write and
-complete_step), and, on their own, the summaries and hashes of the same tensors. The store is
+complete_step), and, on their own, the summaries and hashes of the same tensors, and what
+creating a file costs on the disk before and after (bench_record.py's doc says why). The store is
 removed at the end. --profile: cProfile of the store write instead.
 """
 
@@ -65,8 +66,11 @@ def main(argv=None) -> int:
     if args.format == 1:
         step_tensors = [(k, t.__class__(t.name, t.dtype, t.shard.full_shape if t.shard else t.shape, t.data))
                         for k, t in step_tensors if t.shard is None]
+    from bench_record import create_cost  # this folder's: what creating a file costs on the disk now
+
     work = tempfile.mkdtemp(prefix="bench_writer_", dir=args.dir)
     try:
+        probe = create_cost(work)
         create_store(os.path.join(work, "s"), {}, format_version=args.format)
         full = ("tracekit-bench-matches-no-tensor",) if args.summaries_only else ()
         w = RankWriter(os.path.join(work, "s"), 0, {}, full=full)
@@ -110,7 +114,8 @@ def main(argv=None) -> int:
         n = args.steps
         print(f"format {args.format}, {'summaries only' if args.summaries_only else 'bytes kept'}, "
               f"{len(step_tensors)} tensors, {sum(t.data.nbytes for _, t in step_tensors) / 1e6:.1f} MB per step, "
-              f"load {os.getloadavg()[0]:.2f}")
+              f"load {os.getloadavg()[0]:.2f}; creating a file: {probe * 1e6:.0f} us before, "
+              f"{create_cost(work) * 1e6:.0f} us after (bench_record.py's doc)")
         print(f"  read spool entry   CPU {t_read / n * 1e3:7.1f} ms/step   wall {w_read / n * 1e3:7.1f}")
         print(f"  store write        CPU {t_write / n * 1e3:7.1f} ms/step   wall {w_write / n * 1e3:7.1f}"
               f"   (of the CPU, in the kernel: {sys_write / n * 1e3:.0f} ms)")
