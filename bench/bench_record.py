@@ -1,7 +1,7 @@
 """Recording overhead on a model of ~200 tensors trained with FSDP2 on 2 CPU ranks, every step recorded.
 
 Run: python bench/bench_record.py [--params 10|100] [--steps N] [--ranks 2] [--every K] [--dir DIR]
-                                  [--variants pieces,summaries,gather] [--queue-mb MB]
+                                  [--variants pieces,summaries,gather] [--queue-mb MB] [--keep]
 
 --params 10: 100 x Linear(316) = 10.0M parameters (issue target <= 1.2x); --params 100: 100 x
 Linear(1000) = 100.1M (targets: <= 1.5x with bytes, <= 1.1x summaries only).
@@ -290,6 +290,8 @@ def main() -> None:
                    "(default: pieces,summaries,gather at 10M; pieces,summaries at 100M)")
     p.add_argument("--queue-mb", type=int, default=None, help="the recorder's queue cap (default: RecordConfig's)")
     p.add_argument("--dir", default=None, help="folder on the disk to measure (default: a temp dir)")
+    p.add_argument("--keep", action="store_true", help="leave the stores (and say where): removing thousands of "
+                   "files slows the file creations of a bench run right after (see the doc)")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.steps is None:
@@ -316,7 +318,10 @@ def main() -> None:
               f"(before: {before * 1e6:.0f} us; hundreds of us: figures slowed by recent deletions)")
         sys.exit(rc)
     finally:
-        shutil.rmtree(folder, ignore_errors=True)
+        if args.keep:
+            print(f"the stores are left in {folder}")
+        else:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":

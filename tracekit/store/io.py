@@ -184,10 +184,13 @@ def _write_direct(fd: int, view: memoryview, head: int, direct: "Direct") -> mem
 # machine whose cores all train it is taken from the training. Measured here, 60 MB as objects
 # into fresh page cache against direct: 64 KiB each 110 vs 65 ms of CPU, 200 KiB 89 vs 26-38,
 # 1 MiB 73 vs 10-15 (the direct writes wait for the disk instead: 130, 80-100 and 60 ms of wall,
-# which the writer, running beside the training, can spend). But a 10M-parameter recording
-# (~200 KiB pieces) showed no gain end to end with 128 KiB here (its writer's kernel time is the
-# creation and renaming of ~600 files a step, not the copy), so smaller objects stay buffered.
-DIRECT_MIN = 1 << 20
+# which the writer, running beside the training, can spend). A 10M-parameter recording (~200 KiB
+# pieces; bench/bench_record.py, 8 runs alternating, the disk quiet: creating a file 13-22 us)
+# takes 182-213 ms of writer CPU per step with 128 KiB (50-66 of it in the kernel) against
+# 198-268 (105-147) with 1 MiB; its step ratio, noisy here, 1.25-1.42x against 1.32-1.47x. An
+# earlier test that saw no gain was made while recent deletions made each file creation cost
+# ~0.3 ms (bench_record.py's doc), which then hid the copy.
+DIRECT_MIN = 128 << 10
 DIRECT_ALIGN = 4096  # buffer address and length: a multiple of any disk's logical block
 # Local disk file systems where O_DIRECT is plain DMA; elsewhere (NFS, FUSE, overlay, tmpfs) it
 # can be slow, emulated or refused, so objects are written through the page cache.
