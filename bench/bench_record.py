@@ -1,7 +1,7 @@
 """Recording overhead on a model of ~200 tensors trained with FSDP2 on 2 CPU ranks, every step recorded.
 
 Run: python bench/bench_record.py [--params 10|100] [--steps N] [--ranks 2] [--every K] [--dir DIR]
-                                  [--variants pieces,summaries,gather] [--queue-mb MB] [--keep]
+                                  [--variants pieces,objects,summaries,gather] [--queue-mb MB] [--keep]
 
 --params 10: 100 x Linear(316) = 10.0M parameters (issue target <= 1.2x); --params 100: 100 x
 Linear(1000) = 100.1M (targets: <= 1.5x with bytes, <= 1.1x summaries only).
@@ -13,7 +13,9 @@ kernel (its file writes; the writer is a child of the rank,
 counted once it has exited at close); extra peak RSS of the rank over its unrecorded steps, the
 writer's peak RSS and the most bytes spooled at once, against the queue cap; the store's bytes and
 write rate, and the raw disk write speed for the same bytes. Variants:
-  pieces     each rank writes its pieces of the sharded tensors, every tensor's bytes (the default)
+  pieces     each rank writes its pieces of the sharded tensors, every tensor's bytes (the default):
+             store format 3, a step's small tensors packed into a few files (docs/FORMAT.md, Packs)
+  objects    the same into a format 2 store: every tensor its own file, for comparison
   summaries  --full matching no tensor: summaries and hashes only
   gather     the former path (every rank gathers whole tensors), for comparison
 The load average is printed at the start and the end: on a shared machine say it beside a figure.
@@ -95,6 +97,13 @@ def worker(args) -> None:
     for variant in args.variants:
         store = os.path.join(args.dir, f"store-{variant}")
         full = (NOTHING,) if variant == "summaries" else ()
+        if variant == "objects":  # made before the Recorder would make it in the current format
+            if rank == 0:
+                from tracekit.store import create_store
+                from tracekit.store.ownership import new_run_id
+
+                create_store(store, {"launcher": None, "run_id": new_run_id()}, format_version=2)
+            dist.barrier()
         phases = _time_recorder_phases()
         _reset_peak_rss()
         self0, child0 = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
@@ -146,6 +155,7 @@ def _report(args, model, world, plain, plain_cpu, per_rank, load0, load1, writer
     ratios = {}
     for variant, res in r0.items():
         how = {"pieces": "each rank its pieces, every tensor's bytes",
+               "objects": "each rank its pieces, every tensor's bytes, format 2 (a file per tensor)",
                "summaries": "summaries and hashes only (--full matching no tensor)",
                "gather": "every rank gathers whole tensors (the former path)"}[variant]
         step = res["step"]
@@ -179,6 +189,8 @@ def _report(args, model, world, plain, plain_cpu, per_rank, load0, load1, writer
             print(f"  raw disk write (numpy+fsync) of as many bytes: {raw_write_speed(args.dir, written) / mb:.1f} MB/s")
     if "pieces" in ratios and "gather" in ratios:
         print(f"pieces / gather step time:    {ratios['pieces'] / ratios['gather']:8.2f}x")
+    if "pieces" in ratios and "objects" in ratios:
+        print(f"pieces (format 3) / objects (format 2) step time: {ratios['pieces'] / ratios['objects']:8.2f}x")
     if "pieces" in ratios and "summaries" in ratios:
         print(f"summaries / pieces step time: {ratios['summaries'] / ratios['pieces']:8.2f}x")
 
@@ -286,7 +298,7 @@ def main() -> None:
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--every", type=int, default=1, help="record every k-th step (k > 1: a disk that keeps up)")
-    p.add_argument("--variants", default=None, help="comma-separated: pieces, summaries, gather "
+    p.add_argument("--variants", default=None, help="comma-separated: pieces, objects, summaries, gather "
                    "(default: pieces,summaries,gather at 10M; pieces,summaries at 100M)")
     p.add_argument("--queue-mb", type=int, default=None, help="the recorder's queue cap (default: RecordConfig's)")
     p.add_argument("--dir", default=None, help="folder on the disk to measure (default: a temp dir)")

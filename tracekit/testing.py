@@ -15,7 +15,7 @@ import numpy as np
 from tracekit.compare import diff
 from tracekit.compare.render import render
 
-__all__ = ["assert_stores_close", "write_store"]
+__all__ = ["assert_stores_close", "tensor_bytes", "write_store"]
 
 
 def assert_stores_close(ref, cand, *, max_rows: int = 10, **options) -> None:
@@ -69,3 +69,17 @@ def write_store(path, data: Mapping[int, Mapping[int, Mapping[str, Mapping[str, 
                 w.complete_step(step)
         w.close()
     return path
+
+
+def tensor_bytes(store, rank: int, kind: str, step: int, name: str) -> tuple[str, int, int]:
+    """Where one recorded tensor's bytes lie in a local format-2/3 store, for tests that damage
+    them on purpose: (the file, the offset of its first byte there, its length). The file is the
+    tensor's own object, or the pack it shares with other small tensors (docs/FORMAT.md)."""
+    import os
+
+    from tracekit.store import open_store
+
+    view = open_store(os.fspath(store)).rank(rank)
+    loc = view.locate(kind, step, name)
+    length = loc.length if loc.length is not None else view.tensor(kind, name).stored_nbytes
+    return os.path.join(os.fspath(store), *loc.key.split("/")), loc.base, length

@@ -162,15 +162,15 @@ def _corrupt(path: Path, how: str) -> Path:
         chunk = store / "rank_0" / "parameters" / "float32" / "c" / "2" / "0"
         chunk.write_bytes(chunk.read_bytes()[:10])
     elif how in ("deleted object", "flipped bit in object"):
-        from tracekit.store import open_store
-        from tracekit.store.format import object_key
+        from tracekit.testing import tensor_bytes
 
-        obj = store.joinpath(*object_key(open_store(str(store)).rank(1).digests("gradients", 2)["w"]).split("/"))
+        file, base, _ = tensor_bytes(store, 1, "gradients", 2, "w")  # its object, or its range of a pack
+        obj = Path(file)
         if how == "deleted object":
             obj.unlink()
         else:
             raw = bytearray(obj.read_bytes())
-            raw[3] ^= 0x10
+            raw[base + 3] ^= 0x10
             obj.write_bytes(bytes(raw))
     return store
 

@@ -74,7 +74,7 @@ def test_a_two_rank_recording_straight_into_a_bucket(s3, recorded_sample, tmp_pa
     # plain xarray opens the bucket store: format 2 shows it the index (a 16-byte hash per tensor and step)
     tree = xr.open_datatree(url, engine="zarr", storage_options={"endpoint_url": s3.endpoint})
     assert sorted(tree.children) == ["rank_0", "rank_1"]
-    assert store.format_version == 2
+    assert store.format_version == 3
     hashes = tree["rank_1/gradients"]["hash"].values
     digests = store.rank(1).digests("gradients", 2)
     first = store.rank(1).tensors("gradients")[0]
@@ -142,22 +142,22 @@ def _bucket_run(fault=1.0):
 
 
 def test_verify_finds_a_corrupted_object_in_a_bucket_store(s3):
-    from tracekit.store.format import object_key
     from tracekit.testing import write_store
 
     url = write_store(s3.url("ref"), _bucket_run())
-    assert open_store(url).format_version == 2
+    assert open_store(url).format_version == 3
     code, out = cli("verify", url)
     assert code == 0 and out.startswith("verify: OK"), out
-    digest = open_store(url).rank(1).digests("gradients", 2)["w"]
-    obj = f"{s3.bucket}/ref/{object_key(digest)}"
-    good = s3.fs.cat_file(obj)
-    s3.fs.pipe_file(obj, good[:-1] + bytes([good[-1] ^ 0x80]))  # one flipped bit, same size
+    loc = open_store(url).rank(1).locate("gradients", 2, "w")  # its own object, or its range of a pack
+    obj = f"{s3.bucket}/ref/{loc.key}"
+    good = bytearray(s3.fs.cat_file(obj))
+    good[loc.base + 47] ^= 0x80  # one flipped bit in w's last byte, same size
+    s3.fs.pipe_file(obj, bytes(good))
     code, out = cli("verify", url)
     lines = out.strip().splitlines()
     problems = [line for line in lines if line.startswith("damaged: ")]
     assert code == 2, out
-    assert problems == [f"damaged: rank 1 gradients step 2 tensor w: bytes do not match their hash (object {object_key(digest)})"]
+    assert problems == [f"damaged: rank 1 gradients step 2 tensor w: bytes do not match their hash (object {loc.label})"]
     assert lines[-1].startswith(f"verify: 1 problem: {url}") and "Traceback" not in out
     code, out = cli("diff", url, write_store(s3.url("cand"), _bucket_run()), "--check-hashes")
     assert code == 2 and "damaged store" in out and "rank 1 gradients step 2 tensor w" in out, out
@@ -176,10 +176,13 @@ def test_full_keeps_only_matching_bytes_in_a_bucket_store(s3, tmp_path):
     assert view.group.attrs["full"] == ["parameters:*", "loss:*"]
     assert [t.keeps_bytes for t in view.tensors("gradients")] == [False]
     objects = {k.rsplit("/objects/", 1)[1].replace("/", "") for k in s3.objects() if "/objects/" in k and not k.endswith("zarr.json")}
-    kept = {view.digests(k, s)[name].hex() for k in ("parameters", "loss") for s in (1, 2, 3) for name in ("w", "loss")
-            if name in view.digests(k, s)}
+    # the files of the kept tensors (their objects, or the packs they lie in) and no others
+    kept = {store.rank(r).locate(k, s, name).key.split("/", 1)[1].replace("/", "") for r in (0, 1)
+            for k in ("parameters", "loss") for s in (1, 2, 3) for name in ("w", "loss") if name in view.digests(k, s)}
     dropped = {store.rank(r).digests("gradients", s)["w"].hex() for r in (0, 1) for s in (1, 2, 3)}
     assert objects == kept and not objects & dropped
+    assert sum(len(v) for k, v in s3.objects().items() if "/objects/" in k and not k.endswith("zarr.json")) <= \
+        sum(t.stored_nbytes for r in (0, 1) for k in ("parameters", "loss") for s in (1, 2, 3) for t in store.rank(r).tensors(k))
     np.testing.assert_array_equal(view.read("parameters", 2, "w"), _bucket_run()[1][2]["parameters"]["w"])
     code, out = cli("verify", url)
     assert code == 0, out
@@ -199,7 +202,7 @@ def test_fsdp_recorded_into_a_bucket_keeps_pieces_and_equals_the_recording_on_di
     assert recorded.returncode == 0, recorded.stderr[-2000:]
     local, _ = recorded_sample("fsdp")
     remote, disk = open_store(url), open_store(local)
-    assert remote.format_version == disk.format_version == 2
+    assert remote.format_version == disk.format_version == 3
     pieces = [t for t in remote.rank(0).tensors("parameters") if t.shard is not None]
     assert pieces, "fsdp parameters should be recorded as each rank's pieces"
     code, out = cli("diff", "--exact", url, local)

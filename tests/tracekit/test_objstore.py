@@ -86,7 +86,7 @@ def test_a_deleted_chunk_object_is_an_error_not_zeros(s3):
 def test_a_deleted_or_altered_object_of_a_format_2_bucket_store_is_damage(s3):
     """Reads check each object's bytes against its hash on a bucket as on disk: a missing object
     or one whose bytes changed (same size) is a damaged store, never zeros or a numeric verdict."""
-    url = write_store(s3.url("ref"), _data(0))
+    url = write_store(s3.url("ref"), _data(0), format_version=2)
     view = open_store(url).rank(1)
     info = view.tensor("gradients", "w")
     key = object_key(view.digests("gradients", 2)["w"])
@@ -101,9 +101,29 @@ def test_a_deleted_or_altered_object_of_a_format_2_bucket_store_is_damage(s3):
         open_store(url).rank(1).read("gradients", 2, "w")
 
 
-def test_an_object_already_in_the_bucket_is_not_put_again(s3, monkeypatch):
+def test_a_damaged_pack_member_in_a_bucket_is_damage(s3):
+    """Format 3 on a bucket: a flipped bit in one tensor's range of a pack is damage named for
+    that tensor (read with a ranged GET); a pack gone is damage for each of its members."""
+    url = write_store(s3.url("ref"), _data(0))
+    loc = open_store(url).rank(1).locate("gradients", 2, "w")
+    assert loc.length is not None, "small tensors are packed in format 3"
+    obj = f"{s3.bucket}/ref/{loc.key}"
+    good = bytearray(s3.fs.cat_file(obj))
+    good[loc.base + 1] ^= 1
+    s3.fs.pipe_file(obj, bytes(good))
+    with pytest.raises(StoreError, match=r"damaged store: .*rank 1 gradients step 2 tensor w: bytes do not match their hash"):
+        open_store(url).rank(1).read("gradients", 2, "w")
+    assert [(p.rank, p.step, p.tensor) for p in verify_store(url).problems] == [(1, 2, "w")]
+    s3.fs.rm(obj)
+    with pytest.raises(StoreError, match=r"is missing"):
+        open_store(url).rank(1).read("gradients", 2, "w")
+
+
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_an_object_already_in_the_bucket_is_not_put_again(s3, monkeypatch, fmt):
     """Content addressing on an object store: bytes identical across ranks or steps are one object,
-    PUT once (the second writer finds it with a HEAD, or in its own list of what it wrote)."""
+    PUT once (the second writer finds it with a HEAD, or in its own list of what it wrote). Format 3:
+    the step-1 pack holding w, then (w unchanged) w's own object, each PUT once for both ranks."""
     from tracekit.store.location import Location
 
     asked = []  # the object keys each call asks the bucket about (HEAD, then PUT if absent)
@@ -115,7 +135,7 @@ def test_an_object_already_in_the_bucket_is_not_put_again(s3, monkeypatch):
 
     monkeypatch.setattr(Location, "put_missing", counted)
     url = s3.url("dedup")
-    create_store(url, {})
+    create_store(url, {}, format_version=fmt)
     w = np.arange(12, dtype=np.float32)
     written = []
     for rank in (0, 1):
@@ -125,11 +145,17 @@ def test_an_object_already_in_the_bucket_is_not_put_again(s3, monkeypatch):
             rw.complete_step(step)
         written.append(rw.kinds["parameters"].objects_written)
         rw.close()
-    assert written == [1, 0]
     key = object_key(tensor_hash("w", "float32", (12,), w))
-    assert asked == [[key], [key]]  # once per writer: steps 2 and 3 of a writer ask nothing
+    if fmt == 2:
+        assert written == [1, 0]
+        assert asked == [[key], [key]]  # once per writer: steps 2 and 3 of a writer ask nothing
+    else:
+        from tracekit.store.packs import pack_key
+
+        assert written == [2, 0]
+        assert asked == [[pack_key([bytes.fromhex(key.replace("/", "")[len(OBJECTS_DIR):])])], [key]] * 2
     objects = [k for k in s3.objects() if f"/dedup/{OBJECTS_DIR}/" in k and not k.endswith("zarr.json")]
-    assert len(objects) == 1
+    assert len(objects) == fmt - 1
     store = open_store(url)
     for rank in (0, 1):
         np.testing.assert_array_equal(store.rank(rank).read("parameters", 3, "w"), w)
@@ -278,17 +304,20 @@ def test_any_fsspec_url_holds_format_2_memory(tmp_path):
     write_store(url, _data(0))
     local = write_store(tmp_path / "local", _data(0))
     store = open_store(url)
-    assert store.format_version == 2
+    assert store.format_version == 3
     assert tracekit.diff(url, local, exact=True).passed
     np.testing.assert_array_equal(store.rank(1).read("gradients", 3, "w"), _data(0)[1][3]["gradients"]["w"])
     assert verify_store(url).ok
     fs = fsspec.filesystem("memory")
-    key = object_key(store.rank(0).digests("gradients", 1)["b"])
-    path = f"{url.removeprefix('memory://')}/{key}"
-    good = fs.cat_file(path)
-    fs.pipe_file(path, good[::-1])  # same size, other bytes
+    loc = store.rank(0).locate("gradients", 1, "b")
+    path = f"{url.removeprefix('memory://')}/{loc.key}"
+    good = bytearray(fs.cat_file(path))
+    n = store.rank(0).tensor("gradients", "b").stored_nbytes
+    good[loc.base:loc.base + n] = good[loc.base:loc.base + n][::-1]  # same size, other bytes
+    fs.pipe_file(path, bytes(good))
     problems = verify_store(url).problems
-    # b is the same on both ranks at every step: one object, named once per entry that uses it
-    assert [(p.rank, p.kind, p.step, p.tensor) for p in problems] == [(r, "gradients", s, "b") for r in (0, 1) for s in (1, 2, 3)]
+    # named once per entry whose bytes lie there (format 3: b's range of the pack rank 0 wrote at step 1)
+    uses = [(r, "gradients", s, "b") for r in (0, 1) for s in (1, 2, 3) if store.rank(r).locate("gradients", s, "b") == loc]
+    assert uses and [(p.rank, p.kind, p.step, p.tensor) for p in problems] == uses
     assert all("bytes do not match their hash" in p.what for p in problems)
     fs.rm(url.removeprefix("memory://"), recursive=True)

@@ -70,11 +70,38 @@ def test_abs_err_matches_plain_files(divergence_runs, diffds):
     ref, cand = divergence_runs
 
     def plain(path, rank, kind, name, step):
-        """The tensor read by hand: its hash from the index array (plain zarr), its bytes from its object."""
+        """The tensor read by hand, as docs/FORMAT.md says (no tracekit code): its hash from the index
+        array (plain zarr), its bytes from its object or, format 3, from its range of a pack."""
+        import xxhash
+
         g = zarr.open_group(os.path.join(path, f"rank_{rank}", kind), mode="r")
-        i, e = next((i, e) for i, e in enumerate(g.attrs["tensors"]) if e["name"] == name)
-        h = bytes(g["hash"][list(g.attrs["steps"]).index(step), 16 * i:16 * (i + 1)]).hex()
-        return np.fromfile(os.path.join(path, "objects", h[:2], h[2:]), dtype=e["dtype"]).reshape(e["shape"])
+        entries = g.attrs["tensors"]
+        i, e = next((i, e) for i, e in enumerate(entries) if e["name"] == name)
+        row = list(g.attrs["steps"]).index(step)
+        hashes = lambda r: [bytes(g["hash"][r, 16 * j:16 * (j + 1)]) for j in range(len(entries))]  # noqa: E731
+        h, file, base = hashes(row)[i], None, 0
+        packs = g.attrs.get("packs")
+        if packs:  # members: kept, smaller than `below`, changed since the previous row
+            before = hashes(row - 1) if row else [None] * len(entries)
+            size = lambda x: int(np.prod(x.get("shard", {}).get("shape", x["shape"]))) * np.dtype(x["dtype"]).itemsize  # noqa: E731
+            for sharded in (False, True):
+                group, used = [], 0
+                members = [j for j, x in enumerate(entries) if x.get("bytes", True) and ("shard" in x) == sharded
+                           and size(x) < packs["below"] and hashes(row)[j] != before[j]]
+                for j in members + [None]:
+                    if j is None or (group and used + size(entries[j]) > packs["max"]):
+                        if i in group:
+                            key = xxhash.xxh3_128_digest(b"tracekit pack\0" + b"".join(hashes(row)[k] for k in group)).hex()
+                            file = os.path.join(path, "objects", key[:2], key[2:])
+                            base = sum(size(entries[k]) for k in group[:group.index(i)])
+                        group, used = [], 0
+                    if j is not None:
+                        group.append(j)
+                        used += size(entries[j])
+        if file is None:
+            file = os.path.join(path, "objects", h.hex()[:2], h.hex()[2:])
+        count = int(np.prod(e["shape"]))
+        return np.fromfile(file, dtype=e["dtype"], count=count, offset=base).reshape(e["shape"])
 
     for kind, name in (("gradients", "0.weight"), ("outputs", "output"), ("parameters", "2.bias"), ("loss", "loss")):
         var = diffds[f"abs_err/{kind}/{name}"]

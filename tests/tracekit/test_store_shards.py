@@ -11,7 +11,7 @@ import tracekit
 from tracekit import StoreError, open_store
 from tracekit.cli.main import main
 from tracekit.store import RankWriter, TensorData, create_store
-from tracekit.store.format import object_key
+from tracekit.testing import tensor_bytes
 from tracekit.store.shards import Shard
 from tracekit.store.verify import verify_store
 
@@ -52,8 +52,9 @@ def _objects(path):
     return [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(path, "objects")) for f in fs if f != "zarr.json"]
 
 
-def test_every_rank_reads_whole_tensors_assembled_from_the_pieces(tmp_path):
-    path = _write(str(tmp_path / "s"))
+@pytest.mark.parametrize("version", [2, 3])
+def test_every_rank_reads_whole_tensors_assembled_from_the_pieces(tmp_path, version):
+    path = _write(str(tmp_path / "s"), version=version)
     store = open_store(path)
     for r in range(RANKS):
         view = store.rank(r)
@@ -65,16 +66,21 @@ def test_every_rank_reads_whole_tensors_assembled_from_the_pieces(tmp_path):
             got = view.read_kind("parameters", s)
             assert all(np.array_equal(got[n], a) for n, a in _full(s).items())
     # per step: two pieces of w, rank 0's piece of e, one b shared by both ranks; rank 1's empty
-    # piece of e is the same object at every step
-    assert len(_objects(path)) == 3 * 4 + 1
+    # piece of e is the same object at every step. Format 3 packs them: per step each rank's
+    # pieces, and b (shared); rank 1's empty piece, unchanged after step 1, is its own object.
+    assert len(_objects(path)) == (3 * 4 + 1 if version == 2 else 3 * 3 + 1)
+    assert sum(os.path.getsize(o) for o in _objects(path)) == 3 * (15 + 3 + 4) * 4  # w, e, b: each element once
     assert verify_store(path).ok
 
 
-def test_verify_counts_the_bytes_of_the_objects_it_hashed_not_of_whole_tensors(tmp_path):
-    path = _write(str(tmp_path / "s"))
+@pytest.mark.parametrize("version", [2, 3])
+def test_verify_counts_the_bytes_of_the_objects_it_hashed_not_of_whole_tensors(tmp_path, version):
+    path = _write(str(tmp_path / "s"), version=version)
     result = verify_store(path)
-    # every object once: a piece of w or e counts its own bytes, not the whole tensor's
-    assert result.ok and result.objects == len(_objects(path))
+    # every object once: a piece of w or e counts its own bytes, not the whole tensor's. Format 3:
+    # each packed tensor is checked on its own, 5 a step (b shared); rank 1's empty piece of e is
+    # in step 1's pack, then its own object for steps 2 and 3
+    assert result.ok and result.objects == (len(_objects(path)) if version == 2 else 3 * 5 - 1)
     assert result.bytes_read == sum(os.path.getsize(o) for o in _objects(path))
 
 
@@ -108,10 +114,9 @@ def test_a_changed_piece_is_a_difference_on_every_rank_that_holds_it(tmp_path):
 @pytest.mark.parametrize("twin", [False, True])
 def test_a_damaged_piece_is_damage_for_every_rank_that_reads_it(tmp_path, twin):
     path = _write(str(tmp_path / "s"))
-    digest = open_store(path).rank(1).row_digests("parameters", 1)[0]  # rank 1's piece of w, step 2
-    obj = os.path.join(path, *object_key(digest).split("/"))
+    obj, base, _ = tensor_bytes(path, 1, "parameters", 2, "w")  # rank 1's piece of w, step 2
     data = bytearray(open(obj, "rb").read())
-    data[1] ^= 0x10
+    data[base + 1] ^= 0x10
     open(obj, "wb").write(bytes(data))
     with pytest.raises(StoreError, match=r"^damaged store: .*: rank 1 parameters step 2 tensor w: bytes do not match"):
         open_store(path).rank(0).read("parameters", 2, "w")

@@ -18,6 +18,7 @@ from tracekit.compare import diff
 from tracekit.compare.by_summary import compare_summaries
 from tracekit.errors import StoreError, UsageError
 from tracekit.store import open_store
+from tracekit.testing import tensor_bytes
 from tracekit.store.format import object_key
 from tracekit.store.keep import keeps_bytes, parse_full
 from tracekit.store.hashing import identity, tensor_hash
@@ -69,7 +70,7 @@ def stores(tmp_path_factory):
 def test_every_tensor_has_a_summary_and_only_full_tensors_keep_bytes(stores):
     path = stores["ref"]
     store = open_store(path)
-    kept_digests, dropped = set(), []
+    kept_digests, dropped, kept_places = set(), [], []
     for rank in store.ranks:
         view = store.rank(rank)
         data = _run()[rank]
@@ -82,11 +83,15 @@ def test_every_tensor_has_a_summary_and_only_full_tensors_keep_bytes(stores):
                     np.testing.assert_allclose(sums[t.name], expected, rtol=1e-12)
                     assert t.keeps_bytes == (kind in ("parameters", "loss"))
                     (kept_digests.add if t.keeps_bytes else lambda d: dropped.append((kind, t.name, d)))(digests[t.name])
+                    if t.keeps_bytes:
+                        kept_places.append(tensor_bytes(path, rank, kind, step, t.name))
         assert view.group.attrs["full"] == list(FULL)
-    assert all(os.path.exists(os.path.join(path, object_key(d))) for d in kept_digests)
-    # a dropped tensor has no object, unless a kept tensor of the same name holds the same bytes
-    # (the hash covers name, dtype, shape and bytes, not the kind: deltas w == step 1's parameters w)
-    assert dropped and all(os.path.exists(os.path.join(path, object_key(d))) == (d in kept_digests) for _, _, d in dropped)
+    # a kept tensor's bytes are in its object or its pack (format 3)
+    assert all(os.path.getsize(f) >= base + n for f, base, n in kept_places)
+    objects = [os.path.join(d, f) for d, _, fs in os.walk(os.path.join(path, "objects")) for f in fs if f != "zarr.json"]
+    assert {f for f, _, _ in kept_places} == set(objects)  # and nothing else is stored
+    # so a dropped tensor has no object of its own (nor a place in a pack: the files hold the kept bytes only)
+    assert sum(os.path.getsize(f) for f in objects) <= sum(n for _, _, n in kept_places)
     assert sum(d not in kept_digests for _, _, d in dropped) >= 12  # gradients w, b and outputs y at 3 steps, 2 ranks
 
 

@@ -10,9 +10,9 @@ from click.testing import CliRunner
 import tracekit
 from tracekit import StoreError, open_store
 from tracekit.cli.main import main
-from tracekit.store.format import FINITE_ARRAY, HASH_ARRAY, object_key
+from tracekit.store.format import FINITE_ARRAY, HASH_ARRAY
 from tracekit.store.verify import verify_store
-from tracekit.testing import write_store
+from tracekit.testing import tensor_bytes, write_store
 
 
 def _w(step, rank=0, drift=0.0):
@@ -36,43 +36,72 @@ def _objects(path):
     return sorted(os.path.join(d, f) for d, _, fs in os.walk(os.path.join(path, "objects")) for f in fs if f != "zarr.json")
 
 
-def _object_path(path, rank, kind, step, name):
-    digest = open_store(path).rank(rank).digests(kind, step)[name]
-    return os.path.join(path, *object_key(digest).split("/"))
+def _object_bytes(path):
+    return sum(os.path.getsize(f) for f in _objects(path))
 
 
-def test_identical_bytes_are_stored_once_across_ranks_and_steps(tmp_path):
-    path = _run(str(tmp_path / "s"), ranks=4, steps=3)
-    # per step: w, v, loss (equal on all ranks) -> 3 objects; frozen once for all steps
-    assert len(_objects(path)) == 3 * 3 + 1
+def _sharing(path, rank, kind, step, name, beyond=None):
+    """The tensors of (rank, kind, step) whose bytes lie in the file `name`'s bytes lie in (all
+    of its own object, or its pack's members), or only those past byte `beyond` of that file."""
+    file = tensor_bytes(path, rank, kind, step, name)[0]
+    out = set()
+    for t in open_store(path).rank(rank).tensors(kind):
+        f, base, n = tensor_bytes(path, rank, kind, step, t.name)
+        if f == file and (beyond is None or base + n > beyond):
+            out.add(t.name)
+    return out
+
+
+@pytest.mark.parametrize("version", [2, 3])
+def test_identical_bytes_are_stored_once_across_ranks_and_steps(tmp_path, version):
+    path = _run(str(tmp_path / "s"), ranks=4, steps=3, version=version)
+    if version == 2:
+        # per step: w, v, loss (equal on all ranks) -> 3 objects; frozen once for all steps
+        assert len(_objects(path)) == 3 * 3 + 1
+    else:
+        # per step: one pack of the gradients w, v (equal on all ranks) and one of the loss; frozen
+        # in step 1's pack, then, unchanged, its own object once for the later steps
+        assert len(_objects(path)) == 3 * 2 + 1
+    assert _object_bytes(path) == 3 * (48 + 48 + 4) + 28 * (1 if version == 2 else 2)
     store = open_store(path)
     for r in range(4):
         np.testing.assert_array_equal(store.rank(r).read("gradients", 2, "w"), _w(2))
         np.testing.assert_array_equal(store.rank(r).read("gradients", 3, "frozen"), np.ones(7, np.float32))
 
 
-def test_a_drifted_replica_keeps_its_own_bytes(tmp_path):
-    path = _run(str(tmp_path / "s"), ranks=2, steps=1, drift=1e-3, frozen=False)
+@pytest.mark.parametrize("version", [2, 3])
+def test_a_drifted_replica_keeps_its_own_bytes(tmp_path, version):
+    path = _run(str(tmp_path / "s"), ranks=2, steps=1, drift=1e-3, frozen=False, version=version)
     store = open_store(path)
     d0, d1 = store.rank(0).digests("gradients", 1), store.rank(1).digests("gradients", 1)
-    assert d0["w"] != d1["w"] and len(_objects(path)) == 2 + 2 + 1  # w, v per rank; one loss
+    # w, v per rank (v3: one pack per rank); one loss
+    assert d0["w"] != d1["w"] and len(_objects(path)) == (2 + 2 + 1 if version == 2 else 2 + 1)
+    assert _object_bytes(path) == 2 * 2 * 48 + 4
     np.testing.assert_array_equal(store.rank(1).read("gradients", 1, "w"), _w(1, 1, 1e-3))
     report = tracekit.diff(path, path, align="rank")
     assert report.passed and report.bytes_compared == 2 * 2 * 4  # against itself: only the scalar losses are read
 
 
-def _flip_bit(file, byte=5):
+def _flip_bit(path, rank=1, kind="gradients", step=2, name="w", byte=5):
+    """Flip one bit of a tensor's bytes; the tensors it damages."""
+    file, base, _ = tensor_bytes(path, rank, kind, step, name)
     with open(file, "r+b") as f:
-        f.seek(byte)
+        f.seek(base + byte)
         b = f.read(1)[0]
-        f.seek(byte)
+        f.seek(base + byte)
         f.write(bytes([b ^ 0x01]))
+    return {name}
 
 
 def _copy_from_other_step(path):
-    src, dst = _object_path(path, 1, "gradients", 1, "w"), _object_path(path, 1, "gradients", 2, "w")
-    with open(src, "rb") as f, open(dst, "wb") as g:
-        g.write(f.read())  # same size, valid bytes of another step: only the hash tells
+    (src, s0, n), (dst, d0, _) = tensor_bytes(path, 1, "gradients", 1, "w"), tensor_bytes(path, 1, "gradients", 2, "w")
+    with open(src, "rb") as f:
+        f.seek(s0)
+        data = f.read(n)
+    with open(dst, "r+b") as g:
+        g.seek(d0)
+        g.write(data)  # same size, valid bytes of another step: only the hash tells
+    return {"w"}
 
 
 def _swap_index_entries(path):
@@ -81,14 +110,29 @@ def _swap_index_entries(path):
     raw = bytearray(open(chunk, "rb").read())
     raw[0:16], raw[16:32] = raw[16:32], raw[0:16]
     open(chunk, "wb").write(bytes(raw))
+    return {"w", "v"}  # in a pack: its name follows from the (swapped) hashes, so it is not found at all
+
+
+def _remove(path):
+    """Remove the file of rank 1's step-2 w: its own object, or its pack with every member."""
+    hit = _sharing(path, 1, "gradients", 2, "w")
+    os.remove(tensor_bytes(path, 1, "gradients", 2, "w")[0])
+    return hit
+
+
+def _truncate(path):
+    file, base, _ = tensor_bytes(path, 1, "gradients", 2, "w")
+    hit = _sharing(path, 1, "gradients", 2, "w", beyond=base + 8)  # w and the members after it
+    os.truncate(file, base + 8)
+    return hit
 
 
 DAMAGE = {
-    "flipped_bit": lambda p: _flip_bit(_object_path(p, 1, "gradients", 2, "w")),
+    "flipped_bit": _flip_bit,
     "copied_from_other_step": _copy_from_other_step,
     "swapped_index_entries": _swap_index_entries,
-    "missing_object": lambda p: os.remove(_object_path(p, 1, "gradients", 2, "w")),
-    "truncated_object": lambda p: os.truncate(_object_path(p, 1, "gradients", 2, "w"), 8),
+    "missing_object": _remove,
+    "truncated_object": _truncate,
 }
 
 
@@ -117,22 +161,24 @@ def test_verify_names_each_problem_on_one_line(tmp_path, damage):
     path = _run(str(tmp_path / "s"), ranks=2, steps=3, drift=1e-3)
     clean = CliRunner().invoke(main, ["verify", path])
     assert clean.exit_code == 0 and clean.output.startswith("verify: OK"), clean.output
-    DAMAGE[damage](path)
+    hit = DAMAGE[damage](path)
     result = CliRunner().invoke(main, ["verify", path])
     assert result.exit_code == 2
     lines = result.output.strip().splitlines()
     problems = [line for line in lines if line.startswith("damaged: ")]
-    expected = {"rank 1 gradients step 2 tensor w"} | ({"rank 1 gradients step 2 tensor v"} if damage == "swapped_index_entries" else set())
-    assert {line.split(": ")[1] for line in problems} == expected, lines
+    assert {line.split(": ")[1] for line in problems} == {f"rank 1 gradients step 2 tensor {t}" for t in hit}, lines
+    assert len(problems) == len(hit)
     assert lines[-1].startswith(f"verify: {len(problems)} problem")
 
 
-def test_verify_reports_a_missing_index_chunk_and_v1_missing_chunks(tmp_path):
-    path = _run(str(tmp_path / "s"), ranks=1, steps=2)
+@pytest.mark.parametrize("version", [2, 3])
+def test_verify_reports_a_missing_index_chunk_and_v1_missing_chunks(tmp_path, version):
+    path = _run(str(tmp_path / "s"), ranks=1, steps=2, version=version)
     os.remove(os.path.join(path, "rank_0", "loss", HASH_ARRAY, "c", "0", "0"))
     result = verify_store(path)
-    assert [(p.rank, p.kind, p.step) for p in result.problems] == [(0, "loss", 1)]
-    assert "index" in result.problems[0].what
+    # format 3: a packed row is found through the previous row's hashes too, so step 2 is reported as well
+    assert [(p.rank, p.kind, p.step) for p in result.problems] == [(0, "loss", 1)] + ([(0, "loss", 2)] if version == 3 else [])
+    assert all("index" in p.what for p in result.problems)
 
     v1 = _run(str(tmp_path / "v1"), ranks=1, steps=2, version=1)
     assert verify_store(v1).ok
@@ -175,7 +221,7 @@ def test_equal_hashes_are_decided_without_reading_by_default_and_the_report_says
     them are not read, so a flipped bit there goes unseen by the diff (the report counts the
     comparisons decided so) and is found by `verify` and by `diff --check-hashes`."""
     lie = _run(str(tmp_path / "lie"), ranks=2, steps=3, drift=1e-3)
-    _flip_bit(_object_path(lie, 1, "gradients", 2, "w"))
+    _flip_bit(lie)
     twin = str(tmp_path / "twin")
     shutil.copytree(lie, twin)
     checked = CliRunner().invoke(main, ["diff", lie, twin, "--exact", "--check-hashes"])
@@ -255,8 +301,9 @@ def test_equal_hashes_read_each_distinct_object_once(tmp_path, monkeypatch):
     assert report.passed and report.identical_by_hash == 4 * 3 * 3 and scanned == []
     report = tracekit.diff(ref, same, exact=True, jobs=2, trust_index=False)
     assert report.passed and report.identical_by_hash == 4 * 3 * 3
-    # per store: w and v of each step (equal on all ranks) and one frozen object; scalars are read, not scanned
-    assert len(scanned) == len(set(scanned)) == 2 * (3 * 2 + 1)
+    # per store: w and v of each step (equal on all ranks) and frozen: in step 1's pack, then its
+    # own object (format 3); scalars are read, not scanned. Each read once.
+    assert len(scanned) == 2 * (3 * 2 + 2)
 
 
 def test_nan_tensors_are_read_even_when_hashes_agree(tmp_path):
@@ -307,13 +354,17 @@ def test_kind_metadata_roundtrips_and_matches_the_schema(tmp_path):
     from tracekit.store.meta import KindMeta
 
     schema = part(load("store-metadata"), "kind")
-    for version in (1, 2):
+    for version in (1, 2, 3):
         path = _run(str(tmp_path / f"v{version}"), ranks=1, steps=2, version=version)
         attrs = json.load(open(os.path.join(path, "rank_0", "gradients", "zarr.json")))["attributes"]
         jsonschema.validate(attrs, schema)
         meta = KindMeta.from_attrs(attrs)
         assert meta.to_attrs() == attrs and meta.steps == [1, 2] and [t.name for t in meta.tensors] == ["w", "v", "frozen"]
         assert (meta.hash is None) == (version == 1)
+        assert (meta.packs is not None) == (version == 3)
+    for bad in ({"below": 1}, {"below": -1, "max": 2}, {"below": True, "max": 2}, [1, 2]):
+        with pytest.raises(ValueError, match="packs"):
+            KindMeta.from_attrs({**attrs, "packs": bad})
     with pytest.raises(ValueError, match="offset/numel"):
         KindMeta.from_attrs({**attrs, "tensors": [{**attrs["tensors"][0], "numel": 5}]})
     with pytest.raises(TypeError):

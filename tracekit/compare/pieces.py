@@ -161,7 +161,7 @@ def check_entries(plan: TensorPlan) -> None:
     for s in plan.sides:
         for p in s.pieces.values():
             pv, name = p.view, p.info.name
-            finite = pv.store.verified.get(p.digest)
+            finite = pv.store.verified.get(p.digest, p.loc)
             if finite is None:
                 raise RuntimeError("check_entries before the region's objects were read")
             pv.check_finite_flag(plan.kind, p.row, pv.position(plan.kind, name), finite, pv.where(plan.kind, plan.step, name))

@@ -3,9 +3,10 @@
 Only tracekit/store uses these: everything else reads and writes through the store's API.
 """
 
-# 2: content-addressed objects + per-(rank, kind) index rows of hashes. 1: packed arrays.
-FORMAT_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+# 3: format 2 with each row's small tensors packed together (store/packs.py). 2: content-addressed
+# objects + per-(rank, kind) index rows of hashes. 1: packed arrays.
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 # Root group attribute under which all tracekit metadata lives; a zarr group without it is foreign.
 ROOT_KEY = "tracekit"
 RANK_PREFIX = "rank_"

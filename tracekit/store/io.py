@@ -330,14 +330,50 @@ def prefetch(root, keys: Iterable[str]) -> None:
             os.close(fd)
 
 
-def reader(root, key: str, whole: int | None = None):
+def reader(root, key: str, whole: int | None = None, base: int = 0, length: int | None = None):
     """Positional reads of one object. `root`: a local folder, or a Location (tracekit/store/location.py)
     of a store at a URL, read with ranged GETs. Missing: FileNotFoundError; not a regular file or
     unreadable: OSError. `whole`: the size the caller expects when it reads the object whole, from
-    offset 0; at a URL the object then comes in one GET (no HEAD for its size first)."""
-    if is_local(root):
-        return Reader(_folder(root), key)
-    return _RemoteReader(root, key, whole)
+    offset 0; at a URL the object then comes in one GET (no HEAD for its size first).
+    `base`, `length`: read the `length` bytes from `base` of the object instead (a tensor in a
+    pack, store/packs.py): offsets and size() are then those within that range."""
+    # (a range at a URL: a HEAD for the object's size, then ranged GETs)
+    r = Reader(_folder(root), key) if is_local(root) else _RemoteReader(root, key, whole if length is None else None)
+    return r if length is None else _Range(r, base, length)
+
+
+class _Range:
+    """Reads of `length` bytes from `base` of an object, as if they were an object of their own;
+    size() is what of them the object holds (less when it is truncated)."""
+
+    def __init__(self, inner, base: int, length: int):
+        self.inner, self.base, self.length = inner, base, length
+        self.key = inner.key
+        self._size: int | None = None
+
+    def size(self) -> int:
+        if self._size is None:
+            self._size = max(0, min(self.length, self.inner.size() - self.base))
+        return self._size
+
+    def readinto(self, offset: int, view: memoryview) -> int:
+        view = view.cast("B") if view.format != "B" else view
+        want = max(0, min(len(view), self.length - offset))
+        if want == 0:
+            return 0
+        return self.inner.readinto(self.base + offset, view[:want])
+
+    def prefetch(self) -> None:
+        self.inner.prefetch()
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 class _RemoteReader:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from tracekit.store.dtypes import storage_dtype
+from tracekit.store.packs import PACKS, PackSpec
 from tracekit.store.shards import Shard
 
 # Attribute keys of a kind group.
@@ -102,11 +103,13 @@ def index_of(tensors) -> tuple[list[TensorInfo], dict[str, int]]:
 
 @dataclass
 class KindMeta:
-    """A kind group's attributes: the tensor index, the step of each row, the hash (format 2)."""
+    """A kind group's attributes: the tensor index, the step of each row, the hash (format 2),
+    how its small tensors are packed (format 3: store/packs.py; None: every tensor its own object)."""
 
     tensors: list[TensorInfo]
     steps: list[int] = field(default_factory=list)
     hash: str | None = None
+    packs: PackSpec | None = None
 
     @classmethod
     def from_attrs(cls, attrs: dict) -> "KindMeta":
@@ -116,10 +119,13 @@ class KindMeta:
         steps = attrs.get(STEPS, [])
         if not isinstance(steps, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in steps):
             raise TypeError("the step list is not a list of integers")
-        return cls([TensorInfo.from_attrs(e) for e in entries], list(steps), attrs.get(HASH))
+        return cls([TensorInfo.from_attrs(e) for e in entries], list(steps), attrs.get(HASH),
+                   PackSpec.from_attrs(attrs.get(PACKS)))
 
     def to_attrs(self) -> dict:
         out = {TENSORS: [t.to_attrs() for t in self.tensors], STEPS: list(self.steps)}
         if self.hash is not None:
             out[HASH] = self.hash
+        if self.packs is not None:
+            out[PACKS] = self.packs.to_attrs()
         return out

@@ -18,28 +18,27 @@ from tracekit.store import format as _format, io
 from tracekit.store.dtypes import all_finite, storage_dtype
 from tracekit.store.format import object_key
 from tracekit.store.hashing import FILE_PIECE, hasher
+from tracekit.store.packs import Located
 
 
 class Verified:
-    """Objects whose bytes matched their hash, with whether they are all finite, per open store
-    (thread-safe). An object is immutable, so once checked it need not be read again to be trusted."""
+    """Places whose bytes matched their hash (an object, or a tensor's range of a pack), with
+    whether they are all finite, per open store (thread-safe). Objects are immutable, so once
+    checked they need not be read again to be trusted. Keyed by hash and place: one tensor's
+    bytes can lie in several packs, each checked on its own."""
 
     def __init__(self):
-        self._done: dict[bytes, bool] = {}
+        self._done: dict[tuple[bytes, Located], bool] = {}
         self._lock = threading.Lock()
 
-    def __contains__(self, digest: bytes) -> bool:
+    def get(self, digest: bytes, loc: Located) -> bool | None:
+        """The finiteness of the bytes at `loc` once verified against `digest`; None while they are not."""
         with self._lock:
-            return digest in self._done
+            return self._done.get((digest, loc))
 
-    def get(self, digest: bytes) -> bool | None:
-        """The object's finiteness once verified; None while it is not."""
+    def add(self, digest: bytes, loc: Located, finite: bool) -> None:
         with self._lock:
-            return self._done.get(digest)
-
-    def add(self, digest: bytes, finite: bool) -> None:
-        with self._lock:
-            self._done[digest] = finite
+            self._done[digest, loc] = finite
 
 
 def damaged(where: str, what: str) -> StoreError:
@@ -51,10 +50,13 @@ def no_bytes(where: str) -> StoreError:
     return StoreError(f"{where}: its bytes were not kept (recorded as summary and hash only; see --full)")
 
 
-def scan_object(root: str, digest: bytes, info, buf: np.ndarray | None = None) -> tuple[str | None, bool]:
-    """Read the object of tensor `info` whose hash is `digest` once: (what is wrong with it, or None
-    when its bytes match; whether every element is finite). `buf`: a reusable read buffer."""
-    key = object_key(digest)
+def scan_object(root: str, digest: bytes, info, buf: np.ndarray | None = None,
+                loc: Located | None = None) -> tuple[str | None, bool]:
+    """Read the bytes of tensor `info` whose hash is `digest` once: (what is wrong with them, or None
+    when they match; whether every element is finite). `buf`: a reusable read buffer; `loc`: where
+    they lie (default: the tensor's own object)."""
+    loc = loc or Located(object_key(digest))
+    key = loc.label
     dtype = storage_dtype(info.dtype)
     expected = info.stored_nbytes
     if buf is None:
@@ -63,7 +65,8 @@ def scan_object(root: str, digest: bytes, info, buf: np.ndarray | None = None) -
     finite = True
     try:
         # one piece holds it all: read whole (at a URL one GET, no HEAD), its size checked after
-        with io.reader(root, key, whole=expected if expected <= piece else None) as reader:
+        with io.reader(root, loc.key, whole=expected if expected <= piece else None, base=loc.base,
+                       length=loc.length) as reader:
             h = hasher(info.name, info.dtype, info.shape, info.shard)
             pos = 0
             while pos < expected or pos == 0:
@@ -87,28 +90,30 @@ def scan_object(root: str, digest: bytes, info, buf: np.ndarray | None = None) -
     return None, finite
 
 
-def object_problem(root: str, digest: bytes, info, buf: np.ndarray | None = None) -> str | None:
-    """What is wrong with the object of tensor `info` whose hash is `digest`; None when its bytes match."""
-    return scan_object(root, digest, info, buf)[0]
+def object_problem(root: str, digest: bytes, info, buf: np.ndarray | None = None, loc: Located | None = None) -> str | None:
+    """What is wrong with the bytes of tensor `info` whose hash is `digest`; None when they match."""
+    return scan_object(root, digest, info, buf, loc)[0]
 
 
-def check_object(root: str, digest: bytes, info, where: str) -> bool:
+def check_object(root: str, digest: bytes, info, where: str, loc: Located | None = None) -> bool:
     """Whether the object's elements are all finite; StoreError (a damaged store, naming `where`)
     unless its bytes match its hash."""
-    problem, finite = scan_object(root, digest, info)
+    problem, finite = scan_object(root, digest, info, None, loc)
     if problem is not None:
         raise damaged(where, problem)
     return finite
 
 
-def read_object(store, digest: bytes, info, where: str) -> tuple[np.ndarray, bool]:
-    """The whole object of `info` (flat, storage dtype), its bytes checked against `digest` unless
-    this open store verified it already; and whether its elements are all finite."""
-    key = object_key(digest)
+def read_object(store, digest: bytes, info, where: str, loc: Located | None = None) -> tuple[np.ndarray, bool]:
+    """The whole object of `info` (flat, storage dtype; `loc`: where it lies, by default its own
+    object), its bytes checked against `digest` unless this open store verified them already; and
+    whether its elements are all finite."""
+    loc = loc or Located(object_key(digest))
+    key = loc.label
     dtype = storage_dtype(info.dtype)
     out = np.empty(info.stored_numel, dtype=dtype)
     try:
-        with io.reader(store.io_root, key, whole=out.nbytes) as r:
+        with io.reader(store.io_root, loc.key, whole=out.nbytes, base=loc.base, length=loc.length) as r:
             got = r.readinto(0, memoryview(out.view(np.uint8))) if out.nbytes else 0
             if r.size() != out.nbytes:
                 raise damaged(where, f"its object {key} has {r.size()} bytes, the index says {out.nbytes}")
@@ -118,14 +123,14 @@ def read_object(store, digest: bytes, info, where: str) -> tuple[np.ndarray, boo
         raise damaged(where, f"its object {key} is missing") from None
     except OSError as err:
         raise damaged(where, f"its object is unreadable ({err.strerror or err})") from None
-    finite = store.verified.get(digest)
+    finite = store.verified.get(digest, loc)
     if finite is None:
         h = hasher(info.name, info.dtype, info.shape, info.shard)
         h.update(memoryview(out.view(np.uint8)))
         if h.digest() != digest:
             raise damaged(where, f"bytes do not match their hash (object {key})")
         finite = all_finite(out, info.dtype)
-        store.verified.add(digest, finite)
+        store.verified.add(digest, loc, finite)
     return out, finite
 
 
@@ -169,8 +174,8 @@ class ObjectRows:
             expected = t.stored_nbytes
             if expected <= HUGE_CLAIM or t.shard is not None or not t.keeps_bytes:
                 continue
-            digest = self.view.row_digests(self.kind, 0)[self._positions[t.name]]
-            key = object_key(digest)
+            loc = self.view.locations(self.kind, 0)[self._positions[t.name]]  # never packed: its own object
+            key = loc.key
             size = io.size(self.view.store.io_root, key)
             if size != expected:
                 where = self._where(0, t.name)
@@ -194,13 +199,15 @@ class ObjectRows:
     def prefetch(self, row: int, start: int, stop: int) -> None:
         """Start reading from disk the objects that elements [start, stop) of a row lie in (a hint,
         io.prefetch): a caller about to read the range has them arrive while it compares."""
-        digests = self.view.row_digests(self.kind, row)
+        locs = self.view.locations(self.kind, row)
         i = max(0, int(np.searchsorted(self._starts, start, side="right")) - 1)
         keys = []
         while i < len(self.tensors) and self.tensors[i].offset < stop:
             t = self.tensors[i]
             if t.keeps_bytes and t.shard is None and t.offset + t.numel > start:
-                keys.append(object_key(digests[self._positions[t.name]]))
+                key = locs[self._positions[t.name]].key
+                if key not in keys:  # a pack: hinted once
+                    keys.append(key)
             i += 1
         io.prefetch(self.view.store.io_root, keys)
 
@@ -212,6 +219,7 @@ class ObjectRows:
         store = self.view.store
         root = store.io_root
         digests = self.view.row_digests(self.kind, row)
+        locs = self.view.locations(self.kind, row)
         item = self.dtype.itemsize
         dest = out.view(np.uint8)
         i = max(0, int(np.searchsorted(self._starts, start, side="right")) - 1)
@@ -230,13 +238,15 @@ class ObjectRows:
                 digest = digests[pos]
                 where = self._where(row, t.name)
                 whole = s == t.offset and e == t.offset + t.numel
-                finite = store.verified.get(digest)
+                loc = locs[pos]
+                finite = store.verified.get(digest, loc)
                 if finite is None and not whole:  # a piece: check the whole object first (once), then read the piece
-                    finite = store.ensure_verified(digest, t, where)
+                    finite = store.ensure_verified(digest, t, where, loc)
                 view = memoryview(dest[(s - start) * item : (e - start) * item])
-                key = object_key(digest)
+                key = loc.label
                 try:
-                    with io.reader(root, key, whole=len(view) if whole else None) as r:
+                    with io.reader(root, loc.key, whole=len(view) if whole else None, base=loc.base,
+                                   length=loc.length) as r:
                         got = r.readinto((s - t.offset) * item, view)
                         if finite is None and got == len(view):
                             # the whole tensor was read: check these very bytes, no second read
@@ -247,7 +257,7 @@ class ObjectRows:
                             if h.digest() != digest:
                                 raise damaged(where, f"bytes do not match their hash (object {key})")
                             finite = all_finite(out[s - start : e - start], t.dtype)
-                            store.verified.add(digest, finite)
+                            store.verified.add(digest, loc, finite)
                 except FileNotFoundError:
                     raise damaged(where, f"its object {key} is missing") from None
                 except OSError as err:

@@ -27,8 +27,8 @@ from tracekit.store.scratch import thread_buffer
 from tracekit.store.format import FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX_STEP, RANK_PREFIX, ROOT_KEY, SUMMARY_ARRAY
 from tracekit.store.hashing import HASH_BYTES, combined
 from tracekit.store.dtypes import all_finite
-from tracekit.store.format import object_key
 from tracekit.store.hashing import hasher
+from tracekit.store.packs import PACKS, Located, PackSpec, locations
 from tracekit.store import objects as _objects
 from tracekit.store.objects import ObjectRows, Verified, damaged, no_bytes, read_object
 from tracekit.store.summaries import N_FIELDS, combine, fields_of, row_width, unseal
@@ -117,12 +117,13 @@ def _scan_buffer() -> np.ndarray:
 @dataclass(frozen=True)
 class Piece:
     """One piece of a sharded tensor (format 2): the rank view that wrote it, its row there, its
-    index entry (entry.shard: where it sits) and its content hash."""
+    index entry (entry.shard: where it sits), its content hash and where its bytes lie."""
 
     view: "RankView"
     row: int
     info: TensorInfo
     digest: bytes
+    loc: Located
 
     @property
     def region(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -140,7 +141,7 @@ def prefetch_pieces(pieces) -> None:
     """Start reading these pieces' objects from disk in the background (a hint, io.prefetch)."""
     for p in pieces:
         if p.info.keeps_bytes:
-            io.prefetch(p.view.store.io_root, [object_key(p.digest)])
+            io.prefetch(p.view.store.io_root, [p.loc.key])
 
 
 class PieceReader:
@@ -159,13 +160,13 @@ class PieceReader:
         if not info.keeps_bytes:
             raise no_bytes(self.where)
         self.dtype = storage_dtype(info.dtype)
-        self.key = object_key(piece.digest)
-        self.known = self.store.verified.get(piece.digest)  # finiteness, once verified
+        self.key = piece.loc.label
+        self.known = self.store.verified.get(piece.digest, piece.loc)  # finiteness, once verified
         self.hash = None if self.known is not None else hasher(info.name, info.dtype, info.shape, info.shard)
         self.finite = True
         self.pos = 0
         try:
-            self.reader = io.reader(self.store.io_root, self.key)
+            self.reader = io.reader(self.store.io_root, piece.loc.key, base=piece.loc.base, length=piece.loc.length)
         except FileNotFoundError:
             raise damaged(self.where, f"its object {self.key} is missing") from None
         except OSError as err:
@@ -210,7 +211,7 @@ class PieceReader:
             elif finite is None:
                 raise ValueError("finish() needs the finiteness the caller counted")
             finite = bool(finite)
-            self.store.verified.add(self.piece.digest, finite)
+            self.store.verified.add(self.piece.digest, self.piece.loc, finite)
         pv.check_finite_flag(self.kind, self.piece.row, pv.position(self.kind, info.name), finite, self.where)
 
     def close(self) -> None:
@@ -255,6 +256,7 @@ class RankView:
         self._row_lists: dict[str, tuple[int, ...]] = {}
         self._own: dict[str, tuple[int, ...]] = {}
         self._indexes: dict[str, dict[str, TensorInfo]] = {}
+        self._pack_specs: dict[str, PackSpec | None] = {}
 
     @property
     def coords(self) -> dict:
@@ -513,6 +515,36 @@ class RankView:
             self._index_cache[key] = values
         return values
 
+    def pack_spec(self, kind: str) -> PackSpec | None:
+        """How the kind's small tensors are packed (format 3, store/packs.py); None: not at all."""
+        def parse():
+            try:
+                return PackSpec.from_attrs(dict(self._kind(kind).attrs).get(PACKS))
+            except ValueError as e:
+                raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: malformed tensor index ({e})") from None
+        return self._once(self._pack_specs, kind, parse)
+
+    def locations(self, kind: str, row: int) -> tuple[Located, ...]:
+        """Where each tensor's bytes lie at a row, in index order (format 2 and 3)."""
+        key = (kind, PACKS, row)
+        with self._lock:
+            cached = self._index_cache.get(key)
+        if cached is None:
+            tensors = self.tensors(kind)
+            spec = self.pack_spec(kind)
+            previous = self.row_digests(kind, row - 1) if spec is not None and row > 0 else None
+            cached = tuple(locations(spec, self.row_digests(kind, row),
+                                     [t.stored_nbytes if t.keeps_bytes else None for t in tensors],
+                                     [t.shard is not None for t in tensors], previous))
+            with self._lock:
+                self._index_cache[key] = cached
+        return cached
+
+    def locate(self, kind: str, step: int, name: str) -> Located:
+        """Where tensor `name`'s bytes on this rank lie at `step` (format 2 and 3): its object, or
+        its range of a pack. What tools that look at files (and tests that damage them) ask."""
+        return self.locations(kind, self._row(kind, step))[self.position(kind, name)]
+
     def row_digests(self, kind: str, row: int) -> list[bytes]:
         """Each tensor's 16-byte content hash at a row, in index order (v2 only)."""
         key = (kind, HASH_ARRAY, row, "split")
@@ -629,13 +661,15 @@ class RankView:
         t = self.tensor(kind, name)
         if t.shard is None:
             raise StoreError(f"rank {self.rank} {kind} tensor {name!r} is not sharded")
-        return [Piece(pv, row, info, digest) for pv, row, info, digest in self._pieces(kind, step, t)]
+        return [Piece(pv, row, info, digest, pv.locations(kind, row)[pv.position(kind, info.name)])
+                for pv, row, info, digest in self._pieces(kind, step, t)]
 
     def object_piece(self, kind: str, step: int, name: str) -> "Piece":
         """An unsharded tensor's object (format 2) as a piece covering the whole tensor."""
         info = self.tensor(kind, name)
         row = self._row(kind, step)
-        return Piece(self, row, info, self.row_digests(kind, row)[self.position(kind, name)])
+        position = self.position(kind, name)
+        return Piece(self, row, info, self.row_digests(kind, row)[position], self.locations(kind, row)[position])
 
     def read_piece(self, kind: str, step: int, piece: "Piece") -> np.ndarray:
         """One piece's bytes (flat, storage dtype), checked against its hash (once per open store)
@@ -644,7 +678,7 @@ class RankView:
         where = pv.where(kind, step, name)
         if not piece.info.keeps_bytes:
             raise no_bytes(where)
-        data, finite = read_object(self.store, piece.digest, piece.info, where)
+        data, finite = read_object(self.store, piece.digest, piece.info, where, piece.loc)
         pv.check_finite_flag(kind, piece.row, pv.position(kind, name), finite, where)
         return data
 
@@ -714,12 +748,14 @@ class RankView:
         if info.shard is not None:  # every piece, on the rank that wrote it
             for pv, prow, pinfo, digest in self._pieces(kind, step, info):
                 where = pv.where(kind, step, name)
-                pv.check_finite_flag(kind, prow, pv.position(kind, name), self.store.ensure_verified(digest, pinfo, where), where)
+                ppos = pv.position(kind, name)
+                finite = self.store.ensure_verified(digest, pinfo, where, pv.locations(kind, prow)[ppos])
+                pv.check_finite_flag(kind, prow, ppos, finite, where)
             return
         position = self.position(kind, name)
         digest = self.row_digests(kind, row)[position]
         where = self.where(kind, step, name)
-        finite = self.store.ensure_verified(digest, info, where)
+        finite = self.store.ensure_verified(digest, info, where, self.locations(kind, row)[position])
         self.check_finite_flag(kind, row, position, finite, where)
 
     def _require_chunks(self, kind: str, key: str, row: int, start: int, stop: int) -> None:
@@ -776,7 +812,7 @@ class RunStore:
         self.format_version: int = self.meta["format_version"]
         self.verified = Verified()  # objects whose bytes matched their hash (immutable: checked once)
         self._verify_lock = threading.Lock()
-        self._object_locks: dict[bytes, threading.Lock] = {}
+        self._object_locks: dict[tuple, threading.Lock] = {}
         # (kind, step, tensor, layout) -> its pieces (RankView._pieces): asked by every holder
         self.pieces_cache: dict[tuple, tuple] = {}
         try:
@@ -823,22 +859,22 @@ class RunStore:
         """What tracekit/store/io.py reads objects under: the folder, or the URL's Location."""
         return self.path if self.location.is_local else self.location
 
-    def ensure_verified(self, digest: bytes, info: "TensorInfo", where: str) -> bool:
-        """Check an object's bytes against its hash once per open store; StoreError (damage) if they
-        differ. Returns whether all its elements are finite."""
-        finite = self.verified.get(digest)
+    def ensure_verified(self, digest: bytes, info: "TensorInfo", where: str, loc: Located) -> bool:
+        """Check the bytes at `loc` against their hash `digest` once per open store; StoreError
+        (damage) if they differ. Returns whether all its elements are finite."""
+        finite = self.verified.get(digest, loc)
         if finite is not None:
             return finite
         with self._verify_lock:  # one reader per object: threads naming the same object wait for it
-            lock = self._object_locks.setdefault(digest, threading.Lock())
+            lock = self._object_locks.setdefault((digest, loc), threading.Lock())
         with lock:
-            finite = self.verified.get(digest)
+            finite = self.verified.get(digest, loc)
             if finite is None:
                 # local files: a small reused buffer; an object store: FILE_PIECE-sized ranged GETs
-                problem, finite = _objects.scan_object(self.io_root, digest, info, _scan_buffer() if self.location.is_local else None)
+                problem, finite = _objects.scan_object(self.io_root, digest, info, _scan_buffer() if self.location.is_local else None, loc)
                 if problem is not None:
                     raise damaged(where, problem)
-                self.verified.add(digest, finite)
+                self.verified.add(digest, loc, finite)
         return finite
 
     @property

@@ -16,3 +16,15 @@ def thread_buffer(name: str, n: int, dtype) -> np.ndarray:
     if buf is None:
         buf = bufs[name] = np.empty(n, dtype=dtype)
     return buf
+
+
+def aligned_buffer(name: str, n: int) -> np.ndarray:
+    """This thread's page-aligned byte buffer `name` of at least n bytes (grown when too small): a
+    memory-mapped one, whose address O_DIRECT writes can take (tracekit/store/io.py, Direct)."""
+    import mmap
+
+    bufs = _local.__dict__.setdefault("aligned", {})
+    buf = bufs.get(name)
+    if buf is None or len(buf) < n:
+        buf = bufs[name] = np.frombuffer(mmap.mmap(-1, max(n, mmap.PAGESIZE)), dtype=np.uint8)
+    return buf

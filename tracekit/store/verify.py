@@ -73,7 +73,7 @@ def verify_store(path, on_problem: Callable[[Problem], None] | None = None) -> V
     except StoreError as e:
         report(Problem(None, None, None, None, str(e)))
         return result
-    known: dict[bytes, str | None] = {}  # object digest -> its problem (None: fine), each read once
+    known: dict = {}  # (hash, place) -> (its problem or None, finite), each read once; pack key -> its problem
     buf = np.empty(FILE_PIECE, dtype=np.uint8)
     for r in ranks:
         try:
@@ -109,24 +109,42 @@ def _verify_v2_kind(view: RankView, kind, tensors, rows, result, report, known, 
             digests = view.row_digests(kind, row)
             flags = view.finite(kind, step)
             view.check_summaries(kind, step)
+            locs = view.locations(kind, row)  # a packed row's: from its hashes and the previous row's
         except StoreError as e:
             report(Problem(view.rank, kind, step, None, _strip(str(e), root).split(": ", 1)[-1]))
             continue
-        for info, digest in zip(tensors, digests):
+        _check_pack_sizes(view, kind, step, locs, known, report)
+        for info, digest, loc in zip(tensors, digests, locs):
             result.entries += 1
             if not info.keeps_bytes:
                 continue  # summary and hash only (--full): no object to check the hash against
-            if digest not in known:
-                known[digest] = scan_object(io_root, digest, info, buf)
+            if (digest, loc) not in known:
+                known[digest, loc] = scan_object(io_root, digest, info, buf, loc)
                 result.objects += 1
-                if known[digest][0] is None:  # the object's bytes: a shard's, not the whole tensor's
+                if known[digest, loc][0] is None:  # the object's bytes: a shard's, not the whole tensor's
                     result.bytes_read += info.stored_nbytes
-            problem, finite = known[digest]
+            problem, finite = known[digest, loc]
             if problem is None and flags[info.name] != finite:
                 problem = (f"its finite index says {'all finite' if flags[info.name] else 'not all finite'}, "
                            "its bytes say otherwise")
             if problem is not None:
                 report(Problem(view.rank, kind, step, info.name, problem))
+
+
+def _check_pack_sizes(view: RankView, kind, step, locs, known, report) -> None:
+    """A pack (store/packs.py) holds exactly its members' bytes: one longer than they are is damage
+    its members' own checks cannot see. Each pack is looked at once."""
+    ends: dict[str, int] = {}
+    for loc in locs:
+        if loc.length is not None:
+            ends[loc.key] = max(ends.get(loc.key, 0), loc.base + loc.length)
+    for key, end in ends.items():
+        if key not in known:
+            size = io.size(view.store.io_root, key)
+            known[key] = (None if size is None or size <= end  # missing or short: each member says so
+                          else f"pack {key} has {size} bytes, its members {end}")
+        if known[key] is not None:
+            report(Problem(view.rank, kind, step, None, known[key]))
 
 
 def _verify_v1_kind(view: RankView, kind, tensors, rows, result, report) -> None:

@@ -33,6 +33,8 @@ from tracekit.store.keep import keeps_bytes, parse_full
 from tracekit.store.location import resolve
 from tracekit.store.meta import STEPS, KindMeta, TensorInfo, index_of
 from tracekit.store.nodemeta import NodeMeta
+from tracekit.store.packs import PackSpec, groups, pack_key
+from tracekit.store.scratch import aligned_buffer
 from tracekit.store.shards import Shard, full_shape
 from tracekit.store.summaries import N_FIELDS, DigestCache, row_width, seal
 from tracekit.store.summaries import finite as summary_finite
@@ -237,9 +239,12 @@ class _ObjectKindWriter:
     """Format v2: each tensor's bytes once as a content-addressed object (only the tensors `full`
     keeps; store/keep.py), then one index row per step: hashes, finiteness flags and summaries."""
 
-    def __init__(self, group: zarr.Group, kind: str, store_root, full: Sequence[str] = ()):
-        """store_root: where tracekit/store/io.py writes objects (a folder, or a URL's Location)."""
+    def __init__(self, group: zarr.Group, kind: str, store_root, full: Sequence[str] = (),
+                 packs: PackSpec | None = None):
+        """store_root: where tracekit/store/io.py writes objects (a folder, or a URL's Location);
+        packs: how small tensors are packed (format 3, store/packs.py), None: each its own object."""
         self.group = group
+        self.packs = packs
         self.group_meta = NodeMeta(group)  # the only writer of the kind's metadata from here on
         self.full = tuple(full)
         self.kind = kind
@@ -267,7 +272,13 @@ class _ObjectKindWriter:
         # per tensor, what every step repeats: the identity its hash covers, and its shard's size
         self._idents = [identity(e.name, e.dtype, e.shape, e.shard) for e in index]
         self._numels = [None if e.shard is None else e.shard.numel for e in index]
-        self.meta = KindMeta(index, [], ALGORITHM)
+        # which tensors may go into packs: kept and small (their sizes are fixed for the kind's life)
+        self._small = set()
+        if self.packs is not None:
+            self._small = {i for i, e in enumerate(index) if e.keeps_bytes and e.stored_nbytes < self.packs.below}
+        self._sharded = [e.shard is not None for e in index]
+        self._previous: list[bytes] | None = None  # the last row's hashes: unchanged tensors are not packed
+        self.meta = KindMeta(index, [], ALGORITHM, self.packs)
         self.group_meta.update_attrs(self.meta.to_attrs())
 
     def append(self, step: int, tensors: Sequence[TensorData], shards=None) -> None:
@@ -282,6 +293,9 @@ class _ObjectKindWriter:
         finite = np.empty(n, dtype=np.uint8)
         summaries = np.empty((n, N_FIELDS), dtype=np.float64)
         objects = []  # (key, bytes) of the tensors whose bytes are kept, written together at a URL
+        members: dict[int, tuple[bytes, memoryview]] = {}  # position -> (hash, bytes) of a packed tensor
+        row_digests: list[bytes] = []
+        previous = self._previous
         # locally each object is written as soon as it is hashed and summarized, while its bytes are
         # still in the CPU's cache (after the loop they would be copied from memory once more)
         local = io.is_local(self.root)
@@ -292,6 +306,7 @@ class _ObjectKindWriter:
                 if entry.keeps_bytes:
                     raise StoreError(f"{self.kind} tensor {t.name!r}: its bytes are to be kept (--full), but only its hash came")
                 digests += t.digest
+                row_digests.append(t.digest)
                 summaries[i] = t.summary
                 finite[i] = summary_finite(t.summary)  # the rank sends no complex tensor this way
                 continue
@@ -304,14 +319,22 @@ class _ObjectKindWriter:
             view = memoryview(data).cast("B")
             digest, summaries[i] = self._digests.get(i, ident, data, t.dtype)
             digests += digest
+            row_digests.append(digest)
             # the summary's NaN/Inf counts are exact but for complex (a magnitude can overflow)
             finite[i] = all_finite(data, t.dtype) if data.dtype.kind == "c" else summary_finite(summaries[i])
-            if entry.keeps_bytes:  # else summary and hash only (--full)
+            if i in self._small and (previous is None or previous[i] != digest):  # into a pack, after the loop
+                members[i] = (digest, view)
+            elif entry.keeps_bytes:  # else summary and hash only (--full)
                 if local:
                     self.objects_written += io.write_objects(self.root, [(object_key(digest), [view])], self.present,
                                                                self.direct)
                 else:
                     objects.append((object_key(digest), [view]))
+        if members:
+            sizes = [len(members[i][1]) if i in members else None for i in range(n)]
+            for group in groups(self.packs, sizes, self._sharded):
+                self._write_pack([members[i] for i in group], objects, local)
+        self._previous = row_digests
         digests = np.frombuffer(bytes(digests), dtype=np.uint8)
         # objects first: an index row never names an object that is not there
         if objects:
@@ -324,6 +347,25 @@ class _ObjectKindWriter:
         # The row counts only once it is listed: a crash mid-write leaves an unlisted row behind.
         self.steps.append(step)
         self.group_meta.update_attrs({STEPS: self.steps})
+
+
+    def _write_pack(self, members: list[tuple[bytes, memoryview]], objects: list, local: bool) -> None:
+        """One pack of this row (store/packs.py), unless it is stored already. Locally its members are
+        copied into one page-aligned buffer and written as one file (O_DIRECT where the disk takes it):
+        one copy in memory instead of a file created per tensor. At a URL: one PUT among the row's."""
+        key = pack_key([d for d, _ in members])
+        if key in self.present:
+            return
+        total = sum(len(v) for _, v in members)
+        if not local:
+            objects.append((key, [b"".join(v for _, v in members)]))
+            return
+        buf = aligned_buffer("pack", total)
+        pos = 0
+        for _, v in members:
+            buf[pos:pos + len(v)] = np.frombuffer(v, dtype=np.uint8)
+            pos += len(v)
+        self.objects_written += io.write_objects(self.root, [(key, [memoryview(buf[:total])])], self.present, self.direct)
 
 
 class _KindWriter:
@@ -448,7 +490,8 @@ class RankWriter:
         if kw is None:
             group = self.group.create_group(kind)
             kw = self.kinds[kind] = (_KindWriter(group, kind) if self.format_version == 1
-                                     else _ObjectKindWriter(group, kind, self.io_root, self.full))
+                                     else _ObjectKindWriter(group, kind, self.io_root, self.full,
+                                                            PackSpec() if self.format_version >= 3 else None))
         if self.format_version == 1:
             kw.append(step, tensors)
         else:
