@@ -1,7 +1,7 @@
 """CPU the writer process spends per recorded step, in-process: one FSDP rank's step of the 10M model.
 
 Run: OMP_NUM_THREADS=1 python bench/bench_writer.py [--dir DIR] [--steps N] [--summaries-only]
-                                                     [--profile] [--format 2|1]
+                                                     [--profile] [--format 3|2|1]
 
 Feeds tracekit.store.RankWriter what the writer process (recorders/spool_writer.py) gets from one
 rank of bench/bench_record.py --params 10 with 2 FSDP ranks: parameters, gradients and deltas,
@@ -53,7 +53,7 @@ def main(argv=None) -> int:
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--summaries-only", action="store_true", help="--full matching no tensor")
     p.add_argument("--profile", action="store_true")
-    p.add_argument("--format", type=int, default=2)
+    p.add_argument("--format", type=int, default=3, help="store format: 3 (packs), 2 (a file per tensor) or 1")
     args = p.parse_args(argv)
 
     from tracekit.recorders.spool import read_entry, write_entry
