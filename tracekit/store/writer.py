@@ -289,7 +289,6 @@ class _ObjectKindWriter:
         else:
             _check_same_tensors(self.kind, self.index, tensors, shards)
         n = len(tensors)
-        digests = bytearray()
         finite = np.empty(n, dtype=np.uint8)
         summaries = np.empty((n, N_FIELDS), dtype=np.float64)
         objects = []  # (key, bytes) of the tensors whose bytes are kept, written together at a URL
@@ -305,7 +304,6 @@ class _ObjectKindWriter:
             if t.digest is not None:  # hashed and summarized by the rank; no bytes came
                 if entry.keeps_bytes:
                     raise StoreError(f"{self.kind} tensor {t.name!r}: its bytes are to be kept (--full), but only its hash came")
-                digests += t.digest
                 row_digests.append(t.digest)
                 summaries[i] = t.summary
                 finite[i] = summary_finite(t.summary)  # the rank sends no complex tensor this way
@@ -318,7 +316,6 @@ class _ObjectKindWriter:
                 raise StoreError(f"{self.kind} tensor {t.name!r}: its data is not the shard its layout names")
             view = memoryview(data).cast("B")
             digest, summaries[i] = self._digests.get(i, ident, data, t.dtype)
-            digests += digest
             row_digests.append(digest)
             # the summary's NaN/Inf counts are exact but for complex (a magnitude can overflow)
             finite[i] = all_finite(data, t.dtype) if data.dtype.kind == "c" else summary_finite(summaries[i])
@@ -335,7 +332,7 @@ class _ObjectKindWriter:
             for group in groups(self.packs, sizes, self._sharded):
                 self._write_pack([members[i] for i in group], objects, local)
         self._previous = row_digests
-        digests = np.frombuffer(bytes(digests), dtype=np.uint8)
+        digests = np.frombuffer(b"".join(row_digests), dtype=np.uint8)
         # objects first: an index row never names an object that is not there
         if objects:
             self.objects_written += io.write_objects(self.root, objects, self.present)
@@ -347,7 +344,6 @@ class _ObjectKindWriter:
         # The row counts only once it is listed: a crash mid-write leaves an unlisted row behind.
         self.steps.append(step)
         self.group_meta.update_attrs({STEPS: self.steps})
-
 
     def _write_pack(self, members: list[tuple[bytes, memoryview]], objects: list, local: bool) -> None:
         """One pack of this row (store/packs.py), unless it is stored already. Locally its members are
