@@ -1,7 +1,7 @@
 """Recording overhead on a model of ~200 tensors trained with FSDP2 on 2 CPU ranks, every step recorded.
 
 Run: python bench/bench_record.py [--params 10|100] [--steps N] [--ranks 2] [--every K] [--dir DIR]
-                                  [--variants pieces,objects,summaries,gather] [--queue-mb MB] [--keep]
+                                  [--variants pieces,beside,objects,summaries,gather] [--queue-mb MB] [--keep]
 
 --params 10: 100 x Linear(316) = 10.0M parameters (issue target <= 1.2x); --params 100: 100 x
 Linear(1000) = 100.1M (targets: <= 1.5x with bytes, <= 1.1x summaries only).
@@ -15,6 +15,9 @@ writer's peak RSS and the most bytes spooled at once, against the queue cap; the
 write rate, and the raw disk write speed for the same bytes. Variants:
   pieces     each rank writes its pieces of the sharded tensors, every tensor's bytes (the default):
              store format 3, a step's small tensors packed into a few files (docs/FORMAT.md, Packs)
+  beside     the same with the writer processes at the ranks' priority (--writer-nice 0), for
+             comparison: by default they run at nice 19 and take the cores training leaves idle
+             (recorders/priority.py)
   objects    the same into a format 2 store: every tensor its own file, for comparison
   summaries  --full matching no tensor: summaries and hashes only
   gather     the former path (every rank gathers whole tensors), for comparison
@@ -109,7 +112,9 @@ def worker(args) -> None:
         self0, child0 = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
         child_sys0 = resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime
         t0 = time.perf_counter()
-        with Recorder(model, opt, config=RecordConfig(store=store, every=args.every, full=full, queue_mb=args.queue_mb)) as rec:
+        nice = {"writer_nice": 0} if variant == "beside" else {}
+        with Recorder(model, opt, config=RecordConfig(store=store, every=args.every, full=full, queue_mb=args.queue_mb,
+                                                      **nice)) as rec:
             if variant == "gather":
                 rec._pieces = False  # the former path, for comparison only
             handoff = rec._handoff
@@ -155,6 +160,7 @@ def _report(args, model, world, plain, plain_cpu, per_rank, load0, load1, writer
     ratios = {}
     for variant, res in r0.items():
         how = {"pieces": "each rank its pieces, every tensor's bytes",
+               "beside": "each rank its pieces, every tensor's bytes, writers at the ranks' priority (nice 0)",
                "objects": "each rank its pieces, every tensor's bytes, format 2 (a file per tensor)",
                "summaries": "summaries and hashes only (--full matching no tensor)",
                "gather": "every rank gathers whole tensors (the former path)"}[variant]
@@ -191,6 +197,8 @@ def _report(args, model, world, plain, plain_cpu, per_rank, load0, load1, writer
         print(f"pieces / gather step time:    {ratios['pieces'] / ratios['gather']:8.2f}x")
     if "pieces" in ratios and "objects" in ratios:
         print(f"pieces (format 3) / objects (format 2) step time: {ratios['pieces'] / ratios['objects']:8.2f}x")
+    if "pieces" in ratios and "beside" in ratios:
+        print(f"pieces (writers at nice 19) / beside (nice 0) step time: {ratios['pieces'] / ratios['beside']:8.2f}x")
     if "pieces" in ratios and "summaries" in ratios:
         print(f"summaries / pieces step time: {ratios['summaries'] / ratios['pieces']:8.2f}x")
 
@@ -298,8 +306,8 @@ def main() -> None:
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--every", type=int, default=1, help="record every k-th step (k > 1: a disk that keeps up)")
-    p.add_argument("--variants", default=None, help="comma-separated: pieces, objects, summaries, gather "
-                   "(default: pieces,summaries,gather at 10M; pieces,summaries at 100M)")
+    p.add_argument("--variants", default=None, help="comma-separated: pieces, beside, objects, summaries, gather "
+                   "(default: pieces,beside,summaries,gather at 10M; pieces,summaries at 100M)")
     p.add_argument("--queue-mb", type=int, default=None, help="the recorder's queue cap (default: RecordConfig's)")
     p.add_argument("--dir", default=None, help="folder on the disk to measure (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="leave the stores (and say where): removing thousands of "
@@ -309,7 +317,7 @@ def main() -> None:
     if args.steps is None:
         args.steps = 20 if args.params == 10 else 3
     if args.variants is None:
-        args.variants = "pieces,summaries,gather" if args.params == 10 else "pieces,summaries"
+        args.variants = "pieces,beside,summaries,gather" if args.params == 10 else "pieces,summaries"
     if args.queue_mb is None:
         from tracekit.recorders.config import DEFAULT_QUEUE_MB
 

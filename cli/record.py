@@ -7,7 +7,7 @@ import click
 from tracekit.cli.common import CommandError, one_line_errors, storage_options
 from tracekit.errors import UsageError
 from tracekit.store.kinds import TRACE_LEVELS, TRACE_TABLE
-from tracekit.recorders.config import (RECORDABLE_KINDS, DEFAULT_QUEUE_MB, RecordConfig, parse_kinds, parse_ranks,
+from tracekit.recorders.config import (RECORDABLE_KINDS, DEFAULT_QUEUE_MB, DEFAULT_WRITER_NICE, RecordConfig, parse_kinds, parse_ranks,
                                        parse_step_range)
 from tracekit.recorders.bootstrap_env import bootstrap_env
 from tracekit.recorders.launch import DEFAULT_FLUSH_TIMEOUT, launch
@@ -59,6 +59,10 @@ def summary_line(done: dict, status: int) -> str:
 @click.option("--every", default=1, show_default=True, type=click.IntRange(min=1), help="Record every k-th step (k, 2k, ...).")
 @click.option("--queue-mb", default=DEFAULT_QUEUE_MB, show_default=True, type=click.IntRange(min=1),
               help="Per rank, at most this many MB of handed-off steps wait for the rank's writer process.")
+@click.option("--writer-nice", default=DEFAULT_WRITER_NICE, show_default=True, type=click.IntRange(0, 19),
+              help="Nice value of each rank's writer process while the rank trains: at 19 it takes the cores "
+                   "the training leaves idle, and the queue cap bounds what waits meanwhile; 0 runs it beside "
+                   "the ranks. Back to the starting value (where permitted) once the rank is done.")
 @click.option("--flush-timeout", default=DEFAULT_FLUSH_TIMEOUT, show_default=True, type=click.FloatRange(min=0),
               metavar="SECONDS",
               help="After a signal (or the command's end), wait at most this long for the ranks' writers to store "
@@ -84,7 +88,7 @@ def summary_line(done: dict, status: int) -> str:
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @one_line_errors
 @storage_options
-def record(store, force, kinds, param_globs, full, ranks, every, queue_mb, flush_timeout, replay_from, replay_steps, zero_code, strict,
+def record(store, force, kinds, param_globs, full, ranks, every, queue_mb, writer_nice, flush_timeout, replay_from, replay_steps, zero_code, strict,
            optimizer_name, trace, trace_steps, trace_full, command):
     """Run COMMAND (usually torchrun ...) and record what every rank computes into STORE.
 
@@ -98,7 +102,7 @@ def record(store, force, kinds, param_globs, full, ranks, every, queue_mb, flush
     status and which steps each rank completed (a crashed rank keeps its completed steps readable).
     """
     config = RecordConfig(store=store, kinds=parse_kinds(kinds), params=tuple(param_globs),
-                          ranks=parse_ranks(ranks), every=every, queue_mb=queue_mb,
+                          ranks=parse_ranks(ranks), every=every, queue_mb=queue_mb, writer_nice=writer_nice,
                           replay_from=replay_from, replay_steps=parse_step_range(replay_steps),
                           trace=trace, trace_steps=parse_step_range(trace_steps or "1"), trace_full=tuple(trace_full), full=tuple(full))
     if (trace_steps or trace_full) and not trace:

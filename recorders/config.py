@@ -17,6 +17,7 @@ ENV_PARAMS = "TRACEKIT_PARAMS"
 ENV_RANKS = "TRACEKIT_RANKS"
 ENV_EVERY = "TRACEKIT_EVERY"
 ENV_QUEUE_MB = "TRACEKIT_QUEUE_MB"
+ENV_WRITER_NICE = "TRACEKIT_WRITER_NICE"
 ENV_REPLAY_FROM = "TRACEKIT_REPLAY_FROM"
 ENV_REPLAY_STEPS = "TRACEKIT_REPLAY_STEPS"
 ENV_TRACE = "TRACEKIT_TRACE"
@@ -26,6 +27,7 @@ ENV_FULL = "TRACEKIT_FULL"  # --full patterns, one a line
 
 RECORDABLE_KINDS = KINDS  # every registered kind
 DEFAULT_QUEUE_MB = 1024
+DEFAULT_WRITER_NICE = 19  # the writer yields the cores to training (recorders/priority.py)
 
 
 def parse_kinds(spec: str | None) -> tuple[str, ...]:
@@ -109,6 +111,7 @@ class RecordConfig:
     ranks: frozenset[int] | None = None  # None: every rank writes
     every: int = 1  # record steps k, 2k, 3k, ... (the initial parameters always)
     queue_mb: int = DEFAULT_QUEUE_MB  # cap on sealed steps spooled for the rank's writer process
+    writer_nice: int = DEFAULT_WRITER_NICE  # the writer process's nice value while the rank trains, 0-19
     replay_from: str | None = None  # a reference store: each replayed step starts from its state
     replay_steps: tuple[int, int | None] = (1, None)  # replayed steps, inclusive (None: to the end)
     run_id: str | None = None  # the job's run id, set by `tracekit record`; ranks write only under it
@@ -125,6 +128,8 @@ class RecordConfig:
             raise UsageError(f"every must be at least 1, got {self.every}")
         if self.queue_mb < 1:
             raise UsageError(f"queue size must be at least 1 MB, got {self.queue_mb}")
+        if not 0 <= self.writer_nice <= 19:
+            raise UsageError(f"writer nice value must be 0 to 19, got {self.writer_nice}")
         object.__setattr__(self, "full", parse_full(self.full))  # checked, commas split, once
 
     @classmethod
@@ -133,6 +138,7 @@ class RecordConfig:
         try:
             every = int(env.get(ENV_EVERY, "1"))
             queue_mb = int(env.get(ENV_QUEUE_MB, str(DEFAULT_QUEUE_MB)))
+            writer_nice = int(env.get(ENV_WRITER_NICE, str(DEFAULT_WRITER_NICE)))
         except ValueError as e:
             raise UsageError(f"bad tracekit setting in the environment: {e}") from None
         return cls(
@@ -142,6 +148,7 @@ class RecordConfig:
             ranks=parse_ranks(env.get(ENV_RANKS)),
             every=every,
             queue_mb=queue_mb,
+            writer_nice=writer_nice,
             replay_from=env.get(ENV_REPLAY_FROM) or None,
             replay_steps=parse_step_range(env.get(ENV_REPLAY_STEPS)),
             run_id=env.get(ENV_RUN_ID) or None,
@@ -152,7 +159,8 @@ class RecordConfig:
         )
 
     def to_env(self) -> dict[str, str]:
-        env = {ENV_KINDS: ",".join(self.kinds), ENV_EVERY: str(self.every), ENV_QUEUE_MB: str(self.queue_mb)}
+        env = {ENV_KINDS: ",".join(self.kinds), ENV_EVERY: str(self.every), ENV_QUEUE_MB: str(self.queue_mb),
+               ENV_WRITER_NICE: str(self.writer_nice)}
         if self.store:
             env[ENV_STORE] = canonical(self.store)
         if self.params:

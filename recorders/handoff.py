@@ -125,7 +125,7 @@ class Slab:
 class Handoff:
     """One rank's spool and its writer process."""
 
-    def __init__(self, store: str, rank: int, attrs: dict, max_bytes: int):
+    def __init__(self, store: str, rank: int, attrs: dict, max_bytes: int, nice: int = 0):
         self.max_bytes = max_bytes
         if not os.environ.get(ENV_SPOOL):  # no launcher (it sets ENV_SPOOL and clears what dead recordings left)
             spool_gc.collect()
@@ -150,7 +150,7 @@ class Handoff:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "tracekit.recorders.spool_writer", "--spool", self.spool,
                  "--store", canonical(store), "--rank", str(rank), "--rank-pid", str(os.getpid()),
-                 "--lock-fd", str(lock)],
+                 "--lock-fd", str(lock), "--nice", str(nice)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_writer_env(), start_new_session=True,
                 pass_fds=(lock,))
         except OSError as e:

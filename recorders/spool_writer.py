@@ -32,6 +32,7 @@ import sys
 import time
 
 from tracekit.errors import TracekitError
+from tracekit.recorders import priority
 from tracekit.recorders.spool import PROV, STEP, TRACE_EVENTS, TRACE_EVENTS_MARSHAL, entry_seq, read_entry
 from tracekit.store import RankWriter
 from tracekit.store.ownership import ENV_RUN_ID
@@ -43,8 +44,9 @@ ENV_WRITE_MBPS = "TRACEKIT_WRITE_MBPS"  # cap the write rate (a shared filesyste
 
 
 class _Writer:
-    def __init__(self, spool: str, store: str, rank: int, rank_pid: int):
+    def __init__(self, spool: str, store: str, rank: int, rank_pid: int, nice_before: int | None = None):
         self.spool = spool
+        self.nice_before = nice_before  # the priority to go back to once the rank is done (priority.py)
         self.rank_pid = rank_pid
         self.out = sys.stdout
         self.closing: tuple[str, dict] | None = None
@@ -153,6 +155,8 @@ class _Writer:
         self.say("ready")
         while True:
             final = self.closing is not None or self.rank_gone
+            if final:  # nobody left to yield the cores to
+                priority.restore(self.nice_before)
             for seq, name in self._entries(final):
                 if self.stopped:
                     break
@@ -186,7 +190,9 @@ def main(argv=None) -> int:
     p.add_argument("--rank", type=int, required=True)
     p.add_argument("--rank-pid", type=int, required=True)
     p.add_argument("--lock-fd", type=int, default=None, help="the spool's lock, already held (inherited)")
+    p.add_argument("--nice", type=int, default=0, help="run at this nice value while the rank trains (priority.py)")
     args = p.parse_args(argv)
+    nice_before = priority.lower(args.nice)  # before any thread starts: they inherit it
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # the job's signals are the rank's business, not ours
     if args.lock_fd is not None:
@@ -198,7 +204,7 @@ def main(argv=None) -> int:
     lock.flush()
     writer = None
     try:
-        writer = _Writer(args.spool, args.store, args.rank, args.rank_pid)
+        writer = _Writer(args.spool, args.store, args.rank, args.rank_pid, nice_before)
 
         def stop(signum, frame):
             writer.stopped = True

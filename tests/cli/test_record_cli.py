@@ -170,3 +170,9 @@ def test_forgotten_double_dash_gets_a_hint(tmp_path):
     assert result.exit_code == 2
     assert "No such option '--standalone'. The command to record goes after --, e.g. tracekit record" in result.output
     assert not os.path.exists(tmp_path / "s")
+
+
+def test_record_refuses_a_nice_value_out_of_range_in_one_line(tmp_path):
+    r = CliRunner().invoke(main, ["record", "-o", str(tmp_path / "s"), "--writer-nice", "25", "--", "true"])
+    assert r.exit_code == 2 and "--writer-nice" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "s").exists()

@@ -1,0 +1,72 @@
+"""The writer process yields the cores to training (recorders/priority.py): it runs at the nice value
+asked for while the rank trains, and goes back to where it started once the rank is done."""
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from tracekit import open_store
+from tracekit.errors import UsageError
+from tracekit.recorders.config import DEFAULT_WRITER_NICE, RecordConfig
+from tracekit.recorders.handoff import Handoff
+from tracekit.store import TensorData, create_store
+
+OURS = os.getpriority(os.PRIO_PROCESS, 0)
+
+
+@pytest.mark.parametrize("nice", [0, 7, DEFAULT_WRITER_NICE])
+def test_the_writer_runs_at_the_nice_value_asked_for_and_never_above_its_rank(tmp_path, nice):
+    store = str(tmp_path / "s")
+    create_store(store, {})
+    handoff = Handoff(store, 0, {"coords": {"rank": 0}}, 1 << 20, nice=nice)
+    try:
+        handoff.put(1, [("parameters", TensorData("w", "float32", (3,), np.ones(3, np.float32)))], complete=True)
+        handoff.flush()  # step 1 written: the writer is past its start, waiting for the next step
+        assert os.getpriority(os.PRIO_PROCESS, handoff._proc.pid) == max(nice, OURS)
+    finally:
+        handoff.close("finished")
+    assert open_store(store).rank(0).completed_steps == [1]
+
+
+LOWER_THEN_RESTORE = """
+import os, threading
+from tracekit.recorders import priority
+before = priority.lower(19)
+seen = {}
+go = threading.Event()
+def later():  # a thread started after lower(): inherits the low priority, and is restored too
+    seen['thread'] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    go.wait()
+t = threading.Thread(target=later); t.start()
+while 'thread' not in seen: pass
+priority.restore(before)
+tid = t.native_id
+print(before, seen['thread'], os.getpriority(os.PRIO_PROCESS, 0), os.getpriority(os.PRIO_PROCESS, tid))
+go.set(); t.join()
+"""
+
+
+def test_lower_reaches_every_later_thread_and_restore_puts_each_back_where_permitted():
+    out = subprocess.run([sys.executable, "-c", LOWER_THEN_RESTORE], capture_output=True, text=True, check=True).stdout
+    before, thread_low, main_after, thread_after = map(int, out.split())
+    assert before == OURS and thread_low == 19
+    # lowering a nice value needs a privilege: as root both threads are back, as a plain user they stay at 19
+    expected = OURS if os.geteuid() == 0 else 19
+    assert (main_after, thread_after) == (expected, expected)
+
+
+def test_lower_never_raises_the_priority_of_a_process_already_niced_further():
+    code = "import os; from tracekit.recorders import priority; os.nice(15); print(priority.lower(3), os.getpriority(os.PRIO_PROCESS, 0))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.split() == [str(min(OURS + 15, 19))] * 2
+
+
+def test_the_nice_value_is_checked_and_travels_to_the_ranks_through_the_environment():
+    with pytest.raises(UsageError, match="nice value must be 0 to 19, got 20"):
+        RecordConfig(writer_nice=20)
+    assert RecordConfig.from_env(RecordConfig(store="s", writer_nice=4).to_env()).writer_nice == 4
+    assert RecordConfig.from_env({}).writer_nice == DEFAULT_WRITER_NICE
+
