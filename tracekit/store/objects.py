@@ -16,7 +16,6 @@ import numpy as np
 from tracekit.errors import StoreError
 from tracekit.store import format as _format, io
 from tracekit.store.dtypes import all_finite, storage_dtype
-from tracekit.store.format import object_key
 from tracekit.store.hashing import FILE_PIECE, hasher
 from tracekit.store.packs import Located
 
@@ -50,12 +49,10 @@ def no_bytes(where: str) -> StoreError:
     return StoreError(f"{where}: its bytes were not kept (recorded as summary and hash only; see --full)")
 
 
-def scan_object(root: str, digest: bytes, info, buf: np.ndarray | None = None,
-                loc: Located | None = None) -> tuple[str | None, bool]:
+def scan_object(root: str, digest: bytes, info, buf: np.ndarray | None, loc: Located) -> tuple[str | None, bool]:
     """Read the bytes of tensor `info` whose hash is `digest` once: (what is wrong with them, or None
-    when they match; whether every element is finite). `buf`: a reusable read buffer; `loc`: where
-    they lie (default: the tensor's own object)."""
-    loc = loc or Located(object_key(digest))
+    when they match; whether every element is finite). `buf`: a reusable read buffer (None: one is
+    made); `loc`: where they lie (its own object, or its range of a pack: RankView.locations)."""
     key = loc.label
     dtype = storage_dtype(info.dtype)
     expected = info.stored_nbytes
@@ -90,25 +87,10 @@ def scan_object(root: str, digest: bytes, info, buf: np.ndarray | None = None,
     return None, finite
 
 
-def object_problem(root: str, digest: bytes, info, buf: np.ndarray | None = None, loc: Located | None = None) -> str | None:
-    """What is wrong with the bytes of tensor `info` whose hash is `digest`; None when they match."""
-    return scan_object(root, digest, info, buf, loc)[0]
-
-
-def check_object(root: str, digest: bytes, info, where: str, loc: Located | None = None) -> bool:
-    """Whether the object's elements are all finite; StoreError (a damaged store, naming `where`)
-    unless its bytes match its hash."""
-    problem, finite = scan_object(root, digest, info, None, loc)
-    if problem is not None:
-        raise damaged(where, problem)
-    return finite
-
-
-def read_object(store, digest: bytes, info, where: str, loc: Located | None = None) -> tuple[np.ndarray, bool]:
-    """The whole object of `info` (flat, storage dtype; `loc`: where it lies, by default its own
-    object), its bytes checked against `digest` unless this open store verified them already; and
-    whether its elements are all finite."""
-    loc = loc or Located(object_key(digest))
+def read_object(store, digest: bytes, info, where: str, loc: Located) -> tuple[np.ndarray, bool]:
+    """The whole object of `info` (flat, storage dtype; `loc`: where it lies, its own object or its
+    range of a pack), its bytes checked against `digest` unless this open store verified them
+    already; and whether its elements are all finite."""
     key = loc.label
     dtype = storage_dtype(info.dtype)
     out = np.empty(info.stored_numel, dtype=dtype)
