@@ -11,6 +11,7 @@ from tracekit.recorders.config import (RECORDABLE_KINDS, DEFAULT_QUEUE_MB, DEFAU
                                        parse_step_range)
 from tracekit.recorders.bootstrap_env import bootstrap_env
 from tracekit.recorders.launch import DEFAULT_FLUSH_TIMEOUT, launch
+from tracekit.recorders.priority import MAX_NICE
 
 
 class _RecordCommand(click.Command):
@@ -59,8 +60,8 @@ def summary_line(done: dict, status: int) -> str:
 @click.option("--every", default=1, show_default=True, type=click.IntRange(min=1), help="Record every k-th step (k, 2k, ...).")
 @click.option("--queue-mb", default=DEFAULT_QUEUE_MB, show_default=True, type=click.IntRange(min=1),
               help="Per rank, at most this many MB of handed-off steps wait for the rank's writer process.")
-@click.option("--writer-nice", default=DEFAULT_WRITER_NICE, show_default=True, type=click.IntRange(0, 19),
-              help="Nice value of each rank's writer process while the rank trains: at 19 it takes the cores "
+@click.option("--writer-nice", default=DEFAULT_WRITER_NICE, show_default=True, type=click.IntRange(0, MAX_NICE),
+              help="Nice value of each rank's writer process while the rank trains: at 19 the kernel runs it mostly on cores "
                    "the training leaves idle, and the queue cap bounds what waits meanwhile; 0 runs it beside "
                    "the ranks. Back to the starting value (where permitted) once the rank is done.")
 @click.option("--flush-timeout", default=DEFAULT_FLUSH_TIMEOUT, show_default=True, type=click.FloatRange(min=0),

@@ -10,6 +10,7 @@ from tracekit.errors import UsageError
 from tracekit.store.keep import parse_full
 from tracekit.store.kinds import DEFAULT_KINDS, KINDS, TRACE_LEVELS
 from tracekit.store.ownership import ENV_RUN_ID
+from tracekit.recorders.priority import MAX_NICE
 
 ENV_STORE = "TRACEKIT_STORE"
 ENV_KINDS = "TRACEKIT_KINDS"
@@ -27,7 +28,7 @@ ENV_FULL = "TRACEKIT_FULL"  # --full patterns, one a line
 
 RECORDABLE_KINDS = KINDS  # every registered kind
 DEFAULT_QUEUE_MB = 1024
-DEFAULT_WRITER_NICE = 19  # the writer yields the cores to training (recorders/priority.py)
+DEFAULT_WRITER_NICE = MAX_NICE  # the writer yields the cores to training (recorders/priority.py)
 
 
 def parse_kinds(spec: str | None) -> tuple[str, ...]:
@@ -128,8 +129,8 @@ class RecordConfig:
             raise UsageError(f"every must be at least 1, got {self.every}")
         if self.queue_mb < 1:
             raise UsageError(f"queue size must be at least 1 MB, got {self.queue_mb}")
-        if not 0 <= self.writer_nice <= 19:
-            raise UsageError(f"writer nice value must be 0 to 19, got {self.writer_nice}")
+        if not 0 <= self.writer_nice <= MAX_NICE:
+            raise UsageError(f"writer nice value must be 0 to {MAX_NICE}, got {self.writer_nice}")
         object.__setattr__(self, "full", parse_full(self.full))  # checked, commas split, once
 
     @classmethod
