@@ -4,6 +4,7 @@ asked for while the rank trains, and goes back to where it started once the rank
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -70,3 +71,35 @@ def test_the_nice_value_is_checked_and_travels_to_the_ranks_through_the_environm
     assert RecordConfig.from_env(RecordConfig(store="s", writer_nice=4).to_env()).writer_nice == 4
     assert RecordConfig.from_env({}).writer_nice == DEFAULT_WRITER_NICE
 
+
+
+def _thread_nices(pid: int) -> list[int]:
+    return [os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir(f"/proc/{pid}/task")]
+
+
+def test_the_writer_drains_what_is_left_at_its_starting_priority_once_its_rank_closes(tmp_path, monkeypatch):
+    """The open step's capture is only written once the rank is done: the writer then runs every
+    thread at its starting priority (where permitted), and stays there while it drains."""
+    monkeypatch.setenv("TRACEKIT_WRITE_MBPS", "0.000001")  # 1 byte/s: the entry's write waits until SIGTERM
+    store = str(tmp_path / "s")
+    create_store(store, {})
+    handoff = Handoff(store, 0, {"coords": {"rank": 0}}, 1 << 20, nice=DEFAULT_WRITER_NICE)
+    pid = handoff._proc.pid
+    try:
+        handoff.flush()  # the writer is up, at its low priority, waiting for the rank
+        assert set(_thread_nices(pid)) == {max(DEFAULT_WRITER_NICE, OURS)}
+        handoff.provisional(1, [("parameters", TensorData("w", "float32", (3,), np.ones(3, np.float32)))])
+        handoff.send_close("failed", {"cause": "test"})  # the writer takes the open step only now
+        # Lowering a nice value needs a privilege: as root the drain runs at our priority; as a plain
+        # user restore() is refused and the writer stays at 19 (test above), nothing to see here.
+        expected = OURS if os.geteuid() == 0 else max(DEFAULT_WRITER_NICE, OURS)
+        deadline = time.monotonic() + 60
+        while set(_thread_nices(pid)) != {expected} and time.monotonic() < deadline:
+            time.sleep(0.01)  # polling a state that holds until SIGTERM below, not timing it
+        assert set(_thread_nices(pid)) == {expected}
+        assert handoff._proc.poll() is None  # still draining (the rate cap holds it in the entry's write)
+    finally:
+        handoff._proc.terminate()  # cuts the capped write short
+        handoff.close("failed")
+    rank = open_store(store).rank(0)
+    assert rank.completed_steps == [1] and rank.status == "failed"
