@@ -15,8 +15,12 @@ needed), or `both` (the default; a line each). --diff-layout fsdp builds the pai
 each rank writes its piece, every rank presents the same whole tensors; the diff reads each piece
 pair once).
 
+--format 3 (the default, what tracekit records) packs each row's tensors under 1 MiB into a few
+files; size --tensors so that a tensor is under 1 MiB to measure packed stores, over it for one
+object per tensor (as format 2 stores every tensor).
+
 --identical adds the case content hashes are for: two identical stores (same data, written twice)
-diffed in format 1 (every byte read and compared) and in format 2 (decided by hash from the two
+diffed in format 1 (every byte read and compared) and in format 2 or 3 (decided by hash from the two
 indexes, the default; and with --check-hashes, each distinct object read back and hash-checked
 once per open store), side by side, with the speedups (target >= 10x),
 for each of --layouts: ddp (replicas) and fsdp (each rank writes its own row block in format 2).
@@ -63,7 +67,7 @@ def write_ddp_like(path: str, ranks: int, steps: int, tensors: int, make) -> int
 
 
 def build(path: str, size_bytes: int, ranks: int, steps: int, tensors: int, noise: float, seed: int,
-          version: int = 2) -> int:
+          version: int = 3) -> int:
     """Write a store of ~size_bytes; the candidate (noise > 0) is the reference plus relative noise.
 
     Every (rank, step, kind, tensor) gets its own random data, so format 2 stores every byte too
@@ -160,7 +164,7 @@ def build_layout(path: str, layout: str, version: int, size_bytes: int, ranks: i
     def make(r, s, k, t):
         shift = np.float32(s * 1000 + k * 100 + t)  # every (step, kind, tensor) its own bytes
         name = f"layer{t}.weight"
-        if layout == "fsdp" and version == 2:
+        if layout == "fsdp" and version >= 2:
             part = base[r * per : (r + 1) * per] + shift
             return TensorData(name, "float32", part.shape, part, Shard((rows, cols), (r * per, 0), part.shape, tuple(range(ranks))))
         return TensorData(name, "float32", (rows, cols), base + shift)
@@ -177,11 +181,12 @@ def _load() -> str:
 
 
 def identical(a, size: int) -> None:
-    """Two identical stores diffed in format 1 and in format 2, same data, timed side by side,
+    """Two identical stores diffed in format 1 and in format 2 or 3 (--format), same data, timed side by side,
     for each layout in --layouts."""
+    new = max(a.format, 2)  # the hashed format compared with format 1
     for layout in a.layouts.split(","):
         times = {}
-        for version in (1, 2):
+        for version in (1, new):
             ref, same = os.path.join(a.dir, f"id{version}-ref"), os.path.join(a.dir, f"id{version}-same")
             t = time.perf_counter()
             n = build_layout(ref, layout, version, size, a.ranks, a.steps, a.tensors)
@@ -190,12 +195,12 @@ def identical(a, size: int) -> None:
             runs = []
             for _ in range(a.repeat):
                 runs.append(run(DIFF, 5, ROOT, ref, same, a.jobs) + [_load()])
-            times[version] = min(float(r[1]) for r in runs)
+            times[1 if version == 1 else "new"] = min(float(r[1]) for r in runs)
             nb, _, cpu, peak, line, load = runs[0]
-            if version == 2:
+            if version != 1:
                 checked = [run(DIFF_CHECKED, 5, ROOT, ref, same, a.jobs) + [_load()] for _ in range(a.repeat)]
                 times["checked"] = min(float(r[1]) for r in checked)
-                print(f"identical {layout} stores, format 2 with --check-hashes (hash-decided objects read back): "
+                print(f"identical {layout} stores, format {version} with --check-hashes (hash-decided objects read back): "
                       f"{' / '.join(f'{float(r[1]):.2f} s, {float(r[2]):.2f} CPU-s ({r[5]})' for r in checked)}",
                       flush=True)
             print(f"identical {layout} stores, {a.ranks} ranks, format {version}: {n / 2**20:.0f} MiB of tensors presented, "
@@ -206,7 +211,7 @@ def identical(a, size: int) -> None:
             if not a.keep:
                 shutil.rmtree(ref, ignore_errors=True)
                 shutil.rmtree(same, ignore_errors=True)
-        print(f"identical {layout} stores: format 2 diff is {times[1] / times[2]:.1f}x faster than format 1 "
+        print(f"identical {layout} stores: format {new} diff is {times[1] / times['new']:.1f}x faster than format 1 "
               f"(best of {a.repeat}; target >= 10x); with --check-hashes {times[1] / times['checked']:.1f}x", flush=True)
 
 
@@ -223,8 +228,9 @@ def main() -> None:
     ap.add_argument("--cache", default="both", choices=("warm", "cold", "both"),
                     help="different stores read from the page cache (warm), from the disk (cold: the files "
                          "dropped from the page cache before each run), or both (default)")
-    ap.add_argument("--format", type=int, default=2, choices=(1, 2), help="store format of the two stores")
-    ap.add_argument("--identical", action="store_true", help="also time identical stores, format 1 vs 2")
+    ap.add_argument("--format", type=int, default=3, choices=(1, 2, 3),
+                    help="store format of the two stores (default 3: tensors under 1 MiB packed; 2: an object each)")
+    ap.add_argument("--identical", action="store_true", help="also time identical stores, format 1 vs --format (2 or 3)")
     ap.add_argument("--identical-only", action="store_true", help="only the identical-store case")
     ap.add_argument("--identical-mb", type=float, default=None, help="size of each identical store (default --size-mb)")
     ap.add_argument("--layouts", default="ddp,fsdp", help="layouts of the identical-store case (ddp, fsdp)")

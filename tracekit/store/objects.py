@@ -188,10 +188,10 @@ class ObjectRows:
             t = self.tensors[i]
             if t.keeps_bytes and t.shard is None and t.offset + t.numel > start:
                 key = locs[self._positions[t.name]].key
-                if key not in keys:  # a pack: hinted once
+                if key not in keys:  # a pack: hinted once, whole (a row's range reads most of it)
                     keys.append(key)
             i += 1
-        io.prefetch(self.view.store.io_root, keys)
+        io.prefetch(self.view.store.io_root, [(key, 0, None) for key in keys])
 
     def read_into(self, row: int, start: int, stop: int, out: np.ndarray) -> np.ndarray:
         """Elements [start, stop) of a row into `out` (storage dtype, length stop - start).

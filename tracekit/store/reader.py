@@ -141,7 +141,7 @@ def prefetch_pieces(pieces) -> None:
     """Start reading these pieces' objects from disk in the background (a hint, io.prefetch)."""
     for p in pieces:
         if p.info.keeps_bytes:
-            io.prefetch(p.view.store.io_root, [p.loc.key])
+            io.prefetch(p.view.store.io_root, [(p.loc.key, p.loc.base, p.loc.length)])
 
 
 class PieceReader:
@@ -257,6 +257,9 @@ class RankView:
         self._own: dict[str, tuple[int, ...]] = {}
         self._indexes: dict[str, dict[str, TensorInfo]] = {}
         self._pack_specs: dict[str, PackSpec | None] = {}
+        # index rows checked once (the finiteness flags' values, the summaries' checksum): every
+        # tensor read asks for its row's, and a check per ask cost the diff O(tensors) per tensor
+        self._checked_rows: dict[tuple[str, str, int], np.ndarray] = {}
 
     @property
     def coords(self) -> dict:
@@ -623,14 +626,18 @@ class RankView:
 
     def row_summaries(self, kind: str, row: int) -> np.ndarray:
         """Each tensor's summary at a row, in index order: float64 (tensors, N_FIELDS) (store/summaries.py)."""
-        n = len(self.tensors(kind))
-        # older format-2 stores have one field fewer (summaries.LEGACY_FIELDS); any other width is damage
-        fields = fields_of(self._index_array(kind, SUMMARY_ARRAY).shape[1], n) or N_FIELDS
-        values = unseal(self._index_row(kind, SUMMARY_ARRAY, row, row_width(n, fields)), fields)
-        if values is None:
-            raise StoreError(f"damaged store: {self.store.path}: rank {self.rank} {kind} step {self.step_of_row(kind, row)}: "
-                             f"its {SUMMARY_ARRAY} index does not match its checksum")
-        return values
+        def unsealed():
+            n = len(self.tensors(kind))
+            # older format-2 stores have one field fewer (summaries.LEGACY_FIELDS); any other width is damage
+            fields = fields_of(self._index_array(kind, SUMMARY_ARRAY).shape[1], n) or N_FIELDS
+            values = unseal(self._index_row(kind, SUMMARY_ARRAY, row, row_width(n, fields)), fields)
+            if values is None:
+                raise StoreError(f"damaged store: {self.store.path}: rank {self.rank} {kind} step "
+                                 f"{self.step_of_row(kind, row)}: its {SUMMARY_ARRAY} index does not match its checksum")
+            values.flags.writeable = False  # shared by every caller
+            return values
+
+        return self._once(self._checked_rows, (kind, SUMMARY_ARRAY, row), unsealed)
 
     def check_summaries(self, kind: str, step: int) -> None:
         """StoreError (damage) unless the kind's summary row at `step` is intact (nothing without summaries)."""
@@ -697,11 +704,14 @@ class RankView:
         return full
 
     def _finite_flags(self, kind: str, row: int) -> np.ndarray:
-        flags = self._index_row(kind, FINITE_ARRAY, row, len(self.tensors(kind)))
-        if flags.size and int(flags.max()) > 1:
-            raise StoreError(f"damaged store: {self.store.path}: rank {self.rank} {kind} step {self.step_of_row(kind, row)}: "
-                             f"its {FINITE_ARRAY} index holds {int(flags.max())}, not 0 or 1")
-        return flags
+        def checked():
+            flags = self._index_row(kind, FINITE_ARRAY, row, len(self.tensors(kind)))
+            if flags.size and int(flags.max()) > 1:
+                raise StoreError(f"damaged store: {self.store.path}: rank {self.rank} {kind} step "
+                                 f"{self.step_of_row(kind, row)}: its {FINITE_ARRAY} index holds {int(flags.max())}, not 0 or 1")
+            return flags
+
+        return self._once(self._checked_rows, (kind, FINITE_ARRAY, row), checked)
 
     def finite(self, kind: str, step: int) -> dict[str, bool] | None:
         """{tensor: True when it holds no NaN/Inf} at a step; None for v1. Index values, checked
