@@ -35,6 +35,7 @@ with fewer passes over memory: tests/tracekit/test_compare_metrics_fast.py compa
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
 from dataclasses import asdict, dataclass
@@ -644,9 +645,13 @@ class MetricsAccumulator:
         return lhs / rhs if rhs > 0 else math.inf
 
 
+@functools.lru_cache(maxsize=4096)
 def identical_metrics(numel: int, rtol: float, atol: float, rel_l2: float = math.inf) -> TensorMetrics:
     """The metrics of two equal, all-finite tensors of `numel` elements, known without reading them
-    (format 2 stores: equal content hashes). No error anywhere; the worst element is not known."""
+    (format 2 stores: equal content hashes). No error anywhere; the worst element is not known.
+    One frozen value per size and tolerances, shared: a hash-decided diff asks for it per tensor
+    entry, and building each took ~40 us (0.2 of the 0.6 s that two identical 4-rank FSDP stores
+    of 4,800 entries took to diff)."""
     acc = MetricsAccumulator(rtol, atol, rel_l2=rel_l2)
     acc.n = acc.n_fin = int(numel)
     return acc.result()

@@ -11,7 +11,6 @@ import math
 
 from dataclasses import dataclass, field, replace
 
-import numpy as np
 
 from tracekit.store.dtypes import storage_dtype
 from tracekit.store.packs import PACKS, PackSpec
@@ -95,8 +94,9 @@ def index_of(tensors) -> tuple[list[TensorInfo], dict[str, int]]:
     widths: dict[str, int] = {}
     out = []
     for name, dtype, shape in tensors:
-        numel = int(np.prod(shape, dtype=np.int64))
-        out.append(TensorInfo(name, dtype, tuple(int(d) for d in shape), dtype, widths.get(dtype, 0), numel))
+        shape = tuple(int(d) for d in shape)
+        numel = math.prod(shape)  # exact, and ~100x cheaper than np.prod on a short tuple (per tensor on open)
+        out.append(TensorInfo(name, dtype, shape, dtype, widths.get(dtype, 0), numel))
         widths[dtype] = widths.get(dtype, 0) + numel
     return out, widths
 

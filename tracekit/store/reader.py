@@ -10,6 +10,7 @@ rows, tensors, arrays, hashes), whatever the format version.
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 from dataclasses import dataclass
@@ -229,7 +230,7 @@ def _check_tiling(pieces: list[Piece], t: TensorInfo, where: str) -> None:
         for o2, s2 in boxes[i + 1:]:
             if all(a < b + m and b < a + n for a, n, b, m in zip(o1, s1, o2, s2)):
                 raise StoreError(f"damaged store: {where}: the pieces of ranks {list(t.shard.peers)} overlap")
-    if sum(int(np.prod(s, dtype=np.int64)) for _, s in boxes) != t.numel:
+    if sum(math.prod(s) for _, s in boxes) != t.numel:
         raise StoreError(f"damaged store: {where}: the pieces of ranks {list(t.shard.peers)} do not cover it")
 
 
@@ -250,7 +251,7 @@ class RankView:
         self._positions: dict[str, dict[str, int]] = {}
         self._peers: dict[str, set[int]] = {}
         self._steps: dict[str, list[int]] = {}
-        self._has_summaries: dict[str, bool] = {}
+        self._members: dict[tuple[str, str], object] = {}  # (kind, key) -> zarr node, or None: absent
         # The metadata is read once at open and does not change: its step lists are parsed once
         # (a 32-rank diff spent most of its time re-validating them for every piece of every tensor).
         self._row_lists: dict[str, tuple[int, ...]] = {}
@@ -458,13 +459,9 @@ class RankView:
         """A zarr array of a kind (v1 packed data, v2 index), its size claims checked against the
         files (StoreError if they lie). `extents`: (tensor, offset, numel) the index places in it."""
         where = f"{self.store.path}: rank {self.rank} {kind}/{key}"
-        self._refuse_irregular(kind, key)
-        try:
-            arr = self._kind(kind)[key]
-        except StoreError:
-            raise
-        except Exception as e:  # damaged array metadata (bad JSON, bad codec): one line
-            raise StoreError(f"{where}: unreadable array metadata ({e.__class__.__name__}: {e})") from None
+        arr = self._member(kind, key)
+        if arr is None:
+            raise StoreError(f"{where}: unreadable array metadata (no such array)")
         if not isinstance(arr, zarr.Array):
             raise StoreError(f"{where}: is not an array (damaged store?)")
         problem = check_size_claims(arr, len(self._rows(kind)), extents)
@@ -474,17 +471,32 @@ class RankView:
 
     # -- format v2 index: content hashes and finiteness per tensor and row --
 
+    def _member(self, kind: str, key: str):
+        """The kind group's member `key` (array or group), or None when it has none: its metadata
+        read once per open store (zarr reads it for each lookup, and `key in group` is a lookup:
+        ~1-2 ms here, a diff of many ranks did hundreds). StoreError when it is unreadable."""
+        with self._lock:
+            if (kind, key) in self._members:
+                return self._members[(kind, key)]
+        self._refuse_irregular(kind, key)  # before zarr opens anything in its place
+        try:
+            node = self._kind(kind)[key]
+        except KeyError:
+            node = None
+        except StoreError:
+            raise
+        except Exception as e:  # damaged metadata (bad JSON, bad codec): one line
+            raise StoreError(f"{self.store.path}: rank {self.rank} {kind}/{key}: unreadable array metadata "
+                             f"({e.__class__.__name__}: {e})") from None
+        with self._lock:
+            self._members[(kind, key)] = node
+        return node
+
     def _index_array(self, kind: str, name: str) -> zarr.Array:
         with self._lock:
             arr = self._index_arrays.get((kind, name))
         if arr is None:
-            self._refuse_irregular(kind, name)  # before zarr is asked whether the array is there
-            try:
-                present = name in self._kind(kind)
-            except Exception as e:  # zarr parses the member's metadata to answer: damaged JSON is one line
-                raise StoreError(f"{self.store.path}: rank {self.rank} {kind}/{name}: unreadable array metadata "
-                                 f"({e.__class__.__name__}: {e})") from None
-            if not present:
+            if self._member(kind, name) is None:
                 raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: no {name!r} index array (damaged store?)")
             arr = self._checked_array(kind, name, [])
             with self._lock:
@@ -609,20 +621,7 @@ class RankView:
         """Whether `kind` holds per-tensor summaries (format 2 stores written since summaries exist)."""
         if self.store.format_version == 1:
             return False
-        with self._lock:
-            known = self._has_summaries.get(kind)
-        if known is not None:
-            return known
-        try:
-            known = SUMMARY_ARRAY in self._kind(kind)
-            with self._lock:
-                self._has_summaries[kind] = known
-            return known
-        except StoreError:
-            raise
-        except Exception as e:  # zarr parses the member's metadata to answer: damaged JSON is one line
-            raise StoreError(f"{self.store.path}: rank {self.rank} {kind}/{SUMMARY_ARRAY}: unreadable array metadata "
-                             f"({e.__class__.__name__}: {e})") from None
+        return self._member(kind, SUMMARY_ARRAY) is not None
 
     def row_summaries(self, kind: str, row: int) -> np.ndarray:
         """Each tensor's summary at a row, in index order: float64 (tensors, N_FIELDS) (store/summaries.py)."""
