@@ -394,11 +394,14 @@ class RankView:
 
     def own_steps(self, kind: str) -> list[int]:
         """The steps this rank wrote completely for `kind`, whatever its peers wrote."""
+        return list(self._own_steps(kind))
+
+    def _own_steps(self, kind: str) -> tuple[int, ...]:
         def own() -> tuple[int, ...]:
             done = set(self.completed_steps) | {0}
             return tuple(s for s in self._rows(kind) if s in done)
 
-        return list(self._once(self._own, kind, own))
+        return self._once(self._own, kind, own)
 
     def peers(self, kind: str) -> set[int]:
         """Other ranks holding pieces of this rank's sharded tensors of `kind` (empty: none sharded)."""
@@ -560,8 +563,9 @@ class RankView:
         its range of a pack. What tools that look at files (and tests that damage them) ask."""
         return self.locations(kind, self._row(kind, step))[self.position(kind, name)]
 
-    def row_digests(self, kind: str, row: int) -> list[bytes]:
-        """Each tensor's 16-byte content hash at a row, in index order (v2 only)."""
+    def row_digests(self, kind: str, row: int) -> tuple[bytes, ...]:
+        """Each tensor's 16-byte content hash at a row, in index order (v2 only). The row's one
+        tuple, not a copy: the diff asks once per tensor, and a list per ask made it O(tensors^2)."""
         key = (kind, HASH_ARRAY, row, "split")
         with self._lock:
             cached = self._index_cache.get(key)
@@ -571,7 +575,7 @@ class RankView:
             cached = tuple(raw[i * HASH_BYTES : (i + 1) * HASH_BYTES] for i in range(n))
             with self._lock:
                 self._index_cache[key] = cached
-        return list(cached)
+        return cached
 
     def digests(self, kind: str, step: int) -> dict[str, bytes] | None:
         """{tensor: content hash} at a step; None for a format v1 store (it has no hashes). A sharded
@@ -580,8 +584,12 @@ class RankView:
             return None
         out = dict(zip((t.name for t in self.tensors(kind)), self.row_digests(kind, self._row(kind, step))))
         for t in self.tensors(kind):
-            if t.shard is not None:
-                out[t.name] = combined(digest for _, _, _, digest in self._pieces(kind, step, t))
+            if t.shard is not None:  # the same for every holder of the tensor: kept once per store
+                key = ("digest", kind, step, t.name, t.shard.peers, tuple(t.shape), t.dtype)
+                known = self.store.pieces_cache.get(key)
+                if known is None:
+                    known = self.store.pieces_cache[key] = combined(d for _, _, _, d in self._pieces(kind, step, t))
+                out[t.name] = known
         return out
 
     def _pieces(self, kind: str, step: int, t: TensorInfo):
@@ -611,7 +619,7 @@ class RankView:
             if (info is None or info.shard is None or info.shape != t.shape or info.dtype != t.dtype
                     or info.shard.peers != t.shard.peers):
                 raise StoreError(f"damaged store: {where}: rank {p} holds no matching piece of it")
-            if step not in pv.own_steps(kind):
+            if step not in pv._own_steps(kind):
                 raise StoreError(f"damaged store: {where}: rank {p} did not record its piece at this step")
             row = pv._rows(kind).index(step)
             out.append((pv, row, info, pv.row_digests(kind, row)[pv.position(kind, t.name)]))
