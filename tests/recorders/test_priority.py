@@ -72,7 +72,6 @@ def test_the_nice_value_is_checked_and_travels_to_the_ranks_through_the_environm
     assert RecordConfig.from_env({}).writer_nice == DEFAULT_WRITER_NICE
 
 
-
 def _thread_nices(pid: int) -> list[int]:
     return [os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir(f"/proc/{pid}/task")]
 

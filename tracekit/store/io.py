@@ -307,9 +307,11 @@ def prefetch_fd(fd: int, offset: int = 0, length: int | None = None) -> None:
     the disk busy (a cold diff is read-bound). A hint only: nothing is waited for, and a system
     without it just reads on demand. Only the range: the kernel walks every page of what it is
     hinted, and a pack's members hinted the whole pack each cost a diff ~30% of its time."""
+    if length == 0:  # an empty tensor: nothing to read (0 would mean "to the end" to the kernel)
+        return
     if hasattr(os, "posix_fadvise"):
         try:
-            os.posix_fadvise(fd, offset, length or 0, os.POSIX_FADV_WILLNEED)
+            os.posix_fadvise(fd, offset, 0 if length is None else length, os.POSIX_FADV_WILLNEED)
         except OSError:
             pass
 

@@ -11,7 +11,6 @@ import math
 
 from dataclasses import dataclass, field, replace
 
-
 from tracekit.store.dtypes import storage_dtype
 from tracekit.store.packs import PACKS, PackSpec
 from tracekit.store.shards import Shard

@@ -584,19 +584,27 @@ class RankView:
             return None
         out = dict(zip((t.name for t in self.tensors(kind)), self.row_digests(kind, self._row(kind, step))))
         for t in self.tensors(kind):
-            if t.shard is not None:  # the same for every holder of the tensor: kept once per store
-                key = ("digest", kind, step, t.name, t.shard.peers, tuple(t.shape), t.dtype)
-                known = self.store.pieces_cache.get(key)
-                if known is None:
-                    known = self.store.pieces_cache[key] = combined(d for _, _, _, d in self._pieces(kind, step, t))
-                out[t.name] = known
+            if t.shard is not None:
+                out[t.name] = self._of_pieces("digest", kind, step, t, lambda ps: combined(d for _, _, _, d in ps))
         return out
+
+    def _piece_key(self, kind: str, step: int, t: TensorInfo) -> tuple:
+        return (kind, step, t.name, t.shard.peers, tuple(t.shape), t.dtype)
+
+    def _of_pieces(self, what: str, kind: str, step: int, t: TensorInfo, compute):
+        """compute(pieces) of sharded tensor `t` at `step`: the same for every holder of the tensor,
+        so kept once per store (under `what` and the tensor's layout)."""
+        key = (what, *self._piece_key(kind, step, t))
+        known = self.store.pieces_cache.get(key)
+        if known is None:
+            known = self.store.pieces_cache[key] = compute(self._pieces(kind, step, t))
+        return known
 
     def _pieces(self, kind: str, step: int, t: TensorInfo):
         """(peer view, its row, its entry, its digest) of each piece of sharded tensor `t` at `step`,
         in peer order; StoreError (damage) when a peer's entry does not fit this rank's layout.
         Every holder of the tensor asks the same question: the answer is kept once per store."""
-        key = (kind, step, t.name, t.shard.peers, tuple(t.shape), t.dtype)
+        key = self._piece_key(kind, step, t)
         cached = self.store.pieces_cache.get(key)
         if cached is None:
             cached = self.store.pieces_cache[key] = self._find_pieces(kind, step, t)
@@ -729,14 +737,9 @@ class RankView:
         flags = self._finite_flags(kind, self._row(kind, step))
         out = {n: bool(f) for n, f in zip(names, flags)}
         for t in self.tensors(kind):
-            if t.shard is not None:  # finite only if every piece is (asked by every holder: kept once)
-                pieces = self._pieces(kind, step, t)
-                key = ("finite", kind, step, t.name, t.shard.peers)
-                known = self.store.pieces_cache.get(key)
-                if known is None:
-                    known = self.store.pieces_cache[key] = all(
-                        bool(pv._finite_flags(kind, row)[pv.position(kind, t.name)]) for pv, row, _, _ in pieces)
-                out[t.name] = known
+            if t.shard is not None:  # finite only if every piece is
+                out[t.name] = self._of_pieces("finite", kind, step, t, lambda ps: all(
+                    bool(pv._finite_flags(kind, row)[pv.position(kind, t.name)]) for pv, row, _, _ in ps))
         return out
 
     def check_finite_flag(self, kind: str, row: int, position: int, finite: bool, where: str) -> None:
