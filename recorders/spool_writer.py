@@ -157,13 +157,19 @@ class _Writer:
             final = self.closing is not None or self.rank_gone
             if final:  # nobody left to yield the cores to
                 priority.restore(self.nice_before)
+            heard = False
             for seq, name in self._entries(final):
                 if self.stopped:
                     break
                 self._write(seq, name)
+                if not final:  # a rank that closed or died mid-batch: drain the rest at full priority
+                    heard |= self._wait_for_rank(block=False)
+                    if self.closing is not None or self.rank_gone:
+                        priority.restore(self.nice_before)
             if self.stopped or final:
                 break
-            self._wait_for_rank()
+            if not heard and self.closing is None and not self.rank_gone:
+                self._wait_for_rank()  # else a word heard above may announce an entry listed after the batch
         return self._finish(final)
 
     def _finish(self, final: bool) -> int:

@@ -1,6 +1,7 @@
 """The writer process yields the cores to training (recorders/priority.py): it runs at the nice value
 asked for while the rank trains, and goes back to where it started once the rank is done."""
 
+import json
 import os
 import subprocess
 import sys
@@ -12,7 +13,9 @@ import pytest
 from tracekit import open_store
 from tracekit.errors import UsageError
 from tracekit.recorders.config import DEFAULT_WRITER_NICE, RecordConfig
-from tracekit.recorders.handoff import Handoff
+from tracekit.recorders.handoff import Handoff, _writer_env
+from tracekit.recorders.spool_writer import ATTRS
+from tracekit.recorders.spool import PART, STEP, entry_name, write_entry
 from tracekit.store import TensorData, create_store
 
 OURS = os.getpriority(os.PRIO_PROCESS, 0)
@@ -102,3 +105,40 @@ def test_the_writer_drains_what_is_left_at_its_starting_priority_once_its_rank_c
         handoff.close("failed")
     rank = open_store(store).rank(0)
     assert rank.completed_steps == [1] and rank.status == "failed"
+
+
+def test_a_writer_that_hears_of_the_close_mid_batch_drains_the_rest_of_it_at_its_starting_priority(tmp_path):
+    """The close can arrive while the writer is inside a batch of sealed entries it already listed
+    (a signal right after a step): it must not write the rest of that batch at nice 19, where any
+    busy core starves it past the job's --flush-timeout."""
+    store, spool = str(tmp_path / "s"), tmp_path / "spool"
+    create_store(store, {})
+    spool.mkdir()
+    (spool / ATTRS).write_text(json.dumps({"coords": {"rank": 0}}))
+    small = [("loss", TensorData("loss", "float32", (), np.ones((), np.float32)))]
+    big = [("parameters", TensorData("w", "float32", (1 << 20,), np.ones(1 << 20, np.float32)))]
+    for seq, tensors in ((1, small), (2, big)):  # both sealed before the writer starts: one batch
+        part = str(spool / entry_name(seq, PART))
+        write_entry(part, seq, True, tensors)
+        os.rename(part, str(spool / entry_name(seq, STEP)))
+    # ~1 KB/s: the small entry takes about a second, the big one over an hour (cut short below)
+    env = dict(_writer_env(), TRACEKIT_WRITE_MBPS="0.001")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tracekit.recorders.spool_writer", "--spool", str(spool), "--store", store,
+         "--rank", "0", "--rank-pid", str(os.getpid()), "--nice", str(DEFAULT_WRITER_NICE)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+    try:
+        assert proc.stdout.readline() == b"ready\n"  # it has listed entries 1 and 2 (run() lists first)
+        proc.stdin.write(b"close failed\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == b"done 1\n"
+        expected = OURS if os.geteuid() == 0 else max(DEFAULT_WRITER_NICE, OURS)
+        deadline = time.monotonic() + 60
+        while set(_thread_nices(proc.pid)) != {expected} and time.monotonic() < deadline:
+            time.sleep(0.01)  # polling a state that holds until SIGTERM below, not timing it
+        assert set(_thread_nices(proc.pid)) == {expected}
+        assert proc.poll() is None  # still inside entry 2's capped write
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
+    assert open_store(store).rank(0).completed_steps == [1, 2]
