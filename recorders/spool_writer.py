@@ -77,6 +77,11 @@ class _Writer:
             pass
 
     # ---- the rank's messages ---------------------------------------------------------------
+    @property
+    def _rank_done(self) -> bool:
+        """The rank has closed or died: nobody is left to yield the cores to."""
+        return self.closing is not None or self.rank_gone
+
     def _wait_for_rank(self, block: bool = True) -> bool:
         """Wait until the rank says something, or dies (without block: only look). True if it did."""
         fds = [0] + ([self.pidfd] if self.pidfd is not None else [])
@@ -154,7 +159,7 @@ class _Writer:
     def run(self) -> int:
         self.say("ready")
         while True:
-            final = self.closing is not None or self.rank_gone
+            final = self._rank_done
             if final:  # nobody left to yield the cores to
                 priority.restore(self.nice_before)
             heard = False
@@ -162,13 +167,13 @@ class _Writer:
                 if self.stopped:
                     break
                 self._write(seq, name)
-                if not final:  # a rank that closed or died mid-batch: drain the rest at full priority
+                if not self._rank_done:  # a rank that closed or died mid-batch: drain the rest at full priority
                     heard |= self._wait_for_rank(block=False)
-                    if self.closing is not None or self.rank_gone:
+                    if self._rank_done:
                         priority.restore(self.nice_before)
             if self.stopped or final:
                 break
-            if not heard and self.closing is None and not self.rank_gone:
+            if not heard and not self._rank_done:
                 self._wait_for_rank()  # else a word heard above may announce an entry listed after the batch
         return self._finish(final)
 

@@ -594,21 +594,20 @@ class RankView:
     def _of_pieces(self, what: str, kind: str, step: int, t: TensorInfo, compute):
         """compute(pieces) of sharded tensor `t` at `step`: the same for every holder of the tensor,
         so kept once per store (under `what` and the tensor's layout)."""
-        key = (what, *self._piece_key(kind, step, t))
+        return self._kept((what, *self._piece_key(kind, step, t)), lambda: compute(self._pieces(kind, step, t)))
+
+    def _kept(self, key: tuple, make):
+        """The store-wide pieces cache's value under `key`, made by make() the first time."""
         known = self.store.pieces_cache.get(key)
         if known is None:
-            known = self.store.pieces_cache[key] = compute(self._pieces(kind, step, t))
+            known = self.store.pieces_cache[key] = make()
         return known
 
     def _pieces(self, kind: str, step: int, t: TensorInfo):
         """(peer view, its row, its entry, its digest) of each piece of sharded tensor `t` at `step`,
         in peer order; StoreError (damage) when a peer's entry does not fit this rank's layout.
         Every holder of the tensor asks the same question: the answer is kept once per store."""
-        key = self._piece_key(kind, step, t)
-        cached = self.store.pieces_cache.get(key)
-        if cached is None:
-            cached = self.store.pieces_cache[key] = self._find_pieces(kind, step, t)
-        return cached
+        return self._kept(self._piece_key(kind, step, t), lambda: self._find_pieces(kind, step, t))
 
     def _find_pieces(self, kind: str, step: int, t: TensorInfo):
         where = self.where(kind, step, t.name)
