@@ -23,14 +23,17 @@ from tracekit import open_store
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "signal_train.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+WATCHDOG_S = 240
 SLOW_DISK = "0.05"  # MB/s: a few steps of the tiny model take the writer a second or more
 
 
 def _no_core_dumps():
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # SIGQUIT's default action would dump core
-    # A job started under nohup inherits SIGHUP ignored, and tracekit keeps it so (as nohup asks):
-    # these tests send SIGHUP to a job started as from a terminal, so the suite passes under nohup too.
-    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+    # A job started under nohup inherits SIGHUP ignored, and one started in the background of a
+    # non-interactive shell inherits SIGINT and SIGQUIT ignored; tracekit keeps what it inherits (as
+    # nohup asks). These tests signal a job started as from a terminal, so they pass from either too.
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT):
+        signal.signal(sig, signal.SIG_DFL)
 
 
 class Job:
@@ -47,8 +50,17 @@ class Job:
         self.lines: list[str] = []
         self.pids: list[int] = []
         # a hung job fails the test instead of hanging it
-        self._watchdog = threading.Timer(240, self.proc.kill)
+        self.hung = False
+        self._watchdog = threading.Timer(WATCHDOG_S, self._kill_hung)
         self._watchdog.start()
+
+    def _kill_hung(self) -> None:
+        self.hung = True
+        for pid in [self.proc.pid, *self.pids]:  # the workers too: none may outlive the test
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
     def wait_for(self, pattern: str, count: int = 1) -> None:
         """Read stdout until `count` lines match `pattern`."""
@@ -72,6 +84,7 @@ class Job:
             self._note(line)
         rc = self.proc.wait()
         self._watchdog.cancel()
+        assert not self.hung, f"the job hung: killed after {WATCHDOG_S} s; its last lines {self.lines[-4:]}\n{self.err()}"
         return rc
 
     def done_steps(self, rank: int = 0) -> list[int]:

@@ -11,6 +11,7 @@ zero-code); explicit uses tracekit's Recorder.
 import argparse
 import contextlib
 import os
+import select
 import signal
 import sys
 import time
@@ -42,14 +43,25 @@ def say(line: str) -> None:
 say(f"pid {os.getpid()}")
 
 
+# Woken by any signal, even one that lands before we start waiting. signal.pause() is not: the test
+# sends its signal the moment it reads our line, and one that arrives after Python's last check for
+# pending signals but before pause() blocks runs its handler only at the *next* signal, which never
+# comes (the job hung until the test's watchdog killed it). The C-level handler writes a byte to the
+# wakeup fd at once, so select() returns and the Python handler runs right after.
+_wake_r, _wake_w = os.pipe()
+os.set_blocking(_wake_w, False)
+signal.set_wakeup_fd(_wake_w)
+
+
 def stop(where):
     say(f"rank={rank} {where}")
     if args.crash == "exit":
         os._exit(3)
     if args.crash == "raise":
         raise RuntimeError("crash")
-    while True:
-        signal.pause()  # until the test's signal kills us (our handlers re-raise it)
+    while True:  # until the test's signal kills us (our handlers re-raise it)
+        select.select([_wake_r], [], [])
+        os.read(_wake_r, 512)
 
 
 def train(make_recorder=None):
