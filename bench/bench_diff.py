@@ -22,8 +22,10 @@ object per tensor (as format 2 stores every tensor).
 --identical adds the case content hashes are for: two identical stores (same data, written twice)
 diffed in format 1 (every byte read and compared) and in format 2 or 3 (decided by hash from the two
 indexes, the default; and with --check-hashes, each distinct object read back and hash-checked
-once per open store), side by side, with the speedups (target >= 10x),
-for each of --layouts: ddp (replicas) and fsdp (each rank writes its own row block in format 2).
+once per open store), side by side, with the speedups (target >= 10x), for each of --layouts: ddp
+(replicas) and fsdp (each rank writes its own row block in format 2), and each --cache: warm (both
+pairs read into the page cache first: format 1 then compares equal bytes at memory speed) and cold
+(both dropped from it: format 1 reads every byte from the disk, format 2 or 3 the indexes).
 --identical-only skips the different-stores case; --identical-mb sizes the identical stores.
 
     python bench/bench_diff.py --size-mb 1024 --dir /tmp/tracekit-bench [--format 1|2] [--identical]
@@ -182,37 +184,54 @@ def _load() -> str:
 
 def identical(a, size: int) -> None:
     """Two identical stores diffed in format 1 and in format 2 or 3 (--format), same data, timed side by side,
-    for each layout in --layouts."""
+    for each layout in --layouts and each --cache: from the page cache (format 1 then compares equal
+    bytes at memory speed) and from the disk (format 1 must read every byte; format 2 or 3 only the
+    indexes)."""
     new = max(a.format, 2)  # the hashed format compared with format 1
+    caches = ("warm", "cold") if a.cache == "both" else (a.cache,)
     for layout in a.layouts.split(","):
         times = {}
+        paths = {}
         for version in (1, new):
             ref, same = os.path.join(a.dir, f"id{version}-ref"), os.path.join(a.dir, f"id{version}-same")
+            paths[version] = (ref, same)
             t = time.perf_counter()
             n = build_layout(ref, layout, version, size, a.ranks, a.steps, a.tensors)
             build_layout(same, layout, version, size, a.ranks, a.steps, a.tensors)
-            built = time.perf_counter() - t
-            runs = []
-            for _ in range(a.repeat):
-                runs.append(run(DIFF, 5, ROOT, ref, same, a.jobs) + [_load()])
-            times[1 if version == 1 else "new"] = min(float(r[1]) for r in runs)
-            nb, _, cpu, peak, line, load = runs[0]
-            if version != 1:
-                checked = [run(DIFF_CHECKED, 5, ROOT, ref, same, a.jobs) + [_load()] for _ in range(a.repeat)]
-                times["checked"] = min(float(r[1]) for r in checked)
-                print(f"identical {layout} stores, format {version} with --check-hashes (hash-decided objects read back): "
-                      f"{' / '.join(f'{float(r[1]):.2f} s, {float(r[2]):.2f} CPU-s ({r[5]})' for r in checked)}",
-                      flush=True)
-            print(f"identical {layout} stores, {a.ranks} ranks, format {version}: {n / 2**20:.0f} MiB of tensors presented, "
-                  f"{_disk(ref) / 2**20:.0f} MiB on disk each (built in {built:.0f} s); diff "
-                  f"{' / '.join(f'{float(r[1]):.2f} s, {float(r[2]):.2f} CPU-s ({r[5]})' for r in runs)}, "
-                  f"{int(nb) / 2**20:.1f} MiB compared, "
-                  f"peak RSS {int(peak) / 2**20:.0f} MiB   [{line.strip()}]", flush=True)
-            if not a.keep:
+            print(f"identical {layout} stores, {a.ranks} ranks, format {version}: {n / 2**20:.0f} MiB of tensors "
+                  f"presented, {_disk(ref) / 2**20:.0f} MiB on disk each (built in {time.perf_counter() - t:.0f} s)",
+                  flush=True)
+        for cache in caches:
+            for version in (1, new):
+                ref, same = paths[version]
+                runs = [_timed_identical(DIFF, cache, ref, same, a) for _ in range(a.repeat)]
+                times[cache, version] = min(float(r[1]) for r in runs)
+                nb, _, _, peak, line, _ = runs[0]
+                print(f"  {cache}, format {version}: diff {' / '.join(f'{float(r[1]):.2f} s, {float(r[2]):.2f} CPU-s ({r[5]})' for r in runs)}, "
+                      f"{int(nb) / 2**20:.1f} MiB compared, peak RSS {int(peak) / 2**20:.0f} MiB   [{line.strip()}]", flush=True)
+                if version != 1:
+                    checked = [_timed_identical(DIFF_CHECKED, cache, ref, same, a) for _ in range(a.repeat)]
+                    times[cache, "checked"] = min(float(r[1]) for r in checked)
+                    print(f"  {cache}, format {version} with --check-hashes (hash-decided objects read back): "
+                          f"{' / '.join(f'{float(r[1]):.2f} s, {float(r[2]):.2f} CPU-s ({r[5]})' for r in checked)}",
+                          flush=True)
+            print(f"identical {layout} stores, {cache}: format {new} diff is {times[cache, 1] / times[cache, new]:.1f}x "
+                  f"faster than format 1 (best of {a.repeat}; target >= 10x); with --check-hashes "
+                  f"{times[cache, 1] / times[cache, 'checked']:.1f}x", flush=True)
+        if not a.keep:
+            for ref, same in paths.values():
                 shutil.rmtree(ref, ignore_errors=True)
                 shutil.rmtree(same, ignore_errors=True)
-        print(f"identical {layout} stores: format {new} diff is {times[1] / times['new']:.1f}x faster than format 1 "
-              f"(best of {a.repeat}; target >= 10x); with --check-hashes {times[1] / times['checked']:.1f}x", flush=True)
+
+
+def _timed_identical(code: str, cache: str, ref: str, same: str, a) -> list[str]:
+    """One diff run of the pair in a fresh process, after dropping both stores from the page cache
+    (cold) or reading them into it (warm: the raw read of every file)."""
+    if cache == "cold":
+        evict(ref, same)
+    else:
+        run(RAW, 3, ref, same)
+    return run(code, 5, ROOT, ref, same, a.jobs) + [_load()]
 
 
 def main() -> None:

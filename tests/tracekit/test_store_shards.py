@@ -145,6 +145,42 @@ def test_a_missing_peer_rank_is_damage_not_zeros(tmp_path):
         open_store(path).rank(0).read("parameters", 1, "w")
 
 
+def test_pieces_found_once_for_a_layout_still_name_the_rank_that_asks(tmp_path):
+    # ranks 0 and 1 hold the same layout (w over ranks 0-2): its pieces are found once per store, and
+    # the damage (rank 2 gone) is reported under the entry of whichever rank asks
+    path = str(tmp_path / "s")
+    create_store(path, {"command": ["test"]})
+    full = np.arange(6, dtype=np.float32).reshape(3, 2)
+    for r in range(3):
+        w = RankWriter(path, r, {"coords": {"rank": r, "world_size": 3}})
+        part = np.ascontiguousarray(full[r : r + 1])
+        w.write(1, "parameters", [TensorData("w", "float32", part.shape, part, Shard((3, 2), (r, 0), (1, 2), (0, 1, 2)))])
+        w.complete_step(1)
+        w.close()
+    store = open_store(path)
+    np.testing.assert_array_equal(store.rank(1).read("parameters", 1, "w"), full)
+    shutil.rmtree(os.path.join(path, "rank_2"))
+    store = open_store(path)
+    for r in (0, 1, 0):
+        with pytest.raises(StoreError, match=rf"^damaged store: .*: rank {r} parameters step 1 tensor w: its piece on rank 2 is missing"):
+            store.rank(r).digests("parameters", 1)
+
+
+def test_a_peer_entry_that_does_not_fit_is_damage(tmp_path):
+    import json
+
+    path = _write(str(tmp_path / "s"))
+    meta = os.path.join(path, "rank_1", "parameters", "zarr.json")
+    doc = json.load(open(meta))
+    entry = next(e for e in doc["attributes"]["tensors"] if e["name"] == "w")
+    entry["shard"]["peers"] = [1, 0]  # rank 1 claims another tiling of w
+    json.dump(doc, open(meta, "w"))
+    view = open_store(path).rank(0)
+    for ask in (lambda: view.read("parameters", 1, "w"), lambda: view.digests("parameters", 2)):
+        with pytest.raises(StoreError, match=r"^damaged store: .*: rank 0 parameters step \d tensor w: rank 1 holds no matching piece"):
+            ask()
+
+
 def test_format_1_refuses_shards(tmp_path):
     path = str(tmp_path / "s")
     create_store(path, {"command": ["test"]}, format_version=1)

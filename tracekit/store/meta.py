@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from tracekit.store.dtypes import storage_dtype
 from tracekit.store.packs import PACKS, PackSpec
@@ -62,15 +62,13 @@ class TensorInfo:
 
         if not isinstance(entry["name"], str) or not isinstance(entry["array"], str) or not isinstance(entry["shape"], list):
             raise ValueError("name, array and shape must be two strings and a list")
-        info = cls(entry["name"], str(entry["dtype"]), tuple(integer(d) for d in entry["shape"]),
-                   entry["array"], integer(entry["offset"]), integer(entry["numel"]))
-        if SHARD in entry:
-            info = cls(info.name, info.dtype, info.shape, info.array, info.offset, info.numel,
-                       Shard.from_attrs(entry[SHARD], info.shape))
-        if BYTES in entry:
-            if entry[BYTES] is not False:
-                raise ValueError(f"tensor {info.name!r}: {BYTES} is {entry[BYTES]!r}; only false may be written")
-            info = replace(info, keeps_bytes=False)
+        shape = tuple(integer(d) for d in entry["shape"])
+        if BYTES in entry and entry[BYTES] is not False:
+            raise ValueError(f"tensor {entry['name']!r}: {BYTES} is {entry[BYTES]!r}; only false may be written")
+        # one construction per entry (a frozen dataclass's is slow, and an index holds thousands)
+        info = cls(entry["name"], str(entry["dtype"]), shape, entry["array"], integer(entry["offset"]),
+                   integer(entry["numel"]), Shard.from_attrs(entry[SHARD], shape) if SHARD in entry else None,
+                   BYTES not in entry)
         storage_dtype(info.dtype)  # raises ValueError for an unknown dtype
         # math.prod: exact for any size (np.prod would wrap a hostile shape around int64)
         if any(d < 0 for d in info.shape) or info.offset < 0 or info.numel != math.prod(info.shape):

@@ -249,6 +249,7 @@ class RankView:
         self._index_arrays: dict[tuple[str, str], zarr.Array] = {}
         self._packed_arrays: dict[tuple[str, str], zarr.Array] = {}
         self._positions: dict[str, dict[str, int]] = {}
+        self._layouts: dict[str, tuple] = {}
         self._peers: dict[str, set[int]] = {}
         self._steps: dict[str, list[int]] = {}
         self._members: dict[tuple[str, str], object] = {}  # (kind, key) -> zarr node, or None: absent
@@ -583,18 +584,29 @@ class RankView:
         if self.store.format_version == 1:
             return None
         out = dict(zip((t.name for t in self.tensors(kind)), self.row_digests(kind, self._row(kind, step))))
-        for t in self.tensors(kind):
-            if t.shard is not None:
-                out[t.name] = self._of_pieces("digest", kind, step, t, lambda ps: combined(d for _, _, _, d in ps))
+        out.update(self._of_row_pieces("digest", kind, step, lambda ps: combined(d for _, _, _, d in ps)))
         return out
 
-    def _piece_key(self, kind: str, step: int, t: TensorInfo) -> tuple:
-        return (kind, step, t.name, t.shard.peers, tuple(t.shape), t.dtype)
+    def _layout(self, kind: str) -> tuple:
+        """This rank's sharded tensors of `kind` as (name, peers, shape, dtype): every rank with the
+        same layout (all of an FSDP or TP group) gets the same pieces, so answers are kept under it.
+        The store's one copy of it (RunStore.layouts), so that its id() names it in cache keys: a
+        tuple does not keep its hash, and hashing hundreds of entries per lookup was most of the cost."""
+        def layout() -> tuple:
+            mine = tuple((t.name, t.shard.peers, tuple(t.shape), t.dtype) for t in self.tensors(kind) if t.shard is not None)
+            return self.store.layouts.setdefault(mine, mine)
 
-    def _of_pieces(self, what: str, kind: str, step: int, t: TensorInfo, compute):
-        """compute(pieces) of sharded tensor `t` at `step`: the same for every holder of the tensor,
-        so kept once per store (under `what` and the tensor's layout)."""
-        return self._kept((what, *self._piece_key(kind, step, t)), lambda: compute(self._pieces(kind, step, t)))
+        return self._once(self._layouts, kind, layout)
+
+    def _of_row_pieces(self, what: str, kind: str, step: int, compute) -> dict:
+        """{tensor: compute(its pieces)} of every sharded tensor of `kind` at `step`: the same for
+        every holder of the layout, so made once per store (under `what`, the step and the layout).
+        StoreError (damage) for the first tensor, in index order, whose pieces do not fit."""
+        layout = self._layout(kind)
+        if not layout:
+            return {}
+        return self._kept((what, kind, step, id(layout)), lambda: {
+            name: compute(self._pieces(kind, step, self.tensor(kind, name))) for name, _, _, _ in layout})
 
     def _kept(self, key: tuple, make):
         """The store-wide pieces cache's value under `key`, made by make() the first time."""
@@ -606,8 +618,60 @@ class RankView:
     def _pieces(self, kind: str, step: int, t: TensorInfo):
         """(peer view, its row, its entry, its digest) of each piece of sharded tensor `t` at `step`,
         in peer order; StoreError (damage) when a peer's entry does not fit this rank's layout.
-        Every holder of the tensor asks the same question: the answer is kept once per store."""
-        return self._kept(self._piece_key(kind, step, t), lambda: self._find_pieces(kind, step, t))
+        Every holder of the tensor asks the same question: the answers for a whole row are found
+        at once (each peer's index, row and hashes looked up once, not once per tensor), and kept
+        once per store."""
+        if self._kind_index(kind).get(t.name) is not t:  # not this rank's own entry: asked alone
+            return self._find_pieces(kind, step, t)
+        found = self._kept(("pieces", kind, step, id(self._layout(kind))), lambda: self._find_row_pieces(kind, step))
+        got = found[t.name]
+        if isinstance(got, str):  # the damage, named here: the message names the asking rank's entry
+            raise StoreError(f"damaged store: {self.where(kind, step, t.name)}: {got}")
+        return got
+
+    def _find_row_pieces(self, kind: str, step: int) -> dict[str, tuple | str]:
+        """{sharded tensor: its pieces, or what is wrong with them} at `step`, as _find_pieces finds them."""
+        peers: dict[int, object] = {}  # rank -> (view, its index, its row or None) or what is wrong with it
+        for p in sorted({p for _, ps, _, _ in self._layout(kind) for p in ps}):
+            pv = self if p == self.rank else self.store.rank(p) if p in self.store.ranks else None
+            if pv is None:
+                peers[p] = f"its piece on rank {p} is missing (no rank {p} in the store)"
+                continue
+            try:
+                index = pv._kind_index(kind) if kind in pv._kind_groups else {}
+            except StoreError as e:
+                peers[p] = f"rank {p}'s index is unreadable ({e})"
+                continue
+            peers[p] = (pv, index)
+        rows: dict[int, tuple] = {}  # rank -> (its row, its row's hashes), or (None, None): no piece at this step
+
+        def row_of(p: int, pv: "RankView") -> tuple:
+            if p not in rows:  # looked up where _find_pieces would first need it: its errors surface alike
+                row = pv._rows(kind).index(step) if step in pv._own_steps(kind) else None
+                rows[p] = (row, pv.row_digests(kind, row) if row is not None else None)
+            return rows[p]
+
+        out: dict[str, tuple | str] = {}
+        for name, tpeers, shape, dtype in self._layout(kind):
+            pieces = []
+            for p in tpeers:
+                peer = peers[p]
+                if isinstance(peer, str):
+                    pieces = peer
+                    break
+                pv, index = peer
+                info = index.get(name)
+                if (info is None or info.shard is None or info.shape != shape or info.dtype != dtype
+                        or info.shard.peers != tpeers):
+                    pieces = f"rank {p} holds no matching piece of it"
+                    break
+                row, digests = row_of(p, pv)
+                if row is None:
+                    pieces = f"rank {p} did not record its piece at this step"
+                    break
+                pieces.append((pv, row, info, digests[pv.position(kind, name)]))
+            out[name] = tuple(pieces) if isinstance(pieces, list) else pieces
+        return out
 
     def _find_pieces(self, kind: str, step: int, t: TensorInfo):
         where = self.where(kind, step, t.name)
@@ -735,10 +799,9 @@ class RankView:
         names = [t.name for t in self.tensors(kind)]
         flags = self._finite_flags(kind, self._row(kind, step))
         out = {n: bool(f) for n, f in zip(names, flags)}
-        for t in self.tensors(kind):
-            if t.shard is not None:  # finite only if every piece is
-                out[t.name] = self._of_pieces("finite", kind, step, t, lambda ps: all(
-                    bool(pv._finite_flags(kind, row)[pv.position(kind, t.name)]) for pv, row, _, _ in ps))
+        # a sharded tensor is finite only if every piece is
+        out.update(self._of_row_pieces("finite", kind, step, lambda ps: all(
+            bool(pv._finite_flags(kind, row)[pv.position(kind, info.name)]) for pv, row, info, _ in ps)))
         return out
 
     def check_finite_flag(self, kind: str, row: int, position: int, finite: bool, where: str) -> None:
@@ -832,8 +895,10 @@ class RunStore:
         self.verified = Verified()  # objects whose bytes matched their hash (immutable: checked once)
         self._verify_lock = threading.Lock()
         self._object_locks: dict[tuple, threading.Lock] = {}
-        # (kind, step, tensor, layout) -> its pieces (RankView._pieces): asked by every holder
-        self.pieces_cache: dict[tuple, tuple] = {}
+        # (what, kind, step, id of a layout) -> the pieces of a row's sharded tensors, or what is made of
+        # them (RankView._pieces, _of_row_pieces): asked by every holder of the layout
+        self.pieces_cache: dict[tuple, dict] = {}
+        self.layouts: dict[tuple, tuple] = {}  # each distinct layout of sharded tensors, once (RankView._layout)
         try:
             self.root = zarr.open_group(self.location.zarr_store(read_only=True), mode="r", use_consolidated=False)
         except Exception as e:
