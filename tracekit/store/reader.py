@@ -616,13 +616,11 @@ class RankView:
         return known
 
     def _pieces(self, kind: str, step: int, t: TensorInfo):
-        """(peer view, its row, its entry, its digest) of each piece of sharded tensor `t` at `step`,
-        in peer order; StoreError (damage) when a peer's entry does not fit this rank's layout.
+        """(peer view, its row, its entry, its digest) of each piece of sharded tensor `t` (this
+        rank's entry) at `step`, in peer order; StoreError (damage) when a peer's entry does not fit this rank's layout.
         Every holder of the tensor asks the same question: the answers for a whole row are found
         at once (each peer's index, row and hashes looked up once, not once per tensor), and kept
         once per store."""
-        if self._kind_index(kind).get(t.name) is not t:  # not this rank's own entry: asked alone
-            return self._find_pieces(kind, step, t)
         found = self._kept(("pieces", kind, step, id(self._layout(kind))), lambda: self._find_row_pieces(kind, step))
         got = found[t.name]
         if isinstance(got, str):  # the damage, named here: the message names the asking rank's entry
@@ -630,7 +628,9 @@ class RankView:
         return got
 
     def _find_row_pieces(self, kind: str, step: int) -> dict[str, tuple | str]:
-        """{sharded tensor: its pieces, or what is wrong with them} at `step`, as _find_pieces finds them."""
+        """{sharded tensor: its pieces, or what is wrong with them} at `step`. A peer's problems are
+        checked in the order a reader meets them: the rank is missing, its index is unreadable, its
+        entry does not fit, it has no row at the step."""
         peers: dict[int, object] = {}  # rank -> (view, its index, its row or None) or what is wrong with it
         for p in sorted({p for _, ps, _, _ in self._layout(kind) for p in ps}):
             pv = self if p == self.rank else self.store.rank(p) if p in self.store.ranks else None
@@ -646,7 +646,8 @@ class RankView:
         rows: dict[int, tuple] = {}  # rank -> (its row, its row's hashes), or (None, None): no piece at this step
 
         def row_of(p: int, pv: "RankView") -> tuple:
-            if p not in rows:  # looked up where _find_pieces would first need it: its errors surface alike
+            # looked up only where a piece needs it: a peer whose entry does not fit is named for that first
+            if p not in rows:
                 row = pv._rows(kind).index(step) if step in pv._own_steps(kind) else None
                 rows[p] = (row, pv.row_digests(kind, row) if row is not None else None)
             return rows[p]
@@ -672,29 +673,6 @@ class RankView:
                 pieces.append((pv, row, info, digests[pv.position(kind, name)]))
             out[name] = tuple(pieces) if isinstance(pieces, list) else pieces
         return out
-
-    def _find_pieces(self, kind: str, step: int, t: TensorInfo):
-        where = self.where(kind, step, t.name)
-        out = []
-        for p in t.shard.peers:
-            if p == self.rank:
-                pv = self
-            elif p in self.store.ranks:
-                pv = self.store.rank(p)
-            else:
-                raise StoreError(f"damaged store: {where}: its piece on rank {p} is missing (no rank {p} in the store)")
-            try:
-                info = pv._kind_index(kind).get(t.name) if kind in pv._kind_groups else None
-            except StoreError as e:
-                raise StoreError(f"damaged store: {where}: rank {p}'s index is unreadable ({e})") from None
-            if (info is None or info.shard is None or info.shape != t.shape or info.dtype != t.dtype
-                    or info.shard.peers != t.shard.peers):
-                raise StoreError(f"damaged store: {where}: rank {p} holds no matching piece of it")
-            if step not in pv._own_steps(kind):
-                raise StoreError(f"damaged store: {where}: rank {p} did not record its piece at this step")
-            row = pv._rows(kind).index(step)
-            out.append((pv, row, info, pv.row_digests(kind, row)[pv.position(kind, t.name)]))
-        return tuple(out)
 
     def has_summaries(self, kind: str) -> bool:
         """Whether `kind` holds per-tensor summaries (format 2 stores written since summaries exist)."""
