@@ -93,24 +93,32 @@ def check_size_claims(array: zarr.Array, listed_rows: int, extents: Iterable[tup
     return None
 
 
-def irregular_metadata(group: zarr.Group, children: Iterable[str] | None = None) -> str | None:
-    """The first `zarr.json` below a local group (its children's, or the named children's) that exists
-    but is not a regular file: zarr would block forever reading a FIFO, or read a device without end."""
+def irregular_metadata(group: zarr.Group, children: Iterable[str] | None = None, depth: int = 0) -> str | None:
+    """The first `zarr.json` below a local group (its children's, or the named children's; with
+    depth 1, their children's too) that exists but is not a regular file: zarr would block forever
+    reading a FIFO, or read a device without end."""
     root = getattr(group.store, "root", None)
     if root is None:
         return None
-    base = os.path.join(os.fspath(root), group.path)
+    return _irregular_below(os.path.join(os.fspath(root), group.path), group.path, children, depth)
+
+
+def _irregular_below(base: str, path: str, children: Iterable[str] | None, depth: int) -> str | None:
     try:
         names = list(children) if children is not None else os.listdir(base)
     except OSError:
         return None
     for name in names:
-        meta = os.path.join(base, name, "zarr.json")
+        here = os.path.join(base, name)
+        meta = os.path.join(here, "zarr.json")
         if os.path.lexists(meta) and not os.path.isfile(meta):
-            return os.path.join(group.path, name, "zarr.json")
-        if os.path.lexists(os.path.join(base, name)) and not os.path.isdir(os.path.join(base, name)) \
-                and not os.path.isfile(os.path.join(base, name)):
-            return os.path.join(group.path, name)
+            return os.path.join(path, name, "zarr.json")
+        if os.path.lexists(here) and not os.path.isdir(here) and not os.path.isfile(here):
+            return os.path.join(path, name)
+        if depth > 0 and os.path.isdir(here):
+            odd = _irregular_below(here, os.path.join(path, name), None, depth - 1)
+            if odd is not None:
+                return odd
     return None
 
 
