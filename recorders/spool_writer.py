@@ -52,6 +52,10 @@ class _Writer:
         self.closing: tuple[str, dict] | None = None
         self.rank_gone = False
         self.stopped = False  # SIGTERM to us
+        # readable once a signal came (signal.set_wakeup_fd), so that a SIGTERM while we wait for a
+        # rank that lives on ends the wait: select() resumes after a handler that does not raise,
+        # and a signal just before select() would not interrupt it at all
+        self.wake_fd: int | None = None
         self.buf = b""
         mbps = float(os.environ.get(ENV_WRITE_MBPS, "0") or 0)
         self.bytes_per_s = mbps * 1e6 if mbps > 0 else None
@@ -83,12 +87,17 @@ class _Writer:
         return self.closing is not None or self.rank_gone
 
     def _wait_for_rank(self, block: bool = True) -> bool:
-        """Wait until the rank says something, or dies (without block: only look). True if it did."""
-        fds = [0] + ([self.pidfd] if self.pidfd is not None else [])
+        """Wait until the rank says something, or dies, or a SIGTERM comes (without block: only
+        look). True if the rank spoke."""
+        fds = [0] + [fd for fd in (self.pidfd, self.wake_fd) if fd is not None]
         try:
             ready, _, _ = select.select(fds, [], [], None if block else 0)
         except InterruptedError:
             return False
+        if self.wake_fd is not None and self.wake_fd in ready:
+            _drain(self.wake_fd)  # a signal: the caller looks at self.stopped
+            if len(ready) == 1:
+                return False
         if not ready:
             return False
         if self.pidfd is not None and self.pidfd in ready:
@@ -194,6 +203,24 @@ class _Writer:
         return 0
 
 
+def _wakeup_fd() -> int:
+    """The read end of a pipe that Python's C-level signal handler writes a byte to, at once, for
+    every signal with a Python handler."""
+    r, w = os.pipe()
+    os.set_blocking(r, False)
+    os.set_blocking(w, False)
+    signal.set_wakeup_fd(w)
+    return r
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 512):
+            pass
+    except BlockingIOError:
+        pass
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="tracekit-spool-writer")
     p.add_argument("--spool", required=True)
@@ -220,6 +247,7 @@ def main(argv=None) -> int:
         def stop(signum, frame):
             writer.stopped = True
 
+        writer.wake_fd = _wakeup_fd()
         signal.signal(signal.SIGTERM, stop)
         return writer.run()
     except Exception as e:  # one line to the rank; the store keeps the steps written so far
