@@ -7,7 +7,8 @@ Run: python bench/bench_record.py [--params 10|100] [--steps N] [--ranks 2] [--e
 Linear(1000) = 100.1M (targets: <= 1.5x with bytes, <= 1.1x summaries only).
 
 Prints, side by side from one run, per variant: the step time and its ratio to the unrecorded
-steps of the same processes; the recorder's time on the training thread (phases); the CPU
+steps of the same processes (the mean of those run just before and just after it: this VM's speed
+drifts within a run, and a baseline measured once moved every ratio with it); the recorder's time on the training thread (phases); the CPU
 seconds per step of the rank and of its writer process, and how much of the latter ran in the
 kernel (its file writes; the writer is a child of the rank,
 counted once it has exited at close); extra peak RSS of the rank over its unrecorded steps, the
@@ -84,16 +85,21 @@ def worker(args) -> None:
             opt.step()
             opt.zero_grad()
 
+    def unrecorded() -> tuple[float, float]:
+        """Seconds and CPU seconds per unrecorded step, over --steps steps."""
+        dist.barrier()
+        cpu0 = _cpu(resource.RUSAGE_SELF)
+        t0 = time.perf_counter()
+        train(args.steps)
+        dist.barrier()
+        return (time.perf_counter() - t0) / args.steps, (_cpu(resource.RUSAGE_SELF) - cpu0) / args.steps
+
     load0 = os.getloadavg()
     train(2)  # warm-up
     _reset_peak_rss()
-    dist.barrier()
-    cpu0 = _cpu(resource.RUSAGE_SELF)
-    t0 = time.perf_counter()
-    train(args.steps)
-    dist.barrier()
-    plain = (time.perf_counter() - t0) / args.steps
-    plain_cpu = (_cpu(resource.RUSAGE_SELF) - cpu0) / args.steps
+    # unrecorded steps before the first variant and after each: a variant's baseline is the mean of
+    # the two around it, so that a machine that drifts (this VM's speed does) moves both alike
+    plains = [unrecorded()]
     plain_rss = _peak_rss()
 
     results = {}
@@ -134,6 +140,9 @@ def worker(args) -> None:
             "spooled_peak": handoff.peak_spooled if handoff else 0,
         }
         _untime_recorder_phases()
+        plains.append(unrecorded())
+        results[variant]["plain"], results[variant]["plain_cpu"] = (
+            (a + b) / 2 for a, b in zip(plains[-2], plains[-1]))
     # what starting a writer process costs (its imports), once per rank and recording: part of
     # the writer CPU above, spread over few steps here
     child0 = _cpu(resource.RUSAGE_CHILDREN)
@@ -143,11 +152,11 @@ def worker(args) -> None:
     gathered = [None] * world
     dist.all_gather_object(gathered, results)
     if rank == 0:
-        _report(args, model, world, plain, plain_cpu, gathered, load0, load1, writer_start)
+        _report(args, model, world, plains, gathered, load0, load1, writer_start)
     dist.destroy_process_group()
 
 
-def _report(args, model, world, plain, plain_cpu, per_rank, load0, load1, writer_start) -> None:
+def _report(args, model, world, plains, per_rank, load0, load1, writer_start) -> None:
     params = sum(p.numel() for p in model.parameters())
     ntensors = len(list(model.parameters()))
     cap = args.queue_mb * 1024 * 1024
@@ -155,7 +164,8 @@ def _report(args, model, world, plain, plain_cpu, per_rank, load0, load1, writer
     print(f"model: {ntensors} parameter tensors, {params / 1e6:.1f}M parameters, FSDP2 on {world} ranks, "
           f"{args.steps} steps, recording every {args.every} step(s), {os.cpu_count()} CPU cores, queue cap {args.queue_mb} MB")
     print(f"load average at start {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, at end {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
-    print(f"step time without recording:  {plain * 1e3:8.1f} ms   (rank CPU {plain_cpu * 1e3:.0f} ms/step)")
+    print("step time without recording:  " + ", ".join(f"{p * 1e3:.1f}" for p, _ in plains) + " ms   (before the first "
+          "variant and after each; rank CPU " + ", ".join(f"{c * 1e3:.0f}" for _, c in plains) + " ms/step)")
     r0 = per_rank[0]
     ratios = {}
     for variant, res in r0.items():
@@ -164,7 +174,7 @@ def _report(args, model, world, plain, plain_cpu, per_rank, load0, load1, writer
                "objects": "each rank its pieces, every tensor's bytes, format 2 (a file per tensor)",
                "summaries": "summaries and hashes only (--full matching no tensor)",
                "gather": "every rank gathers whole tensors (the former path)"}[variant]
-        step = res["step"]
+        step, plain, plain_cpu = res["step"], res["plain"], res["plain_cpu"]  # the baseline around this variant
         ratios[variant] = step / plain
         target = TARGETS.get((args.params, variant))
         print(f"-- recorded, {how}:")
