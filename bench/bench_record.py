@@ -8,9 +8,9 @@ Linear(1000) = 100.1M (targets: <= 1.5x with bytes, <= 1.1x summaries only).
 
 Prints, side by side from one run, per variant: the step time and its ratio to the unrecorded
 steps of the same processes (the mean of those run just before and just after it: this VM's speed
-drifts within a run, and a baseline measured once moved every ratio with it); the recorder's time on the training thread (phases); the CPU
-seconds per step of the rank and of its writer process, and how much of the latter ran in the
-kernel (its file writes; the writer is a child of the rank,
+drifts within a run, and a baseline measured once moved every ratio with it); the recorder's time
+on the training thread (phases); the CPU seconds per step of the rank and of its writer process,
+and how much of the latter ran in the kernel (its file writes; the writer is a child of the rank,
 counted once it has exited at close); extra peak RSS of the rank over its unrecorded steps, the
 writer's peak RSS and the most bytes spooled at once, against the queue cap; the store's bytes and
 write rate, and the raw disk write speed for the same bytes. Variants:

@@ -612,7 +612,8 @@ class RankView:
         The store's one copy of it (RunStore.layouts), so that its id() names it in cache keys: a
         tuple does not keep its hash, and hashing hundreds of entries per lookup was most of the cost."""
         def layout() -> tuple:
-            mine = tuple((t.name, t.shard.peers, tuple(t.shape), t.dtype) for t in self.tensors(kind) if t.shard is not None)
+            mine = tuple((t.name, t.shard.peers, tuple(t.shape), t.dtype)
+                         for t in self.tensors(kind) if t.shard is not None)
             return self.store.layouts.setdefault(mine, mine)
 
         return self._once(self._layouts, kind, layout)
@@ -636,10 +637,10 @@ class RankView:
 
     def _pieces(self, kind: str, step: int, t: TensorInfo):
         """(peer view, its row, its entry, its digest) of each piece of sharded tensor `t` (this
-        rank's entry) at `step`, in peer order; StoreError (damage) when a peer's entry does not fit this rank's layout.
-        Every holder of the tensor asks the same question: the answers for a whole row are found
-        at once (each peer's index, row and hashes looked up once, not once per tensor), and kept
-        once per store."""
+        rank's entry) at `step`, in peer order; StoreError (damage) when a peer's entry does not
+        fit this rank's layout. Every holder of the tensor asks the same question: the answers for
+        a whole row are found at once (each peer's index, row and hashes looked up once, not once
+        per tensor), and kept once per store."""
         found = self._kept(("pieces", kind, step, id(self._layout(kind))), lambda: self._find_row_pieces(kind, step))
         got = found[t.name]
         if isinstance(got, str):  # the damage, named here: the message names the asking rank's entry
@@ -650,7 +651,7 @@ class RankView:
         """{sharded tensor: its pieces, or what is wrong with them} at `step`. A peer's problems are
         checked in the order a reader meets them: the rank is missing, its index is unreadable, its
         entry does not fit, it has no row at the step."""
-        peers: dict[int, object] = {}  # rank -> (view, its index, its row or None) or what is wrong with it
+        peers: dict[int, object] = {}  # rank -> (its view, its index), or what is wrong with it
         for p in sorted({p for _, ps, _, _ in self._layout(kind) for p in ps}):
             pv = self if p == self.rank else self.store.rank(p) if p in self.store.ranks else None
             if pv is None:
