@@ -43,12 +43,15 @@ from tracekit.store.shards import full_shape
 from tracekit.store.summaries import BLOCK, DigestCache
 
 
-# Filling in place holds memory the general path frees at each step's end: the slab it maps (the
-# kept bytes) and the buffers it keeps (parameters before the update, kept deltas on their way to
-# a fresh slab). It is taken only while the queue cap (--queue-mb) is at least DIRECT_SHARE times
-# those, so the rank's extra peak RSS stays within the cap (bench_record at 100M params: 1000 MB
-# of them, a 601 MB entry filled in place, gave 1.21x the 1024 MB cap on one rank).
-DIRECT_SHARE = 2.5
+# Filling in place holds memory in the rank that the general path frees at each step's end: the
+# slabs it maps (a reused slab's pages count in the rank's RSS, fresh or in flight) and the copies
+# of the parameters before the update. So the capture is taken only while one slab and those
+# copies fit in the queue cap (--queue-mb), and a slab is taken only once the sealed entries
+# waiting leave room for it beside the copies (Handoff.slab's budget): every slab there is was
+# made under that budget, so the rank's extra RSS stays within the cap. (Making room only at the
+# hand-off, as put() does, let a slab be filled while a full cap of others waited: bench_record at
+# 100M params, a 601 MB entry, 1.21x the 1024 MB cap on one rank, which had then kept the direct
+# capture to entries of at most a quarter of the cap.)
 
 
 def cpu_piece(t: torch.Tensor):
@@ -125,13 +128,13 @@ def _raw(t: torch.Tensor) -> memoryview:
 class DirectCapture:
     """One step's entry, laid out at begin_step and filled in place (see the module's doc)."""
 
-    def __init__(self, handoff, step: int, plan: list[tuple], befores: dict, buffers: dict, full=()):
+    def __init__(self, handoff, step: int, plan: list[tuple], befores: dict, buffers: dict, full=(), budget=None):
         self.handoff = handoff
         self.full = full
         self.step = step
         self.plan = plan  # (spec, source, name) per tensor, in the entry's order; source: a staged kind,
         self.befores = befores  # or "gradients", "parameters", "deltas"; befores: name -> snapshot
-        self.spare = buffers.setdefault("spare", {})  # name -> a buffer for a delta on its way to a fresh slab
+        self.budget = budget  # the queue bytes a slab may be taken under (the cap less the befores)
         self.digests: DigestCache = buffers.setdefault("digests", DigestCache())  # across steps: frozen tensors
         self.idents: dict = buffers.setdefault("idents", {})  # spec -> what its hash covers besides the bytes
         self.scratch: dict = buffers.setdefault("scratch", {})  # torch dtype -> one block of a delta
@@ -142,7 +145,7 @@ class DirectCapture:
             cached = buffers["layout"] = (specs, layout(specs))
         self.layout = cached[1]
         head, self.offsets, size = entry_head(step, True, self.layout)
-        self.slab = handoff.slab(size)
+        self.slab = handoff.slab(size, budget)
         self.published = False
         self._put_bytes(0, np.frombuffer(head, dtype=np.uint8))
 
@@ -189,21 +192,25 @@ class DirectCapture:
         else:
             self._slot(offset, spec).copy_(t)
 
+    def _scratch(self, dtype: torch.dtype) -> torch.Tensor:
+        scratch = self.scratch.get(dtype)
+        if scratch is None:
+            scratch = self.scratch[dtype] = torch.empty(BLOCK, dtype=dtype)
+        return scratch
+
     def _put_difference(self, offset: int, spec: tuple, name: str, after: torch.Tensor) -> None:
         before = self.befores[name]
         if spec[6]:
-            scratch = self.scratch.get(before.dtype)
-            if scratch is None:
-                scratch = self.scratch[before.dtype] = torch.empty(BLOCK, dtype=before.dtype)
+            scratch = self._scratch(before.dtype)
             self._put_digest(offset, spec, "deltas", lambda: _difference_blocks(after, before, scratch, spec[2]))
             return
         if not self.slab.fresh:
             torch.sub(after, before, out=self._slot(offset, spec))
             return
-        buf = self.spare.get(name)
-        if buf is None or buf.shape != before.shape or buf.dtype != before.dtype:
-            buf = self.spare[name] = torch.empty_like(before)
-        self.slab.write_at(offset, _raw(torch.sub(after, before, out=buf)))
+        scratch = self._scratch(before.dtype)  # a fresh slab: block by block, each written with pwrite()
+        for block in _difference_blocks(after, before, scratch, spec[2]):
+            self.slab.write_at(offset, block)
+            offset += block.nbytes
 
     @classmethod
     def begin(cls, handoff, step: int, staged: dict, grads: list, params: list, keep_params: bool,
@@ -235,10 +242,8 @@ class DirectCapture:
                          for name, _ in (grads if kind == "gradients" else params)]
         if any(spec is None for spec, _, _ in plan):
             return None
-        held = sum(spec[4] for spec, _, _ in plan)  # the slab
-        held += sum(pieces["parameters", name][0].nbytes for name, _ in params) if deltas else 0  # befores
-        held += sum(spec[4] for spec, source, _ in plan if source == "deltas" and not spec[6])  # kept deltas' spare buffers
-        if held * DIRECT_SHARE > handoff.max_bytes:
+        befores_bytes = sum(pieces["parameters", name][0].nbytes for name, _ in params) if deltas else 0
+        if sum(spec[4] for spec, _, _ in plan) + befores_bytes > handoff.max_bytes:  # one slab and the befores
             return None
         befores = {}
         snapshots = buffers.setdefault("before", {})
@@ -248,7 +253,7 @@ class DirectCapture:
             if buf is None or buf.shape != local.shape or buf.dtype != local.dtype:
                 buf = snapshots[name] = torch.empty_like(local, memory_format=torch.contiguous_format)
             befores[name] = buf.copy_(local)
-        cap = cls(handoff, step, plan, befores, buffers, full)
+        cap = cls(handoff, step, plan, befores, buffers, full, handoff.max_bytes - befores_bytes)
         for (spec, source, name), offset in zip(plan, cap.offsets):
             if source == "gradients":
                 cap._put(offset, spec, pieces[source, name][0], source)
@@ -292,7 +297,7 @@ class DirectCapture:
         if sum(len(v) for v in staged.values()) != staged_planned:
             return False  # something staged the plan has no place for
         if self.published:  # a further capture of the step (zero-code: another optimizer): a new entry
-            old, self.slab = self.slab, self.handoff.slab(self.slab.size)
+            old, self.slab = self.slab, self.handoff.slab(self.slab.size, self.budget)
             self._put_bytes(0, old.array)  # the head and the gradients, as taken before the update
         for (spec, source, name), offset in zip(self.plan, self.offsets):
             if source == "deltas":

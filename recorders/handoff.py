@@ -218,9 +218,12 @@ class Handoff:
     def _path(self, seq: int, suffix: str) -> str:
         return os.path.join(self.spool, entry_name(seq, suffix))
 
-    def _make_room(self, nbytes: int) -> None:
+    def _make_room(self, nbytes: int, budget: int | None = None) -> None:
+        """Wait until the sealed entries waiting and `nbytes` more fit in `budget` (the queue cap); one
+        entry larger than that is admitted alone."""
         self._poll()
-        while self._pending and sum(self._pending.values()) + nbytes > self.max_bytes:
+        budget = self.max_bytes if budget is None else budget
+        while self._pending and sum(self._pending.values()) + nbytes > budget:
             self._read(block=True)
             self._raise_if_failed()
 
@@ -289,11 +292,15 @@ class Handoff:
         self._note_spooled()
 
     # ---- slabs: entries filled in place ---------------------------------------------------------
-    def slab(self, size: int) -> Slab:
+    def slab(self, size: int, budget: int | None = None) -> Slab:
         """A mapped spool file of `size` bytes to fill with an entry (spool.entry_head's layout), then
         hand over with provisional_slab() or give back with release(). A finished one is reused when
-        there is one: its old bytes are still there, to be overwritten."""
-        if self._ready:
+        there is one: its old bytes are still there, to be overwritten. It is taken once the sealed
+        entries waiting leave room for it in `budget` (default: the queue cap), not only at the
+        hand-off: the slabs in flight, each in the rank's RSS once reused, then never hold more."""
+        if self._pending:  # (none before the writer is ready: nothing is sealed until then)
+            self._make_room(size, budget)
+        elif self._ready:
             while self._read(block=False):  # hear of entries written since, to reuse their slabs
                 pass
         if self._free_slabs:

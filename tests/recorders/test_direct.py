@@ -13,8 +13,9 @@ from tracekit.recorders import Recorder
 from tracekit.recorders import handoff as handoff_module
 from tracekit.recorders.config import RecordConfig
 from tracekit.recorders.direct import DirectCapture
-from tracekit.recorders.handoff import Slab
+from tracekit.recorders.handoff import Handoff, Slab
 from tracekit.recorders.spool import DIGEST_RECORD, read_entry, write_entry
+from tracekit.store import create_store
 from tracekit.store.keep import parse_full
 from tracekit.store.tensors import from_torch
 
@@ -23,10 +24,11 @@ class _FakeHandoff:
     """Slabs in a folder; what is handed over is kept for the test to read."""
 
     def __init__(self, folder, max_bytes=1 << 40):
-        self.folder, self.made, self.free, self.handed = folder, 0, [], []
+        self.folder, self.made, self.free, self.handed, self.budgets = folder, 0, [], [], []
         self.max_bytes = max_bytes  # the queue cap
 
-    def slab(self, size):
+    def slab(self, size, budget=None):
+        self.budgets.append(budget)
         if self.free:
             slab = self.free.pop()
             slab.fresh = False  # as Handoff.slab: reused pages, unless the size changes
@@ -49,8 +51,9 @@ def _bits(t):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_the_entry_filled_in_place_is_the_one_write_entry_writes(tmp_path, dtype):
     torch.manual_seed(0)
-    params = [("w", torch.randn(5, 3, dtype=dtype)), ("b", torch.randn(3, dtype=dtype))]
-    grads = [("w", torch.randn(5, 3, dtype=dtype)), ("b", torch.randn(3, dtype=dtype))]
+    # m: over one summaries.BLOCK, so a fresh slab's delta is written in several blocks
+    params = [("w", torch.randn(5, 3, dtype=dtype)), ("b", torch.randn(3, dtype=dtype)), ("m", torch.randn(300, 240, dtype=dtype))]
+    grads = [("w", torch.randn(5, 3, dtype=dtype)), ("b", torch.randn(3, dtype=dtype)), ("m", torch.randn(300, 240, dtype=dtype))]
     staged = {"outputs": {"output": torch.randn(2, 3, dtype=dtype)}, "loss": {"loss": torch.tensor(0.5)}}
     handoff = _FakeHandoff(str(tmp_path))
     buffers = {}
@@ -285,26 +288,58 @@ def test_a_step_begun_before_stop_writing_is_not_spooled(tmp_path):
     assert open_store(tmp_path / "s").rank(0).completed_steps == [1]
 
 
-@pytest.mark.parametrize("full, held", [((), 5), (("gradients:*",), 2)])
-def test_a_capture_holding_over_its_share_of_the_queue_cap_takes_the_general_path(tmp_path, full, held):
+@pytest.mark.parametrize("full, slab, befores", [((), 3, 1), (("gradients:*",), 1, 1)])
+def test_a_capture_whose_slab_and_befores_exceed_the_queue_cap_takes_the_general_path(tmp_path, full, slab, befores):
     """Filling in place keeps memory in the rank (a mapped slab with the kept bytes, the parameters
-    before the update, kept deltas' buffers): a step holding more than 1/DIRECT_SHARE of the cap is
-    left to the general path, which frees its copies at the step's end, so the rank's extra peak
-    RSS stays within the cap. A digested tensor (not named by --full) holds only its record."""
-    from tracekit.recorders.direct import DIRECT_SHARE
-
+    before the update): a step whose slab and befores do not fit in the cap is left to the general
+    path, which frees its copies at the step's end; one that fits takes its slab under the cap
+    less the befores (Handoff.slab waits for room in it). A digested tensor (not named by --full)
+    holds only its record."""
     params = [("w", torch.randn(64, 64))]
     grads = [("w", torch.randn(64, 64))]
-    # all kept: the slab's gradients, parameters and deltas of w, the parameters before, a delta's
-    # buffer; gradients only: the slab's gradients and the parameters before (+ 2 small records)
-    nbytes = held * 64 * 64 * 4 + (0 if not full else 2 * DIGEST_RECORD)
-    for cap, direct in ((int(DIRECT_SHARE * nbytes), True), (int(DIRECT_SHARE * nbytes) - 1, False)):
+    # all kept: the slab's gradients, parameters and deltas of w; gradients only: the slab's
+    # gradients (+ 2 small records); both: the parameters before
+    tensor = 64 * 64 * 4
+    nbytes = (slab + befores) * tensor + (0 if not full else 2 * DIGEST_RECORD)
+    for cap, direct in ((nbytes, True), (nbytes - 1, False)):
         handoff = _FakeHandoff(str(tmp_path / str(cap)), max_bytes=cap)
         os.makedirs(handoff.folder)
         buffers = {}
         got = DirectCapture.begin(handoff, 1, {}, grads, params, True, True, buffers, parse_full(full))
         assert (got is not None) == direct
         assert handoff.made == int(direct) and (buffers == {}) != direct  # nothing taken when it declines
+        assert handoff.budgets == ([cap - befores * tensor] if direct else [])
+
+
+def test_a_slab_is_taken_only_once_the_entries_in_flight_leave_room_for_it(tmp_path, monkeypatch):
+    """With a slow writer and a cap that holds one slab beside the befores, every step waits for
+    the last one's slab instead of making a second: the slabs in flight (each in the rank's RSS
+    once reused) stay within the cap. The store holds every step bit for bit."""
+    monkeypatch.setenv("TRACEKIT_WRITE_MBPS", "1")  # a slow disk, in the writer process: ~50 ms an entry
+    create_store(str(tmp_path / "s"), {})
+    tensor = 64 * 64 * 4
+    handoff = Handoff(str(tmp_path / "s"), 0, {"coords": {"rank": 0}}, max_bytes=4 * tensor + 4096)
+    torch.manual_seed(0)
+    w = torch.randn(64, 64)
+    buffers, expected = {}, []
+    try:
+        for step in range(1, 6):
+            grad = torch.randn(64, 64)
+            cap = DirectCapture.begin(handoff, step, {}, [("w", grad)], [("w", w)], True, True, buffers)
+            assert cap is not None
+            before = w.clone()
+            w.sub_(0.1 * grad)
+            assert cap.capture({}, {"w": w})
+            handoff.seal()
+            expected.append((grad.clone(), w.clone(), w - before))
+        assert handoff._slabs_made == 1  # a second does not fit beside the one in flight and the befores
+    finally:
+        handoff.close("finished")
+    rank = open_store(tmp_path / "s").rank(0)
+    assert rank.completed_steps == [1, 2, 3, 4, 5]
+    for step, (grad, param, delta) in enumerate(expected, 1):
+        for kind, want in (("gradients", grad), ("parameters", param), ("deltas", delta)):
+            assert np.array_equal(rank.read(kind, step, "w"), want.numpy()), (kind, step)
 
 
 def _record_steps(store, full, dtype, late_observe_at=None):
