@@ -98,6 +98,19 @@ def index_of(tensors) -> tuple[list[TensorInfo], dict[str, int]]:
     return out, widths
 
 
+def misplaced(infos) -> TensorInfo | None:
+    """The first parsed entry whose address is not the one index_of() gives its place (format 2
+    addresses are virtual: they follow from the names, dtypes and shapes), else None. Compared
+    without building the expected entries: a diff opens thousands."""
+    widths: dict[str, int] = {}
+    for info in infos:  # (numel == prod(shape) was checked by from_attrs)
+        offset = widths.get(info.dtype, 0)
+        if info.array != info.dtype or info.offset != offset:
+            return info
+        widths[info.dtype] = offset + info.numel
+    return None
+
+
 @dataclass
 class KindMeta:
     """A kind group's attributes: the tensor index, the step of each row, the hash (format 2),
