@@ -24,7 +24,7 @@ from tracekit.errors import StoreError
 from tracekit.store import io
 from tracekit.store.chunks import check_size_claims, chunk_cols, first_missing_chunk, irregular_metadata
 from tracekit.store.localmeta import local_members
-from tracekit.store.rows import read_row_bytes
+from tracekit.store.rows import MissingChunk, RowFiles, read_row_bytes
 from tracekit.store.scratch import thread_buffer
 from tracekit.store.format import FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX_STEP, RANK_PREFIX, ROOT_KEY, SUMMARY_ARRAY
 from tracekit.store.hashing import HASH_BYTES, combined
@@ -251,6 +251,7 @@ class RankView:
         self._object_rows: dict[tuple[str, str], ObjectRows] = {}
         self._index_cache: dict[tuple[str, str, int], np.ndarray] = {}
         self._index_arrays: dict[tuple[str, str], zarr.Array] = {}
+        self._row_files_of: dict[tuple[str, str], RowFiles | None] = {}
         self._packed_arrays: dict[tuple[str, str], zarr.Array] = {}
         self._positions: dict[str, dict[str, int]] = {}
         self._layouts: dict[str, tuple] = {}
@@ -537,25 +538,44 @@ class RankView:
         """Rows of `kind` listed in its steps (written completely; rows are appended in order)."""
         return len(self._rows(kind))
 
+    def _row_files(self, kind: str, name: str) -> RowFiles | None:
+        """How to read the index array's rows as files (None: through read_row_bytes or zarr)."""
+        with self._lock:
+            if (kind, name) in self._row_files_of:
+                return self._row_files_of[kind, name]
+        files = RowFiles.of(self._index_array(kind, name))
+        with self._lock:
+            self._row_files_of[kind, name] = files
+        return files
+
     def _index_row(self, kind: str, name: str, row: int, width: int) -> np.ndarray:
         key = (kind, name, row)
         with self._lock:
             cached = self._index_cache.get(key)
         if cached is not None:
             return cached
-        arr = self._index_array(kind, name)
-        where = f"{self.store.path}: rank {self.rank} {kind} step {self.step_of_row(kind, row)}"
-        if arr.shape[1] != width or not 0 <= row < arr.shape[0]:
-            raise StoreError(f"damaged store: {where}: the {name} index does not match the tensor index")
-        missing = first_missing_chunk(arr, [row], chunk_cols(0, width, arr.chunks[1]))
-        if missing is not None:
-            raise StoreError(f"damaged store: {where}: chunk c/{missing[0]}/{missing[1]} of its {name} index is missing")
+        where = lambda: f"{self.store.path}: rank {self.rank} {kind} step {self.step_of_row(kind, row)}"
+        files = self._row_files(kind, name)
+        shape, chunk = (files.shape, files.width) if files is not None else (None, None)
+        if files is None:
+            arr = self._index_array(kind, name)
+            shape, chunk = arr.shape, arr.chunks[1]
+        if shape[1] != width or not 0 <= row < shape[0]:
+            raise StoreError(f"damaged store: {where()}: the {name} index does not match the tensor index")
         try:
-            values = read_row_bytes(arr, row)
-            if values is None:  # not a plain local array: through zarr
-                values = np.asarray(arr[row])
+            if files is not None:
+                values = files.read(row)
+            else:
+                missing = first_missing_chunk(arr, [row], chunk_cols(0, width, chunk))
+                if missing is not None:
+                    raise MissingChunk(*missing)
+                values = read_row_bytes(arr, row)
+                if values is None:  # not a plain local array: through zarr
+                    values = np.asarray(arr[row])
+        except MissingChunk as m:
+            raise StoreError(f"damaged store: {where()}: chunk c/{m.args[0]}/{m.args[1]} of its {name} index is missing") from None
         except Exception as e:
-            raise StoreError(f"damaged store: {where}: unreadable {name} index ({e.__class__.__name__}: {e})") from None
+            raise StoreError(f"damaged store: {where()}: unreadable {name} index ({e.__class__.__name__}: {e})") from None
         with self._lock:
             self._index_cache[key] = values
         return values
