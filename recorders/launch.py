@@ -171,24 +171,46 @@ def _wait(proc: subprocess.Popen, deadline: list[float], on_poll=lambda: None) -
                 return proc.wait()
 
 
+# A writer stopped at --flush-timeout finishes the step in hand, then exits; one that has not within
+# STOP_GRACE_S (stuck on a hung filesystem, a bug) is killed, and one that outlives SIGKILL by
+# KILL_WAIT_S (asleep in the kernel) is left behind: `tracekit record` never waits without end.
+STOP_GRACE_S = 30.0
+KILL_WAIT_S = 5.0
+
+
 def wait_for_writers(spools: str, deadline: float) -> None:
     """Wait until every rank's writer process has finished (each holds a lock for its life); at the
-    deadline, stop the ones still writing (SIGTERM: they finish the step in hand, list the rest)."""
+    deadline, stop the ones still writing (SIGTERM: they finish the step in hand, list the rest),
+    and kill those that do not stop."""
     try:
         folders = [os.path.join(spools, d) for d in os.listdir(spools) if d != spool_gc.LAUNCHER_LOCK]
     except OSError:
         return
     for folder in folders:
-        if not _wait_lock(os.path.join(folder, LOCK), deadline):
-            pid = _writer_pid(os.path.join(folder, LOCK))
-            print(f"tracekit: a writer process is still writing at --flush-timeout; stopping it "
-                  "(its unwritten steps are listed in the store)", file=sys.stderr, flush=True)
-            if pid is not None:
-                try:
-                    os.kill(pid, signal.SIGTERM)
-                except OSError:
-                    pass
-            _wait_lock(os.path.join(folder, LOCK), None)
+        lock = os.path.join(folder, LOCK)
+        if _wait_lock(lock, deadline):
+            continue
+        pid = _writer_pid(lock)
+        print(f"tracekit: a writer process is still writing at --flush-timeout; stopping it "
+              "(its unwritten steps are listed in the store)", file=sys.stderr, flush=True)
+        if pid is None or not _signal(pid, signal.SIGTERM):
+            continue
+        if _wait_lock(lock, time.monotonic() + STOP_GRACE_S):
+            continue
+        print(f"tracekit: writer process {pid} did not stop within {STOP_GRACE_S:g} s; killing it (the step it "
+              "was writing is lost)", file=sys.stderr, flush=True)
+        if _signal(pid, signal.SIGKILL) and not _wait_lock(lock, time.monotonic() + KILL_WAIT_S):
+            print(f"tracekit: writer process {pid} outlived SIGKILL (stuck in the kernel?); going on without it",
+                  file=sys.stderr, flush=True)
+
+
+def _signal(pid: int, sig: int) -> bool:
+    """Send `sig`; False when there is no such process (it ended meanwhile)."""
+    try:
+        os.kill(pid, sig)
+    except OSError:
+        return False
+    return True
 
 
 def _writer_pid(path: str) -> int | None:
