@@ -80,9 +80,11 @@ class StoreCatalog:
         return out
 
 
-def load_catalog(store_or_path) -> StoreCatalog:
-    """Open a store (a path or a RunStore) and check its structure; StoreError if it is unusable."""
-    store = store_or_path if isinstance(store_or_path, RunStore) else open_store(store_or_path)
+def load_catalog(store_or_path, share_with: StoreCatalog | None = None) -> StoreCatalog:
+    """Open a store (a path or a RunStore) and check its structure; StoreError if it is unusable.
+    `share_with`: the comparison's other side, whose parsed tensor indexes a store opened here reuses."""
+    store = store_or_path if isinstance(store_or_path, RunStore) else open_store(
+        store_or_path, share_with=share_with.store if share_with is not None else None)
     path = store.path
     with warnings.catch_warnings():
         # zarr warns (and skips) a folder without metadata; we report it as an error below instead.

@@ -329,8 +329,9 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
         raise UsageError(f"details must be one of {', '.join(DETAILS)}, not {details!r}")
     tolerances, equal_nan, oracle_factor = _resolve_options(rtol, atol, tol, exact, config, tolerances, equal_nan,
                                                             oracle_factor, rel_l2)
-    refc, candc = load_catalog(ref), load_catalog(cand)
-    orac = load_catalog(oracle) if oracle is not None else None
+    refc = load_catalog(ref)
+    candc = load_catalog(cand, share_with=refc)  # one model and layout: equal indexes, parsed once
+    orac = load_catalog(oracle, share_with=refc) if oracle is not None else None
     _check_tolerance_kinds(tolerances, refc, candc)
     plan = alignment.plan(refc, candc, orac, align, kinds)
     options = {"align": align, "exact": tolerances.exact, "equal_nan": equal_nan, "allow_missing": allow_missing,

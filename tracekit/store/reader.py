@@ -36,7 +36,7 @@ from tracekit.store.objects import ObjectRows, Verified, damaged, no_bytes, read
 from tracekit.store.summaries import N_FIELDS, combine, fields_of, row_width, unseal
 from tracekit.store.kinds import kind_order
 from tracekit.store.location import Location, resolve
-from tracekit.store.meta import STEPS, TENSORS, KindMeta, TensorInfo, misplaced
+from tracekit.store.meta import STEPS, TENSORS, KindMeta, SharedIndexes, TensorInfo, misplaced
 
 
 def _read_root_attrs(path: str, location: Location) -> dict:
@@ -360,8 +360,13 @@ class RankView:
         return self._once(self._indexes, kind, lambda: self._parse_index(kind, self._kind(kind)))
 
     def _parse_index(self, kind: str, g: zarr.Group) -> dict[str, TensorInfo]:
+        attrs = dict(g.attrs)
+        entries = attrs.get(TENSORS)
+        known = self.store.indexes.get(entries, self.store.format_version)
+        if known is not None:  # equal to an index parsed and checked before (another rank's, the other store's)
+            return known
         try:
-            infos = KindMeta.from_attrs(dict(g.attrs)).tensors
+            infos = KindMeta.from_attrs(attrs).tensors
         except (TypeError, KeyError, ValueError, OverflowError) as e:
             raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: malformed tensor index "
                              f"({e.__class__.__name__}: {e})") from None
@@ -375,6 +380,7 @@ class RankView:
         out = {info.name: info for info in infos}
         if len(out) != len(infos):
             raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: malformed tensor index (a name occurs twice)")
+        self.store.indexes.put(entries, self.store.format_version, out)
         return out
 
     def tensors(self, kind: str) -> list[TensorInfo]:
@@ -911,8 +917,10 @@ class RankView:
 class RunStore:
     """A recorded run, opened read-only."""
 
-    def __init__(self, path, storage_options=None):
+    def __init__(self, path, storage_options=None, indexes: SharedIndexes | None = None):
+        """indexes: parsed tensor indexes to share with another store (a comparison's other side)."""
         self.location = resolve(path, storage_options)
+        self.indexes = indexes if indexes is not None else SharedIndexes()
         # as given for local folders (messages name what the user typed), the URL otherwise
         self.path = os.fspath(path) if self.location.is_local and not isinstance(path, Location) else str(self.location)
         self.meta = _read_root_attrs(self.path, self.location)
@@ -1011,7 +1019,9 @@ class RunStore:
         return f"RunStore({self.path!r}, ranks={self.ranks})"
 
 
-def open_store(path, storage_options=None) -> RunStore:
+def open_store(path, storage_options=None, share_with: RunStore | None = None) -> RunStore:
     """Open a tracekit store (a folder or a URL such as s3://bucket/runs/ref) read-only; raises
-    StoreError (one readable line) if it is not one. `storage_options`: fsspec options for URLs."""
-    return RunStore(path, storage_options)
+    StoreError (one readable line) if it is not one. `storage_options`: fsspec options for URLs.
+    `share_with`: an open store whose parsed tensor indexes this one may reuse where its own are
+    equal (the other side of a comparison)."""
+    return RunStore(path, storage_options, share_with.indexes if share_with is not None else None)
