@@ -80,3 +80,27 @@ def test_memory_store_round_trip():
     store = open_store(url)
     assert store.path == url and store.rank(0).read("loss", 1, "loss") == np.float32(2.5)
     assert not os.path.exists("memory:")
+
+
+def test_sizes_under_walk_a_local_store_once_and_count_what_os_walk_counts(tmp_path):
+    """Each rank group's bytes and the whole store's from one walk, as os.walk + getsize count them:
+    a link to a file counts its target, a link to a folder is not followed."""
+    from tracekit.store.location import resolve
+
+    (tmp_path / "rank_0" / "a" / "c").mkdir(parents=True)
+    (tmp_path / "rank_0" / "a" / "c" / "0").write_bytes(b"x" * 100)
+    (tmp_path / "rank_0" / "zarr.json").write_bytes(b"y" * 7)
+    (tmp_path / "rank_1").mkdir()
+    (tmp_path / "rank_1" / "f").write_bytes(b"z" * 30)
+    (tmp_path / "zarr.json").write_bytes(b"w" * 5)
+    os.symlink(tmp_path / "rank_0" / "zarr.json", tmp_path / "rank_1" / "link")  # counted: 7
+    os.symlink(tmp_path / "rank_0", tmp_path / "rank_1" / "folder-link")  # not followed
+
+    def walked(folder):
+        return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(folder) for f in files)
+
+    loc = resolve(str(tmp_path))
+    per_rank, total = loc.sizes_under(["rank_0", "rank_1", "rank_9"])
+    assert per_rank == {"rank_0": 107, "rank_1": 37, "rank_9": 0}
+    assert total == walked(tmp_path) == 149
+    assert loc.size_under("rank_1") == walked(tmp_path / "rank_1") == 37

@@ -53,6 +53,7 @@ def summarize(path) -> dict:
     store = open_store(path)
     facts = rank_facts(store)
     ranks = []
+    rank_bytes, total_bytes = store.location.sizes_under(f"{RANK_PREFIX}{r}" for r in store.ranks)
     for r in store.ranks:
         view = store.rank(r)
         done = view.completed_steps
@@ -70,7 +71,7 @@ def summarize(path) -> dict:
             "first_step": done[0] if done else None,
             "last_step": done[-1] if done else None,
             "kinds": view.kinds,
-            "bytes": store.location.size_under(f"{RANK_PREFIX}{r}"),
+            "bytes": rank_bytes[f"{RANK_PREFIX}{r}"],
         })
     return {
         "store": canonical(store.path),
@@ -85,7 +86,7 @@ def summarize(path) -> dict:
         "world_size": len(store.ranks),
         "ranks": ranks,
         "kinds": _kinds(store),
-        "bytes_on_disk": store.location.size_under(),
+        "bytes_on_disk": total_bytes,
     }
 
 
