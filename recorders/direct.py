@@ -47,7 +47,7 @@ from tracekit.store.summaries import BLOCK, DigestCache
 # slabs it maps (a reused slab's pages count in the rank's RSS, fresh or in flight) and the copies
 # of the parameters before the update. So the capture is taken only while one slab and those
 # copies fit in the queue cap (--queue-mb), and a slab is taken only once the sealed entries
-# waiting leave room for it beside the copies (Handoff.slab's budget): every slab there is was
+# waiting leave room for it beside the copies (Handoff.slab's budget): every slab in existence was
 # made under that budget, so the rank's extra RSS stays within the cap. (Making room only at the
 # hand-off, as put() does, let a slab be filled while a full cap of others waited: bench_record at
 # 100M params, a 601 MB entry, 1.21x the 1024 MB cap on one rank, which had then kept the direct
