@@ -107,10 +107,11 @@ def tensor_rows(packed, info, rows: list[int | None]):
     pieces = []
     for start, stop, has in _runs(present):
         if has:
-            cols = packed[:, info.offset : info.offset + info.numel]
+            span = slice(info.offset, info.offset + info.numel)
             idx = rows[start:stop]
             contiguous = idx == list(range(idx[0], idx[0] + len(idx)))
-            part = cols[idx[0] : idx[-1] + 1] if contiguous else cols[idx]
+            # one dask slice where the rows are contiguous (building the graph is most of an open's time)
+            part = packed[idx[0] : idx[-1] + 1, span] if contiguous else packed[:, span][idx]
             if info.dtype != storage_dtype(info.dtype).name:
                 part = part.map_blocks(to_numpy_values, info.dtype, dtype=np.float32)
             pieces.append(part.astype(dtype, copy=False))
