@@ -54,9 +54,9 @@ def _node(store, path: str, folder: str):
     try:
         with open(meta_path, "rb") as f:
             doc = json.loads(f.read())
-        node_type = doc.get("node_type") if isinstance(doc, dict) else None
-        if doc.get("zarr_format") != 3:
+        if not isinstance(doc, dict) or doc.get("zarr_format") != 3:
             raise _Unexpected
+        node_type = doc.get("node_type")
         if node_type == "group":
             return zarr.Group(AsyncGroup(GroupMetadata.from_dict(doc), store_path=StorePath(store=store, path=path)))
         if node_type == "array":

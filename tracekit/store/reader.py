@@ -24,7 +24,7 @@ from tracekit.errors import StoreError
 from tracekit.store import io
 from tracekit.store.chunks import check_size_claims, chunk_cols, first_missing_chunk, irregular_metadata
 from tracekit.store.localmeta import local_members
-from tracekit.store.rows import MissingChunk, RowFiles, read_row_bytes
+from tracekit.store.rows import MissingChunk, RowFiles
 from tracekit.store.scratch import thread_buffer
 from tracekit.store.format import FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX_STEP, RANK_PREFIX, ROOT_KEY, SUMMARY_ARRAY
 from tracekit.store.hashing import HASH_BYTES, combined
@@ -545,7 +545,7 @@ class RankView:
         return len(self._rows(kind))
 
     def _row_files(self, kind: str, name: str) -> RowFiles | None:
-        """How to read the index array's rows as files (None: through read_row_bytes or zarr)."""
+        """How to read the index array's rows as files (None: through zarr)."""
         with self._lock:
             if (kind, name) in self._row_files_of:
                 return self._row_files_of[kind, name]
@@ -562,22 +562,18 @@ class RankView:
             return cached
         where = lambda: f"{self.store.path}: rank {self.rank} {kind} step {self.step_of_row(kind, row)}"
         files = self._row_files(kind, name)
-        shape, chunk = (files.shape, files.width) if files is not None else (None, None)
-        if files is None:
-            arr = self._index_array(kind, name)
-            shape, chunk = arr.shape, arr.chunks[1]
+        arr = self._index_array(kind, name) if files is None else None
+        shape = files.shape if files is not None else arr.shape
         if shape[1] != width or not 0 <= row < shape[0]:
             raise StoreError(f"damaged store: {where()}: the {name} index does not match the tensor index")
         try:
             if files is not None:
                 values = files.read(row)
-            else:
-                missing = first_missing_chunk(arr, [row], chunk_cols(0, width, chunk))
+            else:  # not a plain local array (an object store, another codec): through zarr
+                missing = first_missing_chunk(arr, [row], chunk_cols(0, width, arr.chunks[1]))
                 if missing is not None:
                     raise MissingChunk(*missing)
-                values = read_row_bytes(arr, row)
-                if values is None:  # not a plain local array: through zarr
-                    values = np.asarray(arr[row])
+                values = np.asarray(arr[row])
         except MissingChunk as m:
             raise StoreError(f"damaged store: {where()}: chunk c/{m.args[0]}/{m.args[1]} of its {name} index is missing") from None
         except Exception as e:

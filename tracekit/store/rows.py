@@ -54,27 +54,6 @@ def _direct_folder(arr) -> str | None:
     return os.path.join(os.fspath(root), arr.store_path.path)
 
 
-def read_row_bytes(arr, row: int) -> np.ndarray | None:
-    """A whole row of a small plain local array (an index row), read straight from its chunk files:
-    a zarr read costs ~1 ms of overhead, and the diff reads one index row per (rank, kind, step).
-    None when the array is not plain and local (read it through zarr)."""
-    folder = _direct_folder(arr)
-    if folder is None:
-        return None
-    width, item = arr.chunks[1], arr.dtype.itemsize
-    root, _ = io.array_key(arr)
-    out = np.empty(arr.shape[1], dtype=arr.dtype)
-    for c in chunk_cols(0, arr.shape[1], width):
-        n = min(width, arr.shape[1] - c * width)
-        key = chunk_key(arr, row, c)
-        with io.Reader(root, key) as r:  # missing: FileNotFoundError, reported by the caller
-            if r.size() != width * item:  # chunks are written whole (the last one zero-padded)
-                raise StoreError(f"chunk file {key} holds {r.size()} bytes, not {width * item}")
-            if r.readinto(0, memoryview(out[c * width : c * width + n]).cast("B")) != n * item:
-                raise StoreError(f"chunk file {key} is truncated")
-    return out
-
-
 class MissingChunk(Exception):
     """A chunk file of a row is absent (or no regular file: a FIFO, a folder): (row, col)."""
 
@@ -84,7 +63,7 @@ class RowFiles:
     with everything but the row worked out once per array: a diff reads one row of each of three
     index arrays per (rank, kind, step), ~20,000 in a 64-rank store, and the per-read work
     (paths, zarr's metadata properties, a stat for the missing-chunk check) cost more than the
-    reads. of() gives None where this does not apply (read through read_row_bytes or zarr)."""
+    reads. of() gives None where this does not apply (not plain and local: read through zarr)."""
 
     __slots__ = ("folder", "shape", "width", "dtype", "sep", "chunk_bytes")
 
