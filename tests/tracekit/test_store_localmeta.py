@@ -124,3 +124,43 @@ def test_shared_indexes_pass_over_malformed_entries():
         assert shared.get(entries, 3) is None
     shared.put([{"name": "a"}], 3, "parsed")
     assert shared.get([{"name": "a"}], 3) == "parsed" and shared.get([{"name": "a"}], 2) is None
+
+
+def test_byte_equal_metadata_is_parsed_once_and_each_store_still_reads_its_own_bytes(tmp_path):
+    """Two stores opened to share (a comparison's sides) parse each distinct zarr.json once: a kind
+    whose metadata is byte-equal in both gets the same metadata object, yet every node reads its own
+    store's files; metadata that differs is parsed for itself."""
+    import numpy as np
+
+    from tracekit.store import open_store as open_
+
+    data = _data()
+    doubled = {r: {s: {k: {n: v * 2 for n, v in ts.items()} for k, ts in kinds.items()} for s, kinds in steps.items()}
+               for r, steps in data.items()}
+    ref = open_(write_store(tmp_path / "ref", data, format_version=3))
+    cand = open_(write_store(tmp_path / "cand", doubled, format_version=3), share_with=ref)
+    alone = open_(write_store(tmp_path / "alone", data, format_version=3))
+    kind = "parameters"
+    for a, b in ((ref, cand), (ref, alone)):
+        raw = [open(os.path.join(s.path, "rank_0", kind, "zarr.json"), "rb").read() for s in (a, b)]
+        assert raw[0] == raw[1]  # the same model and layout: the same bytes
+    ref_group, cand_group = ref.rank(0)._kind_groups[kind], cand.rank(0)._kind_groups[kind]
+    assert ref_group.metadata is cand_group.metadata
+    assert alone.rank(0)._kind_groups[kind].metadata is not ref_group.metadata  # not opened to share
+    name = ref.rank(0).tensors(kind)[0].name
+    step = ref.rank(0).steps(kind)[-1]
+    assert np.array_equal(cand.rank(0).read(kind, step, name), 2 * ref.rank(0).read(kind, step, name))
+
+
+def test_metadata_that_fails_to_parse_is_not_kept():
+    from tracekit.store.localmeta import ParsedNodes, _builders, _Unexpected
+
+    parsed = ParsedNodes()
+    for raw in (b"{not json", b'{"zarr_format": 2}', b'{"zarr_format": 3, "node_type": "table"}'):
+        with pytest.raises(_Unexpected):
+            parsed.parse(raw, _builders())
+    group = b'{"zarr_format": 3, "node_type": "group", "attributes": {"a": 1}}'
+    first = parsed.parse(group, _builders())
+    assert first[0] == "group" and first[1].attributes == {"a": 1}
+    assert parsed.parse(group, _builders()) is first
+    assert len(parsed._by_bytes) == 1

@@ -23,7 +23,7 @@ from tracekit.store.dtypes import storage_dtype, to_numpy_values
 from tracekit.errors import StoreError
 from tracekit.store import io
 from tracekit.store.chunks import check_size_claims, chunk_cols, first_missing_chunk, irregular_metadata
-from tracekit.store.localmeta import local_members
+from tracekit.store.localmeta import ParsedNodes, local_members
 from tracekit.store.rows import MissingChunk, RowFiles
 from tracekit.store.scratch import thread_buffer
 from tracekit.store.format import FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX_STEP, RANK_PREFIX, ROOT_KEY, SUMMARY_ARRAY
@@ -87,9 +87,9 @@ def _check_types(attrs: dict, types: dict, where: str) -> None:
             raise StoreError(f"{where} metadata: {key!r} is a {type(attrs[key]).__name__} (damaged store?)")
 
 
-def _members(group: zarr.Group, where: str) -> list:
+def _members(group: zarr.Group, where: str, parsed: ParsedNodes | None = None) -> list:
     """A group's children; damaged child metadata is a StoreError naming the place, not a zarr traceback."""
-    fast = local_members(group)
+    fast = local_members(group, parsed=parsed)
     if fast is not None:
         return fast
     odd = irregular_metadata(group)
@@ -253,7 +253,7 @@ class RankView:
         self._index_arrays: dict[tuple[str, str], zarr.Array] = {}
         self._row_files_of: dict[tuple[str, str], RowFiles | None] = {}
         self._packed_arrays: dict[tuple[str, str], zarr.Array] = {}
-        self._positions: dict[str, dict[str, int]] = {}
+        self._position_maps: dict[str, dict[str, int]] = {}
         self._layouts: dict[str, tuple] = {}
         self._peers: dict[str, set[int]] = {}
         self._steps: dict[str, list[int]] = {}
@@ -323,7 +323,7 @@ class RankView:
         metadata), only the group's own members: each lookup below then meets the problem itself
         and names it under its own kind (_member), the other kinds staying readable. A local store's
         are read here without zarr's I/O thread (localmeta.py), where nothing is odd."""
-        fast = local_members(self.group, max_depth=1)
+        fast = local_members(self.group, max_depth=1, parsed=self.store.parsed)
         if fast is not None:
             return fast
         if irregular_metadata(self.group, depth=1) is None:
@@ -331,7 +331,7 @@ class RankView:
                 return list(self.group.members(max_depth=1))
             except Exception:
                 pass
-        return _members(self.group, f"{self.store.path}: rank {self.rank}")
+        return _members(self.group, f"{self.store.path}: rank {self.rank}", self.store.parsed)
 
     @property
     def kinds(self) -> list[str]:
@@ -389,14 +389,14 @@ class RankView:
 
     def position(self, kind: str, name: str) -> int:
         """The tensor's place in its kind's index (the order of the v2 hash and finiteness rows)."""
-        with self._lock:
-            positions = self._positions.get(kind)
-            if positions is None:
-                positions = self._positions[kind] = {t.name: i for i, t in enumerate(self.tensors(kind))}
         try:
-            return positions[name]
+            return self._positions(kind)[name]
         except KeyError:
             raise StoreError(f"rank {self.rank} has no {kind} tensor {name!r}") from None
+
+    def _positions(self, kind: str) -> dict[str, int]:
+        """{tensor: its place in the kind's index} (read-only: cached)."""
+        return self._once(self._position_maps, kind, lambda: {t.name: i for i, t in enumerate(self.tensors(kind))})
 
     def tensor(self, kind: str, name: str) -> TensorInfo:
         try:
@@ -632,7 +632,7 @@ class RankView:
         if self.store.format_version == 1:
             return None
         out = dict(zip((t.name for t in self.tensors(kind)), self.row_digests(kind, self._row(kind, step))))
-        out.update(self._of_row_pieces("digest", kind, step, lambda ps: combined(d for _, _, _, d in ps)))
+        out.update(self._of_row_pieces("digest", kind, step, lambda ps: combined(d for _, _, _, d, _ in ps)))
         return out
 
     def _layout(self, kind: str) -> tuple:
@@ -654,8 +654,12 @@ class RankView:
         layout = self._layout(kind)
         if not layout:
             return {}
-        return self._kept((what, kind, step, id(layout)), lambda: {
-            name: compute(self._pieces(kind, step, self.tensor(kind, name))) for name, _, _, _ in layout})
+
+        def make() -> dict:
+            found = self._row_pieces(kind, step, layout)
+            return {name: compute(self._fitting(kind, step, name, found.pieces(name))) for name, _, _, _ in layout}
+
+        return self._kept((what, kind, step, id(layout)), make)
 
     def _kept(self, key: tuple, make):
         """The store-wide pieces cache's value under `key`, made by make() the first time."""
@@ -665,63 +669,67 @@ class RankView:
         return known
 
     def _pieces(self, kind: str, step: int, t: TensorInfo):
-        """(peer view, its row, its entry, its digest) of each piece of sharded tensor `t` (this
-        rank's entry) at `step`, in peer order; StoreError (damage) when a peer's entry does not
-        fit this rank's layout. Every holder of the tensor asks the same question: the answers for
-        a whole row are found at once (each peer's index, row and hashes looked up once, not once
-        per tensor), and kept once per store."""
-        found = self._kept(("pieces", kind, step, id(self._layout(kind))), lambda: self._find_row_pieces(kind, step))
-        got = found[t.name]
+        """(peer view, its row, its entry, its digest, its position in the peer's index) of each
+        piece of sharded tensor `t` (this rank's entry) at `step`, in peer order; StoreError
+        (damage) when a peer's entry does not fit this rank's layout. Every holder of the tensor
+        asks the same question: the answers for a whole row are found at once (each peer's index,
+        row and hashes looked up once, not once per tensor), and kept once per store."""
+        return self._fitting(kind, step, t.name, self._row_pieces(kind, step, self._layout(kind)).pieces(t.name))
+
+    def _row_pieces(self, kind: str, step: int, layout: tuple) -> "_RowPieces":
+        return self._kept(("pieces", kind, step, id(layout)), lambda: self._find_row_pieces(kind, step))
+
+    def _fitting(self, kind: str, step: int, name: str, got: tuple | str) -> tuple:
         if isinstance(got, str):  # the damage, named here: the message names the asking rank's entry
-            raise StoreError(f"damaged store: {self.where(kind, step, t.name)}: {got}")
+            raise StoreError(f"damaged store: {self.where(kind, step, name)}: {got}")
         return got
 
-    def _find_row_pieces(self, kind: str, step: int) -> dict[str, tuple | str]:
-        """{sharded tensor: its pieces, or what is wrong with them} at `step`. A peer's problems are
-        checked in the order a reader meets them: the rank is missing, its index is unreadable, its
-        entry does not fit, it has no row at the step."""
-        peers: dict[int, object] = {}  # rank -> (its view, its index), or what is wrong with it
-        for p in sorted({p for _, ps, _, _ in self._layout(kind) for p in ps}):
+    def _find_row_pieces(self, kind: str, step: int) -> "_RowPieces":
+        """The pieces of every sharded tensor at `step`, or what is wrong with them. A peer's
+        problems are checked in the order a reader meets them: the rank is missing, its index is
+        unreadable, its entry does not fit, it has no row at the step."""
+        layout = self._layout(kind)
+        peers: dict[int, object] = {}  # rank -> (its view, its index, ...), or what is wrong with it
+        for p in sorted({p for _, ps, _, _ in layout for p in ps}):
             pv = self if p == self.rank else self.store.rank(p) if p in self.store.ranks else None
             if pv is None:
                 peers[p] = f"its piece on rank {p} is missing (no rank {p} in the store)"
                 continue
             try:
                 index = pv._kind_index(kind) if kind in pv._kind_groups else {}
+                positions = pv._positions(kind) if index else {}
+                # the store's one copy of an equal layout: every entry of this one fits (the usual case)
+                fits = bool(index) and pv._layout(kind) is layout
             except StoreError as e:
                 peers[p] = f"rank {p}'s index is unreadable ({e})"
                 continue
-            peers[p] = (pv, index)
-        rows: dict[int, tuple] = {}  # rank -> (its row, its row's hashes), or (None, None): no piece at this step
+            peers[p] = (pv, index, positions, fits)
+        found = _RowPieces(layout)
 
-        def row_of(p: int, pv: "RankView") -> tuple:
+        def slot(p: int, pv: "RankView", index: dict, positions: dict) -> tuple | None:
             # looked up only where a piece needs it: a peer whose entry does not fit is named for that first
-            if p not in rows:
+            if p not in found.slots:
                 row = pv._rows(kind).index(step) if step in pv._own_steps(kind) else None
-                rows[p] = (row, pv.row_digests(kind, row) if row is not None else None)
-            return rows[p]
+                found.slots[p] = None if row is None else (pv, index, positions, row, pv.row_digests(kind, row))
+            return found.slots[p]
 
-        out: dict[str, tuple | str] = {}
-        for name, tpeers, shape, dtype in self._layout(kind):
-            pieces = []
+        for name, tpeers, shape, dtype in layout:
             for p in tpeers:
                 peer = peers[p]
                 if isinstance(peer, str):
-                    pieces = peer
+                    found.damage[name] = peer
                     break
-                pv, index = peer
-                info = index.get(name)
-                if (info is None or info.shard is None or info.shape != shape or info.dtype != dtype
-                        or info.shard.peers != tpeers):
-                    pieces = f"rank {p} holds no matching piece of it"
+                pv, index, positions, fits = peer
+                if not fits:
+                    info = index.get(name)
+                    if (info is None or info.shard is None or info.shape != shape or info.dtype != dtype
+                            or info.shard.peers != tpeers):
+                        found.damage[name] = f"rank {p} holds no matching piece of it"
+                        break
+                if slot(p, pv, index, positions) is None:
+                    found.damage[name] = f"rank {p} did not record its piece at this step"
                     break
-                row, digests = row_of(p, pv)
-                if row is None:
-                    pieces = f"rank {p} did not record its piece at this step"
-                    break
-                pieces.append((pv, row, info, digests[pv.position(kind, name)]))
-            out[name] = tuple(pieces) if isinstance(pieces, list) else pieces
-        return out
+        return found
 
     def has_summaries(self, kind: str) -> bool:
         """Whether `kind` holds per-tensor summaries (format 2 stores written since summaries exist)."""
@@ -760,10 +768,10 @@ class RankView:
         for t in self.tensors(kind):
             if t.shard is not None:
                 parts = []
-                for pv, row, info, _ in self._pieces(kind, step, t):
+                for pv, row, info, _, position in self._pieces(kind, step, t):
                     if not pv.has_summaries(kind):
                         return None
-                    parts.append((pv.row_summaries(kind, row)[pv.position(kind, t.name)], info.stored_numel))
+                    parts.append((pv.row_summaries(kind, row)[position], info.stored_numel))
                 out[t.name] = combine(parts)
         return out
 
@@ -773,8 +781,8 @@ class RankView:
         t = self.tensor(kind, name)
         if t.shard is None:
             raise StoreError(f"rank {self.rank} {kind} tensor {name!r} is not sharded")
-        return [Piece(pv, row, info, digest, pv.locations(kind, row)[pv.position(kind, info.name)])
-                for pv, row, info, digest in self._pieces(kind, step, t)]
+        return [Piece(pv, row, info, digest, pv.locations(kind, row)[position])
+                for pv, row, info, digest, position in self._pieces(kind, step, t)]
 
     def object_piece(self, kind: str, step: int, name: str) -> "Piece":
         """An unsharded tensor's object (format 2) as a piece covering the whole tensor."""
@@ -826,9 +834,17 @@ class RankView:
         names = [t.name for t in self.tensors(kind)]
         flags = self._finite_flags(kind, self._row(kind, step))
         out = {n: bool(f) for n, f in zip(names, flags)}
-        # a sharded tensor is finite only if every piece is
+        # a sharded tensor is finite only if every piece is; each peer's flags taken once per row
+        rows: dict[tuple[int, int], list] = {}
+
+        def flags_of(pv: "RankView", row: int) -> list:
+            got = rows.get((pv.rank, row))
+            if got is None:
+                got = rows[pv.rank, row] = pv._finite_flags(kind, row).tolist()
+            return got
+
         out.update(self._of_row_pieces("finite", kind, step, lambda ps: all(
-            bool(pv._finite_flags(kind, row)[pv.position(kind, info.name)]) for pv, row, info, _ in ps)))
+            flags_of(pv, row)[position] for pv, row, _, _, position in ps)))
         return out
 
     def check_finite_flag(self, kind: str, row: int, position: int, finite: bool, where: str) -> None:
@@ -855,9 +871,8 @@ class RankView:
         if not info.keeps_bytes:
             return  # summary and hash only (--full): there is no object to check the hash against
         if info.shard is not None:  # every piece, on the rank that wrote it
-            for pv, prow, pinfo, digest in self._pieces(kind, step, info):
+            for pv, prow, pinfo, digest, ppos in self._pieces(kind, step, info):
                 where = pv.where(kind, step, name)
-                ppos = pv.position(kind, name)
                 finite = self.store.ensure_verified(digest, pinfo, where, pv.locations(kind, prow)[ppos])
                 pv.check_finite_flag(kind, prow, ppos, finite, where)
             return
@@ -910,13 +925,43 @@ class RankView:
         return out
 
 
+class _RowPieces:
+    """The pieces of one row's sharded tensors, as one rank's layout names them (RankView._find_row_pieces):
+    what is wrong with a tensor's pieces, and each peer's view, index, positions, row and row hashes,
+    from which a tensor's pieces are made when asked. Kept once per store and layout: a tuple per
+    piece, made ahead for every tensor, was most of the objects an FSDP diff kept (and so of its
+    garbage collector's work)."""
+
+    __slots__ = ("peers_of", "slots", "damage")
+
+    def __init__(self, layout: tuple):
+        self.peers_of = {name: tpeers for name, tpeers, _, _ in layout}
+        self.slots: dict[int, tuple | None] = {}  # peer -> (view, index, positions, row, row hashes)
+        self.damage: dict[str, str] = {}
+
+    def pieces(self, name: str) -> tuple | str:
+        """(peer view, its row, its entry, its digest, its position) of each piece, in peer order,
+        or what is wrong with them."""
+        wrong = self.damage.get(name)
+        if wrong is not None:
+            return wrong
+        out = []
+        for p in self.peers_of[name]:
+            pv, index, positions, row, digests = self.slots[p]
+            position = positions[name]
+            out.append((pv, row, index[name], digests[position], position))
+        return tuple(out)
+
+
 class RunStore:
     """A recorded run, opened read-only."""
 
-    def __init__(self, path, storage_options=None, indexes: SharedIndexes | None = None):
-        """indexes: parsed tensor indexes to share with another store (a comparison's other side)."""
+    def __init__(self, path, storage_options=None, share_with: "RunStore | None" = None):
+        """share_with: another open store (a comparison's other side) whose parsed metadata and
+        tensor indexes this one reuses where its own are equal."""
         self.location = resolve(path, storage_options)
-        self.indexes = indexes if indexes is not None else SharedIndexes()
+        self.indexes = share_with.indexes if share_with is not None else SharedIndexes()
+        self.parsed = share_with.parsed if share_with is not None else ParsedNodes()
         # as given for local folders (messages name what the user typed), the URL otherwise
         self.path = os.fspath(path) if self.location.is_local and not isinstance(path, Location) else str(self.location)
         self.meta = _read_root_attrs(self.path, self.location)
@@ -936,7 +981,7 @@ class RunStore:
     @cached_property
     def _rank_groups(self) -> dict[int, zarr.Group]:
         out = {}
-        for name, node in _members(self.root, self.path):
+        for name, node in _members(self.root, self.path, self.parsed):
             if name.startswith(RANK_PREFIX) and isinstance(node, zarr.Group):
                 try:
                     out[int(name[len(RANK_PREFIX) :])] = node
@@ -1019,5 +1064,5 @@ def open_store(path, storage_options=None, share_with: RunStore | None = None) -
     """Open a tracekit store (a folder or a URL such as s3://bucket/runs/ref) read-only; raises
     StoreError (one readable line) if it is not one. `storage_options`: fsspec options for URLs.
     `share_with`: an open store whose parsed tensor indexes this one may reuse where its own are
-    equal (the other side of a comparison)."""
-    return RunStore(path, storage_options, share_with.indexes if share_with is not None else None)
+    equal (the other side of a comparison), and its parsed `zarr.json` files where the bytes are equal."""
+    return RunStore(path, storage_options, share_with)
