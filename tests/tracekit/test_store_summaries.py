@@ -362,3 +362,27 @@ def test_a_frozen_tensor_is_hashed_first_and_a_change_after_it_is_summarized_aga
     assert fourth[1].tobytes() == summarize(data, "float32").tobytes()
     # an array instead of a callable works the same way
     assert cache.get("w", ident, data, "float32")[1].tobytes() == fourth[1].tobytes()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "float64"])
+@pytest.mark.parametrize("special", [None, "nan", "inf", "-inf", "zeros"])
+def test_the_short_route_for_whole_finite_blocks_gives_the_same_bits(monkeypatch, dtype, special):
+    from tracekit.store import summaries
+
+    rng = np.random.default_rng(7)
+    values = (rng.standard_normal(3 * BLOCK + 7) * 3).astype(np.float32)
+    if special == "zeros":  # signed zeros at the extremes of a block
+        values[:] = 0.0
+        values[BLOCK + 3] = -0.0
+    elif special is not None:
+        values[BLOCK + 11] = float(special)  # in a middle block: that one takes the general route
+    if dtype == "bfloat16":
+        data = (values.view(np.uint32) >> 16).astype(np.uint16)
+    else:
+        data = values.astype(dtype)
+    ident = identity("w", dtype, data.shape)
+    fast = digest_and_summary(ident, data, dtype)[1]
+    monkeypatch.setattr(summaries, "FAST_BLOCKS", False)
+    slow = digest_and_summary(ident, data, dtype)[1]
+    assert fast.tobytes() == slow.tobytes()
+    assert fast[summaries.NAN] == (special == "nan") and fast[summaries.INF] == (special in ("inf", "-inf"))
