@@ -325,12 +325,11 @@ def prefetch(root, spans: Iterable[tuple[str, int, int | None]]) -> None:
     folder = _folder(root)
     for key, base, length in spans:
         try:
-            fd = os.open(local_path(folder, key), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+            fd, _ = open_regular(local_path(folder, key))
         except OSError:
             continue
         try:
-            if stat.S_ISREG(os.fstat(fd).st_mode):
-                prefetch_fd(fd, base, length)
+            prefetch_fd(fd, base, length)
         finally:
             os.close(fd)
 
@@ -446,18 +445,32 @@ class _RemoteReader:
         pass
 
 
+class NotRegular(OSError):
+    """Something other than a regular file where a file of the store should be (a FIFO, a folder)."""
+
+
+def open_regular(path: str) -> tuple[int, os.stat_result]:
+    """(a read-only descriptor, its fstat) of the regular file at `path`. O_NONBLOCK: a FIFO left
+    in a file's place must not block the open (hostile stores). FileNotFoundError where nothing is
+    there, NotRegular where something else is; other OSErrors as the open gives them."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegular(errno.EINVAL, "not a regular file")
+    except OSError:
+        os.close(fd)
+        raise
+    return fd, st
+
+
 class Reader:
     """Positional reads of one local object, the file opened once."""
 
     def __init__(self, root: str, key: str):
         self.key = key
-        # O_NONBLOCK: a FIFO left in an object's place must not block the open (hostile stores);
-        # anything but a regular file is refused as an OSError the callers report in one line.
-        fd = os.open(local_path(root, key), os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))  # FileNotFoundError: missing
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            os.close(fd)
-            raise OSError(errno.EINVAL, "not a regular file")
-        self._fd = fd
+        # anything but a regular file is refused as an OSError the callers report in one line
+        self._fd, _ = open_regular(local_path(root, key))  # FileNotFoundError: missing
 
     def size(self) -> int:
         return os.fstat(self._fd).st_size

@@ -19,7 +19,6 @@ Two things zarr does not do for us here:
 from __future__ import annotations
 
 import os
-import stat
 import sys
 
 import numpy as np
@@ -89,14 +88,11 @@ class RowFiles:
         sep, item = self.sep, self.dtype.itemsize
         for c in chunk_cols(0, self.shape[1], self.width):
             path = f"{self.folder}/c{sep}{row}{sep}{c}"  # (POSIX only: _direct_folder needs preadv)
-            try:  # O_NONBLOCK: a FIFO in a chunk's place must not block the open (hostile stores)
-                fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-            except FileNotFoundError:
+            try:
+                fd, st = io.open_regular(path)
+            except (FileNotFoundError, io.NotRegular):  # (not a regular file: as exists() says of it)
                 raise MissingChunk(row, c) from None
             try:
-                st = os.fstat(fd)
-                if not stat.S_ISREG(st.st_mode):
-                    raise MissingChunk(row, c)  # as exists() says of it
                 if st.st_size != self.chunk_bytes:  # chunks are written whole (the last one zero-padded)
                     raise StoreError(f"chunk file c/{row}/{c} holds {st.st_size} bytes, not {self.chunk_bytes}")
                 start = c * self.width
@@ -154,24 +150,26 @@ class RowReader:
     def _missing(self, c: int) -> StoreError:
         return StoreError(f"{_where(self.view, self.kind, self.step)}: chunk file {self._key(c)} is missing (unreadable data)")
 
+    def _unreadable(self, path: str, what: str) -> StoreError:
+        rel = os.path.relpath(path, self.view.store.path)
+        return StoreError(f"{_where(self.view, self.kind, self.step)}: chunk file {rel} {what} (unreadable data)")
+
     def _fd(self, c: int) -> int:
         fd = self._fds.get(c)
         if fd is None:
             path = self._path(c)
+            expected = self.width * self.dtype.itemsize  # plain chunks: exactly one chunk's elements
             try:
-                # O_NONBLOCK: opening a FIFO left in a chunk's place must not wait for a writer
-                fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-                info = os.fstat(fd)
-                expected = self.width * self.dtype.itemsize  # plain chunks: exactly one chunk's elements
-                if not stat.S_ISREG(info.st_mode) or info.st_size != expected:
+                fd, info = io.open_regular(path)
+                if info.st_size != expected:
                     os.close(fd)
-                    rel = os.path.relpath(path, self.view.store.path)
-                    what = ("is not a regular file" if not stat.S_ISREG(info.st_mode) else "is truncated"
-                            if info.st_size < expected else f"holds {info.st_size} bytes, not {expected}")
-                    raise StoreError(f"{_where(self.view, self.kind, self.step)}: chunk file {rel} {what} (unreadable data)")
+                    what = "is truncated" if info.st_size < expected else f"holds {info.st_size} bytes, not {expected}"
+                    raise self._unreadable(path, what)
                 self._fds[c] = fd
             except FileNotFoundError:
                 raise self._missing(c) from None
+            except io.NotRegular:
+                raise self._unreadable(path, "is not a regular file") from None
             except OSError as e:
                 raise StoreError(f"{_where(self.view, self.kind, self.step)}: unreadable chunk file ({e.strerror or e})") from None
         return fd
