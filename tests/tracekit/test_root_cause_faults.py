@@ -7,6 +7,7 @@ import os
 import sys
 
 import jsonschema
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -332,3 +333,14 @@ def test_inductor_clean_pair_names_nothing_and_hides_fused_ops(runs, inductor, t
     assert not any("relu" in op or "threshold" in op for op in ops)
     assert {"aten.addmm.out", "aten.mm.out", "aten.mse_loss.default", "aten.add_.Tensor"} <= ops
     assert all(e.get("compiled") == "inductor" for e in events if e["op"] in ("aten.addmm.out", "aten.mm.out"))
+
+
+def test_a_rank_knows_from_its_listing_whether_it_holds_traces(runs, tmp_path):
+    """The diff looks for traces only on ranks whose listing (made at open) holds a traces group."""
+    from tracekit.testing import write_store
+
+    traced = open_store(runs(None))
+    assert traced.ranks and all(traced.rank(r).traced for r in traced.ranks)
+    plain = open_store(write_store(tmp_path / "plain", {0: {1: {"loss": {"loss": np.float32(1.0)}}}}))
+    assert not plain.rank(0).traced
+    assert tracekit.diff(plain, plain).traces == []

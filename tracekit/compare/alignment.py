@@ -25,7 +25,7 @@ from tracekit.store.kinds import LAYOUT_DEPENDENT_KINDS, REPLICATED_KINDS, kind_
 # REPLICATED_KINDS: full tensors on every rank. Both come from the kind registry.
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class TensorPair:
     name: str
     ref: TensorInfo

@@ -547,21 +547,22 @@ def _step_results(step, pairs, partial, engine, same, summ) -> list[TensorResult
         # a summary row is part of the store: damage to it is reported even where bytes decided
         engine.ref.ranks[kp.ref_rank].view.check_summaries(kp.kind, step)
         engine.cand.ranks[kp.rank].view.check_summaries(kp.kind, step)
+        by_hash, by_summaries = same[id(kp)], summ[id(kp)]
         for t in kp.tensors:
-            parts = sorted(partial.get((id(kp), t.name), []), key=lambda x: x[0])
             tol = engine.tol(kp.kind, t.ref.dtype)
-            if t.name in same[id(kp)]:
+            if t.name in by_hash:
                 results.append(TensorResult(step, kp.kind, kp.rank, kp.ref_rank, t.name, t.ref.dtype, t.ref.shape,
                                             identical_metrics(t.ref.numel, tol.rtol, tol.atol, tol.rel_l2), tol.source, kp.oracle_rank,
                                             compared_by="hash"))
                 continue
-            if t.name in summ[id(kp)]:
+            if t.name in by_summaries:
                 rs = _summary(engine.ref.ranks[kp.ref_rank], kp.kind, step, t.ref, cache)
                 cs = _summary(engine.cand.ranks[kp.rank], kp.kind, step, t.cand, cache)
                 results.append(TensorResult(step, kp.kind, kp.rank, kp.ref_rank, t.name, t.ref.dtype, t.ref.shape,
                                             compare_summaries(rs, cs, t.ref.shape, tol.rtol, tol.atol, engine.equal_nan),
                                             tol.source, kp.oracle_rank, compared_by="summaries"))
                 continue
+            parts = sorted(partial.get((id(kp), t.name), []), key=lambda x: x[0])
             if not parts:
                 if t.ref.numel:
                     continue
@@ -581,17 +582,32 @@ def _add_step(report: DiffReport, step: int, results: list[TensorResult], detail
     for r in results:
         by_kind.setdefault(r.kind, []).append(r)
     for kind, rs in by_kind.items():
-        ms = [r.metrics for r in rs]
-        worst = max(rs, key=lambda r: -1.0 if r.metrics.margin is None else r.metrics.margin)
+        # hash-decided tensors of one size and tolerance share one metrics object: each distinct
+        # one is looked at once, with how many results hold it
+        held: dict[int, list] = {}
+        for r in rs:
+            seen = held.get(id(r.metrics))
+            if seen is None:
+                held[id(r.metrics)] = [r.metrics, 1]
+            else:
+                seen[1] += 1
+        ms = [m for m, _ in held.values()]
+
+        def total(of) -> int:
+            return sum(of(m) * n for m, n in held.values())
+
+        margins = {key: -1.0 if m.margin is None else m.margin for key, (m, _) in held.items()}
+        worst = max(rs, key=lambda r: margins[id(r.metrics)])  # the first of the worst, in result order
         report.summary.append(KindSummary(
             step, kind, len({r.tensor for r in rs}), len({r.rank for r in rs}), len(rs),
-            sum(not m.passed for m in ms), sum(m.violations for m in ms), sum(m.nonfinite for m in ms), sum(m.numel for m in ms),
+            total(lambda m: not m.passed), total(lambda m: m.violations), total(lambda m: m.nonfinite),
+            total(lambda m: m.numel),
             _over(max, ms, "max_abs_err"), _over(max, ms, "max_rel_err"), _over(min, ms, "cosine"),
             _over(max, ms, "rel_l2_err"), worst.metrics.margin,
             None if worst.metrics.margin is None else worst.metrics.margin_rule,
             None if worst.metrics.margin is None else (worst.rank, worst.tensor),
-            sum(m.counts.ref_nan + m.counts.ref_inf for m in ms), sum(m.counts.cand_nan + m.counts.cand_inf for m in ms),
-            sum(m.norm_failed for m in ms)))
+            total(lambda m: m.counts.ref_nan + m.counts.ref_inf), total(lambda m: m.counts.cand_nan + m.counts.cand_inf),
+            total(lambda m: m.norm_failed)))
     report.results.extend(r for r in results if details == "all" or not r.passed)
     loss = by_kind.get("loss")
     if loss:

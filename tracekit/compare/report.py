@@ -12,7 +12,7 @@ from tracekit.compare.metrics import TensorMetrics, WorstElement, _num
 REPORT_FORMAT = 2  # 2: norm rule, margins, nonfinite counts, n/a metrics (null), missing ranges
 
 
-@dataclass
+@dataclass(slots=True)
 class TensorResult:
     """One (step, rank, kind, tensor) comparison."""
 

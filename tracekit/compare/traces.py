@@ -33,7 +33,10 @@ def compare_store_traces(ref: StoreCatalog, cand: StoreCatalog, rank_pairs: dict
     for rank, ref_rank in sorted(rank_pairs.items()):
         if rank not in cand.ranks or ref_rank not in ref.ranks:
             continue
-        cg, rg = cand.ranks[rank].view.group, ref.ranks[ref_rank].view.group
+        cv, rv = cand.ranks[rank].view, ref.ranks[ref_rank].view
+        if not (cv.traced and rv.traced):  # known from the listings: no zarr lookup per rank and level
+            continue
+        cg, rg = cv.group, rv.group
         for level in LEVELS:
             common = sorted(set(trace_steps(cg, level)) & set(trace_steps(rg, level)))
             for step in common:

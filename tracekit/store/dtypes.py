@@ -25,11 +25,21 @@ _NUMPY_NATIVE = {
 
 def storage_dtype(logical: str) -> np.dtype:
     """The numpy dtype an array of this logical dtype is written as."""
+    try:
+        return _STORAGE[logical]  # asked per tensor and more (sizes): looked up, not built each time
+    except (KeyError, TypeError):
+        pass
     if logical in _BIT_STORED:
-        return np.dtype(_BIT_STORED[logical])
-    if logical in _NUMPY_NATIVE:
-        return np.dtype(logical)
-    raise ValueError(f"unsupported tensor dtype {logical!r}")
+        found = np.dtype(_BIT_STORED[logical])
+    elif logical in _NUMPY_NATIVE:
+        found = np.dtype(logical)
+    else:
+        raise ValueError(f"unsupported tensor dtype {logical!r}")
+    _STORAGE[logical] = found
+    return found
+
+
+_STORAGE: dict[str, np.dtype] = {}
 
 
 def is_bit_stored(logical: str) -> bool:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from tracekit.store.format import OBJECTS_DIR, RANK_PREFIX
 from tracekit.store.ownership import LOCK_ENTRIES
-from tracekit.store.traces import TRACES_GROUP
+from tracekit.store.format import TRACES_GROUP
 
 ZARR_JSON = "zarr.json"
 CONSOLIDATED = "consolidated_metadata"

@@ -10,6 +10,7 @@ READABLE_VERSIONS = (1, 2, 3)
 # Root group attribute under which all tracekit metadata lives; a zarr group without it is foreign.
 ROOT_KEY = "tracekit"
 RANK_PREFIX = "rank_"
+TRACES_GROUP = "traces"  # a rank group's child holding its op traces (store/traces.py)
 
 # Kinds live in their one registry (tracekit/store/kinds.py); re-exported here for old imports.
 from tracekit.store.kinds import DEFAULT_KINDS, INITIAL_STEP, KINDS, kind_order  # noqa: F401

@@ -26,7 +26,8 @@ from tracekit.store.chunks import check_size_claims, chunk_cols, first_missing_c
 from tracekit.store.localmeta import ParsedNodes, local_members
 from tracekit.store.rows import MissingChunk, RowFiles
 from tracekit.store.scratch import thread_buffer
-from tracekit.store.format import FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX_STEP, RANK_PREFIX, ROOT_KEY, SUMMARY_ARRAY
+from tracekit.store.format import (FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX_STEP, RANK_PREFIX, ROOT_KEY,
+                                   SUMMARY_ARRAY, TRACES_GROUP)
 from tracekit.store.hashing import HASH_BYTES, combined
 from tracekit.store.dtypes import all_finite
 from tracekit.store.hashing import hasher
@@ -258,6 +259,7 @@ class RankView:
         self._peers: dict[str, set[int]] = {}
         self._steps: dict[str, list[int]] = {}
         self._members: dict[tuple[str, str], object] = {}  # (kind, key) -> zarr node, or None: absent
+        self._traced = False  # a traces group among its members (set by _kind_groups)
         # The metadata is read once at open and does not change: its step lists are parsed once
         # (a 32-rank diff spent most of its time re-validating them for every piece of every tensor).
         self._row_lists: dict[str, tuple[int, ...]] = {}
@@ -310,6 +312,8 @@ class RankView:
                 below.append((name, node))
             elif isinstance(node, zarr.Group) and TENSORS in node.attrs:
                 groups[name] = node
+            elif name == TRACES_GROUP:
+                self._traced = isinstance(node, zarr.Group)
         for name, node in below:  # each kind's arrays, for _member to find without opening them
             kind, _, key = name.partition("/")
             if kind in groups and "/" not in key:
@@ -332,6 +336,12 @@ class RankView:
             except Exception:
                 pass
         return _members(self.group, f"{self.store.path}: rank {self.rank}", self.store.parsed)
+
+    @property
+    def traced(self) -> bool:
+        """Whether the rank holds op traces (its group has a traces group), from the listing made at open."""
+        self._kind_groups
+        return self._traced
 
     @property
     def kinds(self) -> list[str]:

@@ -21,10 +21,10 @@ import zarr
 
 from tracekit.store.io import compact_metadata
 from tracekit.errors import StoreError
+from tracekit.store.format import TRACES_GROUP
 from tracekit.store.kinds import TRACE_LEVELS
 from tracekit.store.writer import TensorData
 
-TRACES_GROUP = "traces"
 LEVELS = TRACE_LEVELS  # the registry's trace kinds (store/kinds.py)
 # Fields of one event, for readers and the schema (docs/FORMAT.md lists their meaning).
 EVENT_FIELDS = ("index", "phase", "module", "op", "call", "args", "inputs", "outputs", "src", "group")
