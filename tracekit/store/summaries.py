@@ -76,9 +76,6 @@ _DOT = 8192
 
 
 _MIN, _MAX, _SUM = np.minimum.reduce, np.maximum.reduce, np.add.reduce
-# Whole finite blocks of float32 or narrower take Summarizer.add's short route (the same bits:
-# tests/tracekit/test_store_summaries.py switches it off to compare).
-FAST_BLOCKS = True
 
 
 def _block_buffer() -> tuple[np.ndarray, list[np.ndarray]]:
@@ -105,30 +102,11 @@ class Summarizer:
 
     def add(self, block: np.ndarray) -> None:
         vals = to_numpy_values(block, self.dtype)
-        if FAST_BLOCKS and vals.size == BLOCK and vals.dtype.kind == "f" and vals.dtype.itemsize < 8:
-            # the common block (a whole one, float32 or narrower): the same operations in the same
-            # order as below, less their Python overhead (~9% of a float32 summary, measured)
-            with np.errstate(invalid="ignore"):
-                b_lo, b_hi = float(_MIN(vals)), float(_MAX(vals))
-            if -math.inf < b_lo and b_hi < math.inf:  # (False for a NaN too)
-                v64, parts = _block_buffer()
-                v64[...] = vals
-                self.lo, self.hi = min(self.lo, b_lo), max(self.hi, b_hi)
-                self.total += float(_SUM(v64))
-                ss = self.ss
-                for part in parts:
-                    ss += float(np.dot(part, part))
-                self.ss = ss
-                self.n_fin += BLOCK
-                return
-        self._add(vals)
-
-    def _add(self, vals: np.ndarray) -> None:
         if vals.dtype.kind == "c":
             vals = np.where(np.isnan(vals), np.nan, np.abs(vals))  # a NaN part stays a NaN
         if vals.dtype.kind == "f":
             with np.errstate(invalid="ignore"):
-                b_lo, b_hi = float(np.minimum.reduce(vals)), float(np.maximum.reduce(vals))
+                b_lo, b_hi = float(_MIN(vals)), float(_MAX(vals))
             if not (math.isfinite(b_lo) and math.isfinite(b_hi)):  # a NaN or an Inf: look closer
                 nan_mask, inf_mask = np.isnan(vals), np.isinf(vals)
                 self.nans += int(np.count_nonzero(nan_mask))
@@ -142,16 +120,20 @@ class Summarizer:
             b_lo, b_hi = float(vals.min()), float(vals.max())
         if not vals.size:
             return
+        parts = None  # the dot-sized views of v64, where they are made once (a whole block in the buffer)
         if vals.dtype == np.float64:
             v64 = vals
         else:  # into this thread's block buffer: a fresh float64 array per block costs page faults
-            v64 = thread_buffer("summarize-f64", BLOCK, np.float64)[: vals.size]
+            v64, parts = _block_buffer()
+            if vals.size != BLOCK:
+                v64, parts = v64[: vals.size], None
             v64[...] = vals
         self.lo, self.hi = min(self.lo, b_lo), max(self.hi, b_hi)
-        self.total += float(np.add.reduce(v64))
-        for start in range(0, v64.size, _DOT):
-            part = v64[start : start + _DOT]
-            self.ss += float(np.dot(part, part))
+        self.total += float(_SUM(v64))
+        ss = self.ss
+        for part in parts if parts is not None else (v64[s : s + _DOT] for s in range(0, v64.size, _DOT)):
+            ss += float(np.dot(part, part))
+        self.ss = ss
         self.n_fin += v64.size
 
     def result(self) -> np.ndarray:
