@@ -8,12 +8,15 @@ Linear(1000) = 100.1M (targets: <= 1.5x with bytes, <= 1.1x summaries only).
 
 Prints, side by side from one run, per variant: the step time and its ratio to the unrecorded
 steps of the same processes (the mean of those run just before and just after it: this VM's speed
-drifts within a run, and a baseline measured once moved every ratio with it); the recorder's time
-on the training thread (phases); the CPU seconds per step of the rank and of its writer process,
-and how much of the latter ran in the kernel (its file writes; the writer is a child of the rank,
-counted once it has exited at close); extra peak RSS of the rank over its unrecorded steps, the
-writer's peak RSS and the most bytes spooled at once, against the queue cap; the store's bytes and
-write rate, and the raw disk write speed for the same bytes. Variants:
+drifts within a run, and a baseline measured once moved every ratio with it), over all the
+recorded steps and again in steady state, without the first two recorded steps (they pay the
+one-off costs: starting the writer process, allocating the first slab's tmpfs pages, faulting
+in its first mapping; a run of thousands of steps pays them once); the recorder's time on the
+training thread (phases); the CPU seconds per step of the rank and of its writer process, and
+how much of each ran in the kernel (the rank's page faults too; the writer is a child of the
+rank, counted once it has exited at close); extra peak RSS of the rank over its unrecorded
+steps, the writer's peak RSS and the most bytes spooled at once, against the queue cap; the
+store's bytes and write rate, and the raw disk write speed for the same bytes. Variants:
   pieces     each rank writes its pieces of the sharded tensors, every tensor's bytes (the default):
              store format 3, a step's small tensors packed into a few files (docs/FORMAT.md, Packs)
   beside     the same with the writer processes at the ranks' priority (--writer-nice 0), for
@@ -47,6 +50,9 @@ SHAPES = {10: (100, 316), 100: (100, 1000)}  # params (M) -> (layers, width): la
 NOTHING = "tracekit-bench-matches-no-tensor"  # a --full glob that keeps no tensor's bytes
 TOP_PHASES = ("observe", "begin_step", "end_step: capture", "end_step: seal")
 TARGETS = {(10, "pieces"): 1.2, (100, "pieces"): 1.5, (100, "summaries"): 1.1}
+# Recorded steps that pay one-off costs: the first starts the writer process (~0.4 s of CPU) and
+# allocates the first slab's tmpfs pages (100M: 600 MB, ~0.25 s), the second maps that slab.
+WARM_RECORDED = 2
 
 
 def worker(args) -> None:
@@ -75,7 +81,7 @@ def worker(args) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
     x = torch.randn(args.batch, width)
 
-    def train(steps, rec=None):
+    def train(steps, rec=None, marks=None):
         for _ in range(steps):
             out = model(x)
             loss = out.square().mean()
@@ -84,15 +90,18 @@ def worker(args) -> None:
                 rec.observe(output=out, loss=loss.detach())
             opt.step()
             opt.zero_grad()
+            if marks is not None:
+                marks.append(time.perf_counter())
 
     def unrecorded() -> tuple[float, float]:
         """Seconds and CPU seconds per unrecorded step, over --steps steps."""
         dist.barrier()
-        cpu0 = _cpu(resource.RUSAGE_SELF)
+        cpu0, kernel0 = _cpu(resource.RUSAGE_SELF), _kernel(resource.RUSAGE_SELF)
         t0 = time.perf_counter()
         train(args.steps)
         dist.barrier()
-        return (time.perf_counter() - t0) / args.steps, (_cpu(resource.RUSAGE_SELF) - cpu0) / args.steps
+        return ((time.perf_counter() - t0) / args.steps, (_cpu(resource.RUSAGE_SELF) - cpu0) / args.steps,
+                [(b - a) / args.steps for a, b in zip(kernel0, _kernel(resource.RUSAGE_SELF))])
 
     load0 = os.getloadavg()
     train(2)  # warm-up
@@ -115,7 +124,7 @@ def worker(args) -> None:
             dist.barrier()
         phases = _time_recorder_phases()
         _reset_peak_rss()
-        self0, child0 = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN)
+        self0, child0, kernel0 = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN), _kernel(resource.RUSAGE_SELF)
         child_sys0 = resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime
         t0 = time.perf_counter()
         nice = {"writer_nice": 0} if variant == "beside" else {}
@@ -124,15 +133,20 @@ def worker(args) -> None:
             if variant == "gather":
                 rec._pieces = False  # the former path, for comparison only
             handoff = rec._handoff
-            train(args.steps, rec)
+            marks = []
+            train(args.steps, rec, marks)
             rec.flush()  # every step in the store: the writer's peak RSS is in, only its exit is left
+            flushed = time.perf_counter()
             writer_hwm = _peak_rss(handoff._proc.pid) if handoff else 0
         # the with-block's close waited for the writer process to store every step and exit
         dist.barrier()
         elapsed = (time.perf_counter() - t0) / args.steps
+        warm = WARM_RECORDED * args.every
         results[variant] = {
-            "step": elapsed, "phases": dict(phases), "store": store,
+            "step": elapsed,
+            "steady": (flushed - marks[warm - 1]) / (args.steps - warm) if args.steps > warm else None, "phases": dict(phases), "store": store,
             "rank_cpu": (_cpu(resource.RUSAGE_SELF) - self0) / args.steps,
+            "rank_kernel": [(b - a) / args.steps for a, b in zip(kernel0, _kernel(resource.RUSAGE_SELF))],
             "writer_cpu": (_cpu(resource.RUSAGE_CHILDREN) - child0) / args.steps,
             "writer_sys": (resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime - child_sys0) / args.steps,
             "rank_extra_rss": _peak_rss() - plain_rss,
@@ -142,7 +156,8 @@ def worker(args) -> None:
         _untime_recorder_phases()
         plains.append(unrecorded())
         results[variant]["plain"], results[variant]["plain_cpu"] = (
-            (a + b) / 2 for a, b in zip(plains[-2], plains[-1]))
+            (a + b) / 2 for a, b in zip(plains[-2][:2], plains[-1][:2]))
+        results[variant]["plain_kernel"] = [(a + b) / 2 for a, b in zip(plains[-2][2], plains[-1][2])]
     # what starting a writer process costs (its imports), once per rank and recording: part of
     # the writer CPU above, spread over few steps here
     child0 = _cpu(resource.RUSAGE_CHILDREN)
@@ -164,8 +179,8 @@ def _report(args, model, world, plains, per_rank, load0, load1, writer_start) ->
     print(f"model: {ntensors} parameter tensors, {params / 1e6:.1f}M parameters, FSDP2 on {world} ranks, "
           f"{args.steps} steps, recording every {args.every} step(s), {os.cpu_count()} CPU cores, queue cap {args.queue_mb} MB")
     print(f"load average at start {load0[0]:.2f} {load0[1]:.2f} {load0[2]:.2f}, at end {load1[0]:.2f} {load1[1]:.2f} {load1[2]:.2f}")
-    print("step time without recording:  " + ", ".join(f"{p * 1e3:.1f}" for p, _ in plains) + " ms   (before the first "
-          "variant and after each; rank CPU " + ", ".join(f"{c * 1e3:.0f}" for _, c in plains) + " ms/step)")
+    print("step time without recording:  " + ", ".join(f"{p * 1e3:.1f}" for p, _, _ in plains) + " ms   (before the first "
+          "variant and after each; rank CPU " + ", ".join(f"{c * 1e3:.0f}" for _, c, _ in plains) + " ms/step)")
     r0 = per_rank[0]
     ratios = {}
     for variant, res in r0.items():
@@ -180,12 +195,20 @@ def _report(args, model, world, plains, per_rank, load0, load1, writer_start) ->
         print(f"-- recorded, {how}:")
         print(f"step time with recording:     {step * 1e3:8.1f} ms  (flush at the end included)")
         print(f"overhead ratio:               {step / plain:8.2f}x" + (f"  (target <= {target}x)" if target else ""))
+        if res["steady"] is not None:
+            warm = WARM_RECORDED * args.every
+            print(f"steady state, after step {warm}:  {res['steady'] * 1e3:8.1f} ms, {res['steady'] / plain:.2f}x"
+                  + (f"  (target <= {target}x)" if target else "")
+                  + f"  (steps {warm + 1}-{args.steps} and the flush: without the start's one-off costs)")
         thread = sum(v for k, v in res["phases"].items() if k in TOP_PHASES) / args.steps  # the others are inside these
         print("  on the training thread:     " + ", ".join(f"{k} {v / args.steps * 1e3:.1f}" for k, v in res["phases"].items())
               + f" ms/step; total {thread * 1e3:.1f} ms")
         writer = [r[variant]["writer_cpu"] for r in per_rank]
         rank_cpu = [r[variant]["rank_cpu"] for r in per_rank]
-        print(f"  CPU per step, rank:         " + ", ".join(f"{c * 1e3:.0f}" for c in rank_cpu) + f" ms (unrecorded {plain_cpu * 1e3:.0f})")
+        print(f"  CPU per step, rank:         " + ", ".join(f"{c * 1e3:.0f}" for c in rank_cpu) + f" ms (unrecorded {plain_cpu * 1e3:.0f})"
+              + "; of it in the kernel: " + ", ".join(f"{r[variant]['rank_kernel'][0] * 1e3:.0f}" for r in per_rank)
+              + f" ms (unrecorded {res['plain_kernel'][0] * 1e3:.0f}); page faults per step: "
+              + ", ".join(f"{r[variant]['rank_kernel'][1]:.0f}" for r in per_rank) + f" (unrecorded {res['plain_kernel'][1]:.0f})")
         print(f"  CPU per step, writer:       " + ", ".join(f"{c * 1e3:.0f}" for c in writer) + " ms; without its start "
               f"({writer_start * 1e3:.0f} ms once): " + ", ".join(f"{(c - writer_start / args.steps) * 1e3:.0f}" for c in writer) + " ms"
               + "; of it in the kernel: " + ", ".join(f"{r[variant].get('writer_sys', 0) * 1e3:.0f}" for r in per_rank) + " ms")
@@ -216,6 +239,13 @@ def _report(args, model, world, plains, per_rank, load0, load1, writer_start) ->
 def _cpu(who) -> float:
     r = resource.getrusage(who)
     return r.ru_utime + r.ru_stime
+
+
+def _kernel(who) -> tuple[float, int]:
+    """(CPU seconds in the kernel, minor page faults) so far: a page fault costs kernel time, and
+    a mapping or buffer made afresh each step faults its pages in again."""
+    r = resource.getrusage(who)
+    return r.ru_stime, r.ru_minflt
 
 
 def _reset_peak_rss() -> None:
@@ -312,7 +342,7 @@ def raw_write_speed(folder: str, nbytes: int) -> float:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--params", type=int, choices=sorted(SHAPES), default=10, help="model size, millions of parameters")
-    p.add_argument("--steps", type=int, default=None, help="timed steps per variant (default: 20 at 10M, 3 at 100M)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per variant (default: 20 at 10M, 8 at 100M)")
     p.add_argument("--ranks", type=int, default=2)
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--every", type=int, default=1, help="record every k-th step (k > 1: a disk that keeps up)")
@@ -325,7 +355,7 @@ def main() -> None:
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.steps is None:
-        args.steps = 20 if args.params == 10 else 3
+        args.steps = 20 if args.params == 10 else 8
     if args.variants is None:
         args.variants = "pieces,beside,summaries,gather" if args.params == 10 else "pieces,summaries"
     if args.queue_mb is None:

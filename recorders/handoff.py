@@ -92,7 +92,11 @@ class Slab:
     def array(self) -> np.ndarray:
         """The whole file, mapped shared and writable (mapped at the first use, then kept)."""
         if self._array is None:
-            self._map = mmap.mmap(self.fd, self.size) if self.size else None
+            # A slab filled before (not fresh) has its pages: MAP_POPULATE maps them all in one call
+            # instead of a page fault per 4 KiB at the first fill through the mapping (600 MB here:
+            # 66 ms against ~160 ms of faults). A fresh one is not populated: that would allocate its pages.
+            flags = mmap.MAP_SHARED | (0 if self.fresh else getattr(mmap, "MAP_POPULATE", 0))
+            self._map = mmap.mmap(self.fd, self.size, flags=flags) if self.size else None
             self._array = np.frombuffer(self._map, dtype=np.uint8) if self.size else np.zeros(0, dtype=np.uint8)
         return self._array
 
