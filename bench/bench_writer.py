@@ -1,11 +1,11 @@
-"""CPU the writer process spends per recorded step, in-process: one FSDP rank's step of the 10M model.
+"""CPU the writer process spends per recorded step, in-process: one FSDP rank's step of the 10M (or 100M) model.
 
 Run: OMP_NUM_THREADS=1 python bench/bench_writer.py [--dir DIR] [--steps N] [--summaries-only]
-                                                     [--profile] [--format 3|2|1]
+                                                     [--profile] [--format 3|2|1] [--params 10|100]
 
 Feeds tracekit.store.RankWriter what the writer process (recorders/spool_writer.py) gets from one
-rank of bench/bench_record.py --params 10 with 2 FSDP ranks: parameters, gradients and deltas,
-200 pieces each (100 x Linear(316) halves), plus the output and the loss; each step changes every
+rank of bench/bench_record.py --params 10 (or 100) with 2 FSDP ranks: parameters, gradients and
+deltas, 200 pieces each (100 x Linear(316) halves; Linear(1000) at 100M), plus the output and the loss; each step changes every
 tensor's bytes, as training does. The step goes through a spool entry (written with write_entry,
 read back with read_entry, as the writer process reads it), so reading the spool is measured too.
 
@@ -27,10 +27,7 @@ import time
 
 import numpy as np
 
-W = 316  # bench_record.py --params 10: 100 x Linear(316)
-
-
-def tensors(rng):
+def tensors(rng, W: int):
     from tracekit.store import TensorData
     from tracekit.store.shards import Shard
 
@@ -54,7 +51,9 @@ def main(argv=None) -> int:
     p.add_argument("--summaries-only", action="store_true", help="--full matching no tensor")
     p.add_argument("--profile", action="store_true")
     p.add_argument("--format", type=int, default=3, help="store format: 3 (packs), 2 (a file per tensor) or 1")
+    p.add_argument("--params", type=int, choices=(10, 100), default=10, help="bench_record.py's model size, millions")
     args = p.parse_args(argv)
+    from bench_record import SHAPES, create_cost  # this folder's: its model, and what creating a file costs
 
     from tracekit.recorders.spool import read_entry, write_entry
     from tracekit.store.hashing import tensor_hash
@@ -62,11 +61,10 @@ def main(argv=None) -> int:
     from tracekit.store.writer import RankWriter, create_store
 
     rng = np.random.default_rng(0)
-    step_tensors = tensors(rng)
+    step_tensors = tensors(rng, SHAPES[args.params][1])
     if args.format == 1:
         step_tensors = [(k, t.__class__(t.name, t.dtype, t.shard.full_shape if t.shard else t.shape, t.data))
                         for k, t in step_tensors if t.shard is None]
-    from bench_record import create_cost  # this folder's: what creating a file costs on the disk now
 
     work = tempfile.mkdtemp(prefix="bench_writer_", dir=args.dir)
     try:

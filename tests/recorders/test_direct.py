@@ -268,6 +268,35 @@ def test_a_slab_whose_size_changes_is_filled_with_pwrite_again(tmp_path):
     assert not os.path.exists(slab.path)
 
 
+@pytest.mark.skipif(not hasattr(__import__("mmap"), "MAP_POPULATE") or not os.path.isdir("/dev/shm"),
+                    reason="MAP_POPULATE and /dev/shm are Linux's")
+def test_a_reused_slab_is_mapped_with_its_pages_and_a_fresh_one_without():
+    import resource
+    import tempfile
+
+    # in tmpfs, as spools are (a disk file's shared mapping takes a fault per page at its first
+    # write whatever the mapping: the file system tracks which pages are dirtied)
+    folder = tempfile.mkdtemp(dir="/dev/shm", prefix="tracekit-test-")
+    size = 8 << 20  # 2048 pages: unpopulated, the first fill through the mapping faults once per page
+    slab, array = Slab(os.path.join(folder, "slab-1"), size), None
+    try:
+        _ = slab.array  # a fresh slab's mapping allocates nothing: its pages come with pwrite()
+        assert os.stat(slab.path).st_blocks * 512 < size // 8
+        slab.resize(size - 4096)  # unmapped; then filled the way a fresh slab is
+        slab.write_at(0, np.full(size - 4096, 3, dtype=np.uint8))
+        slab.fresh = False  # reused (Handoff.slab)
+        before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        array = slab.array
+        array[:] = 5
+        faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+        assert faults < 256, faults
+        assert int(array[::4096].min()) == 5
+    finally:
+        del array
+        slab.discard()
+        os.rmdir(folder)
+
+
 def test_a_step_begun_before_stop_writing_is_not_spooled(tmp_path):
     """Zero-code stops writing after a failure; a step it had begun is then not handed over."""
     w = torch.nn.Parameter(torch.randn(4, 3))
