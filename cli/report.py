@@ -12,7 +12,8 @@ from tracekit.cli.common import comparison_options, one_line_errors, storage_opt
 @click.command("report")
 @click.argument("ref", type=click.Path())
 @click.argument("cand", type=click.Path())
-@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="HTML file to write.")
+@click.option("-o", "--output", required=True, type=click.Path(dir_okay=False), help="HTML file to write: replaced whole, never left half-written; "
+              "a pipe, device or link (/dev/stdout) is written into.")
 @comparison_options
 @click.option("--replay", type=click.Path(), default=None, metavar="STORE",
               help="A replay of CAND's job (tracekit record --replay-from REF): plot its local error against "

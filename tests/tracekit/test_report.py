@@ -98,7 +98,7 @@ def test_pass_report_and_missing_matplotlib(divergence_runs, monkeypatch, tmp_pa
     assert "No plots: matplotlib is not installed (pip install 'tracekit[plot]')." in page.body
     assert "PASS comparison ranks=4 steps=5" in page.body
     assert "None: every compared tensor is within tolerance." in page.body
-    assert not (tmp_path / "r.html.part").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["r.html"]  # no temporary left beside it
 
 
 def test_structural_error_still_writes_a_report(tmp_path):
@@ -145,3 +145,85 @@ def test_report_needs_only_the_plot_extra(divergence_runs, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.startswith("FAIL comparison ranks=4 steps=5")
     assert "<img" in (tmp_path / "r.html").read_text()  # plots drawn
+
+
+def _one_loss_stores(tmp_path) -> list[str]:
+    paths = []
+    for side in ("ref", "cand"):
+        path = str(tmp_path / side)
+        create_store(path, {})
+        w = RankWriter(path, 0, {"coords": {"rank": 0}})
+        w.write(1, "loss", [TensorData("loss", "float32", (), np.array(1.0, np.float32))])
+        w.complete_step(1)
+        w.close()
+        paths.append(path)
+    return paths
+
+
+def test_a_report_written_to_a_fifo_goes_into_it_and_the_fifo_stays(tmp_path):
+    import stat
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    fd = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader is there before the report opens it
+    got, written = [], threading.Event()
+
+    def read_all():
+        import select
+
+        while True:
+            if select.select([fd], [], [], 0.5)[0]:
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:  # the report closed the pipe
+                    return
+                got.append(chunk)
+            elif written.is_set():  # write_report returned and the pipe holds nothing: it never opened it
+                return
+
+    ref, cand = _one_loss_stores(tmp_path)
+    reader = threading.Thread(target=read_all)
+    reader.start()
+    try:
+        write_report(ref, cand, fifo)
+    finally:
+        written.set()
+        reader.join(60)
+        os.close(fd)
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode)  # a rename would have put a file in its place
+    assert "PASS comparison ranks=1 steps=1" in b"".join(got).decode()
+
+
+def test_a_report_written_to_a_link_fills_its_target_and_the_link_stays(tmp_path):
+    ref, cand = _one_loss_stores(tmp_path)
+    target = tmp_path / "kept" / "report.html"
+    target.parent.mkdir()
+    target.write_text("an older report")
+    link = tmp_path / "latest.html"
+    link.symlink_to(target)
+    write_report(ref, cand, link)
+    assert link.is_symlink() and os.readlink(link) == str(target)
+    assert "PASS comparison ranks=1 steps=1" in target.read_text()
+
+
+def test_a_report_that_cannot_be_written_leaves_the_old_one_and_no_temporary(tmp_path, monkeypatch):
+    import errno
+
+    from tracekit.errors import UsageError
+    from tracekit.store import io as store_io
+
+    ref, cand = _one_loss_stores(tmp_path)
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    out = out_dir / "r.html"
+    out.write_text("the old report")
+
+    def full(fd, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(store_io.os, "write", full)
+    with pytest.raises(UsageError, match="cannot write it .No space left on device"):
+        write_report(ref, cand, out)
+    monkeypatch.undo()
+    assert out.read_text() == "the old report"
+    assert [p.name for p in out_dir.iterdir()] == ["r.html"]

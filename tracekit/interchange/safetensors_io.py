@@ -10,6 +10,7 @@ import numpy as np
 
 from tracekit.store.dtypes import storage_dtype
 from tracekit.errors import StoreError
+from tracekit.output_file import write_output
 from tracekit.store import TensorData
 
 # safetensors' dtype codes -> tracekit (torch) dtype names
@@ -38,9 +39,9 @@ def write(path: str, entries: list[tuple[str, str, tuple[int, ...], np.ndarray]]
         specs[name] = TensorSpec(dtype=dtype, shape=list(shape), data_ptr=arr.ctypes.data, data_len=arr.nbytes)
     data = serialize(specs, metadata=metadata)
     # Python writes the file (not safetensors' serialize_file): the usual umask permissions rather
-    # than 0600, and any path the OS takes, non-UTF-8 bytes included.
-    with open(path, "wb") as f:
-        f.write(data)
+    # than 0600, and any path the OS takes, non-UTF-8 bytes included; whole or not at all (an
+    # earlier export under the same name is kept when this one fails)
+    write_output(path, data)
 
 
 def read(path: str) -> tuple[dict[str, TensorData], dict[str, str]]:

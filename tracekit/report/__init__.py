@@ -11,6 +11,7 @@ import os
 
 from tracekit.display import path_text
 from tracekit.errors import UsageError
+from tracekit.output_file import write_output
 
 
 def build_report(ref, cand, replay=None, **diff_kwargs):
@@ -60,12 +61,10 @@ def write_report(ref, cand, output, replay=None, **diff_kwargs):
     if not os.path.isdir(parent):
         raise UsageError(f"-o {output}: folder {parent} does not exist")
     report, text, _notes = build_report(ref, cand, replay=replay, **diff_kwargs)
-    tmp = output + ".part"
+    # a path with a non-UTF-8 byte (a lone surrogate in text) is shown escaped, not a crash
+    data = text.encode("utf-8", errors="backslashreplace")
     try:
-        # a path with a non-UTF-8 byte (a lone surrogate in text) is shown escaped, not a crash
-        with open(tmp, "w", encoding="utf-8", errors="backslashreplace") as f:
-            f.write(text)
-        os.replace(tmp, output)  # never a half-written report under the final name
+        write_output(output, data)  # whole or not at all; a pipe or /dev/stdout is written into
     except OSError as e:
         raise UsageError(f"-o {path_text(output)}: cannot write it ({e.strerror or e})") from None
     return report

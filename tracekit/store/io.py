@@ -107,9 +107,10 @@ def write_parts(root: str, key: str, parts: Iterable, pad_to: int | None = None)
 
 
 def replace_file(path: str, data: bytes) -> None:
-    """Replace a small local file (a metadata document) atomically: written under a temporary name
-    beside it, zarr's own (`zarr.<hex>.partial` for zarr.json), then renamed over it; a crash
-    leaves the old file or the new one, and at worst a stray temporary, as zarr's writes do."""
+    """Replace a local file (a metadata document, a report) atomically: written under a temporary
+    name beside it, zarr's own (`zarr.<hex>.partial` for zarr.json), then renamed over it; a crash
+    leaves the old file or the new one, and at worst a stray temporary, as zarr's writes do (a
+    failed write removes it)."""
     stem, _ = os.path.splitext(path)
     _publish(f"{stem}.{_tmp_name()[5:]}.partial", path, [data])
 
