@@ -122,13 +122,15 @@ def check_writable(dest: str, option: str) -> None:
 
 
 def write_text(dest: str, text: str, option: str) -> None:
-    """Write text to a file path, or to stdout for '-'; an unwritable path is one UsageError line."""
+    """Write text to a file path (tracekit/output_file.py: an earlier file survives a failed write), or
+    to stdout for '-'; an unwritable path is one UsageError line."""
     if dest == "-":
         click.echo(text, nl=False)
         return
+    from tracekit.output_file import write_output  # here: every command imports this module
+
     try:
-        with open(dest, "w", newline="") as f:
-            f.write(text)
+        write_output(dest, text.encode("utf-8"))  # whole or not at all; a pipe or link is written into
     except OSError as e:
         raise UsageError(f"{option} {dest}: cannot write it ({e.strerror or e})") from None
 
