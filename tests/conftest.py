@@ -177,3 +177,28 @@ def s3(s3_server, monkeypatch, request):
             return {k: fs.cat_file(k) for k in fs.find(name)}
 
     return Bucket()
+
+
+@pytest.fixture
+def full_disk(monkeypatch):
+    """full_disk(written=0): a context inside which tracekit's file writes (store/io.py: store
+    objects, metadata, users' output files) fail with ENOSPC, each after `written` bytes."""
+    import contextlib
+    import errno
+
+    from tracekit.store import io as store_io
+
+    real_write = store_io.os.write
+
+    @contextlib.contextmanager
+    def full(written: int = 0):
+        def write(fd, data):
+            if written:
+                real_write(fd, bytes(memoryview(data)[:written]))
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        with monkeypatch.context() as m:
+            m.setattr(store_io.os, "write", write)
+            yield
+
+    return full

@@ -280,23 +280,13 @@ def test_unwritable_json_destination_fails_before_comparing(stores, tmp_path, mo
         assert why in r.stderr and "Traceback" not in r.output
 
 
-def test_a_json_file_that_cannot_be_written_keeps_the_earlier_one(stores, tmp_path, monkeypatch):
-    import errno
-    import os
-
-    from tracekit.store import io as store_io
-
+def test_a_json_file_that_cannot_be_written_keeps_the_earlier_one(stores, tmp_path, full_disk):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     dest = out_dir / "r.json"
     dest.write_text('{"earlier": true}\n')
-
-    def full(fd, data):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    monkeypatch.setattr(store_io.os, "write", full)
-    r = invoke(stores["ref"], stores["same"], "--json-file", dest)
-    monkeypatch.undo()
+    with full_disk():
+        r = invoke(stores["ref"], stores["same"], "--json-file", dest)
     assert r.exit_code == 2 and "cannot write it (No space left on device)" in r.stderr, r.output
     assert dest.read_text() == '{"earlier": true}\n' and [p.name for p in out_dir.iterdir()] == ["r.json"]
 

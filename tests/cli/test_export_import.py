@@ -93,26 +93,15 @@ def test_unwritable_export_destination_is_one_line(tmp_path):
         assert len(text.strip().splitlines()) == 1 and "Traceback" not in text
 
 
-def test_an_export_that_fails_keeps_the_earlier_file_whole_and_leaves_no_temporary(tmp_path, monkeypatch):
-    import errno
-
-    from tracekit.store import io as store_io
-
+def test_an_export_that_fails_keeps_the_earlier_file_whole_and_leaves_no_temporary(tmp_path, full_disk):
     _store(tmp_path / "s")
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     out = out_dir / "p.safetensors"
     assert _run("export", str(tmp_path / "s"), "--step", "0", "-o", str(out))[0] == 0
     before = out.read_bytes()
-    real_write = store_io.os.write
-
-    def full_after_some(fd, data):  # the disk fills part way through the file
-        real_write(fd, bytes(memoryview(data)[:10]))
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    monkeypatch.setattr(store_io.os, "write", full_after_some)
-    code, text = _run("export", str(tmp_path / "s"), "--step", "1", "-o", str(out))
-    monkeypatch.undo()
+    with full_disk(written=10):  # the disk fills part way through the file
+        code, text = _run("export", str(tmp_path / "s"), "--step", "1", "-o", str(out))
     assert code == 2 and "cannot write it (No space left on device)" in text, text
     assert out.read_bytes() == before  # step 0's export, whole
     assert [p.name for p in out_dir.iterdir()] == ["p.safetensors"]

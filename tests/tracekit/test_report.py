@@ -206,24 +206,15 @@ def test_a_report_written_to_a_link_fills_its_target_and_the_link_stays(tmp_path
     assert "PASS comparison ranks=1 steps=1" in target.read_text()
 
 
-def test_a_report_that_cannot_be_written_leaves_the_old_one_and_no_temporary(tmp_path, monkeypatch):
-    import errno
-
+def test_a_report_that_cannot_be_written_leaves_the_old_one_and_no_temporary(tmp_path, full_disk):
     from tracekit.errors import UsageError
-    from tracekit.store import io as store_io
 
     ref, cand = _one_loss_stores(tmp_path)
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     out = out_dir / "r.html"
     out.write_text("the old report")
-
-    def full(fd, data):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    monkeypatch.setattr(store_io.os, "write", full)
-    with pytest.raises(UsageError, match="cannot write it .No space left on device"):
+    with full_disk(), pytest.raises(UsageError, match="cannot write it .No space left on device"):
         write_report(ref, cand, out)
-    monkeypatch.undo()
     assert out.read_text() == "the old report"
     assert [p.name for p in out_dir.iterdir()] == ["r.html"]
