@@ -25,3 +25,17 @@ def test_write_output_replaces_a_regular_file_whole(tmp_path):
     write_output(str(out), b"new")
     assert out.read_bytes() == b"new" and [p.name for p in tmp_path.iterdir()] == ["r.html"]
 
+
+def test_a_replaced_file_keeps_its_permissions_and_a_new_one_gets_opens(tmp_path):
+    private = tmp_path / "private.html"
+    private.write_text("old")
+    os.chmod(private, 0o600)
+    write_output(str(private), b"new")
+    assert private.read_bytes() == b"new" and (os.stat(private).st_mode & 0o777) == 0o600
+    umask = os.umask(0o022)
+    os.umask(umask)
+    write_output(str(tmp_path / "new.html"), b"x")
+    with open(tmp_path / "as_open.html", "wb"):
+        pass
+    assert (os.stat(tmp_path / "new.html").st_mode & 0o777) == (os.stat(tmp_path / "as_open.html").st_mode & 0o777) \
+        == 0o666 & ~umask

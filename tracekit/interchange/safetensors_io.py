@@ -38,9 +38,9 @@ def write(path: str, entries: list[tuple[str, str, tuple[int, ...], np.ndarray]]
         keep.append(arr)
         specs[name] = TensorSpec(dtype=dtype, shape=list(shape), data_ptr=arr.ctypes.data, data_len=arr.nbytes)
     data = serialize(specs, metadata=metadata)
-    # Python writes the file (not safetensors' serialize_file): the usual umask permissions rather
-    # than 0600, and any path the OS takes, non-UTF-8 bytes included; whole or not at all (an
-    # earlier export under the same name is kept when this one fails)
+    # Python writes the file (not safetensors' serialize_file): open()'s permissions (0666 less the
+    # umask) rather than 0600, and any path the OS takes, non-UTF-8 bytes included; whole or not at
+    # all (an earlier export under the same name is kept when this one fails; output_file.py)
     write_output(path, data)
 
 

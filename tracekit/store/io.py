@@ -106,16 +106,17 @@ def write_parts(root: str, key: str, parts: Iterable, pad_to: int | None = None)
             f.truncate(pad_to)
 
 
-def replace_file(path: str, data: bytes) -> None:
+def replace_file(path: str, data: bytes, mode: int = 0o644) -> None:
     """Replace a local file (a metadata document, a report) atomically: written under a temporary
     name beside it, zarr's own (`zarr.<hex>.partial` for zarr.json), then renamed over it; a crash
     leaves the old file or the new one, and at worst a stray temporary, as zarr's writes do (a
-    failed write removes it)."""
+    failed write removes it). `mode`: the new file's permissions, less the umask (as os.open)."""
     stem, _ = os.path.splitext(path)
-    _publish(f"{stem}.{_tmp_name()[5:]}.partial", path, [data])
+    _publish(f"{stem}.{_tmp_name()[5:]}.partial", path, [data], mode=mode)
 
 
-def _publish(tmp: str, path: str, parts: Iterable, folder: str | None = None, direct: "Direct | None" = None) -> None:
+def _publish(tmp: str, path: str, parts: Iterable, folder: str | None = None, direct: "Direct | None" = None,
+             mode: int = 0o644) -> None:
     """Write the buffers into the new file `tmp`, then rename it over `path`: a reader sees the old
     file or the whole new one, and a failure removes the temporary. `folder`: made when missing
     (an object's new folder; a makedirs per object would cost a syscall each). `direct`: the
@@ -128,13 +129,13 @@ def _publish(tmp: str, path: str, parts: Iterable, folder: str | None = None, di
         flags |= os.O_DIRECT
     try:
         try:
-            fd = _open_new(tmp, flags, folder)
+            fd = _open_new(tmp, flags, folder, mode)
         except OSError as e:
             if not head or e.errno != errno.EINVAL:
                 raise
             direct.refused()  # this file system takes no O_DIRECT (tmpfs): plain writes from now on
             head, flags = 0, flags & ~os.O_DIRECT
-            fd = _open_new(tmp, flags, folder)
+            fd = _open_new(tmp, flags, folder, mode)
         try:  # os.write, no buffered file: the parts are large and go out as they are
             for i, view in enumerate(views):
                 if i == 0 and head:
@@ -152,14 +153,14 @@ def _publish(tmp: str, path: str, parts: Iterable, folder: str | None = None, di
         raise
 
 
-def _open_new(tmp: str, flags: int, folder: str | None) -> int:
+def _open_new(tmp: str, flags: int, folder: str | None, mode: int = 0o644) -> int:
     try:
-        return os.open(tmp, flags, 0o644)
+        return os.open(tmp, flags, mode)
     except FileNotFoundError:
         if folder is None:
             raise
         os.makedirs(folder, exist_ok=True)
-        return os.open(tmp, flags, 0o644)
+        return os.open(tmp, flags, mode)
 
 
 def _write_direct(fd: int, view: memoryview, head: int, direct: "Direct") -> memoryview:
