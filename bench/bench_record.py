@@ -2,6 +2,7 @@
 
 Run: python bench/bench_record.py [--params 10|100] [--steps N] [--ranks 2] [--every K] [--dir DIR]
                                   [--variants pieces,beside,objects,summaries,gather] [--queue-mb MB] [--keep]
+                                  [--pairs P] [--block K]
 
 --params 10: 100 x Linear(316) = 10.0M parameters (issue target <= 1.2x); --params 100: 100 x
 Linear(1000) = 100.1M (targets: <= 1.5x with bytes, <= 1.1x summaries only).
@@ -11,7 +12,11 @@ steps of the same processes (the mean of those run just before and just after it
 drifts within a run, and a baseline measured once moved every ratio with it), over all the
 recorded steps and again in steady state, without the first two recorded steps (they pay the
 one-off costs: starting the writer process, allocating the first slab's tmpfs pages, faulting
-in its first mapping; a run of thousands of steps pays them once); the recorder's time on the
+in its first mapping; a run of thousands of steps pays them once), and interleaved: with the
+writer warm, --pairs blocks of --block recorded steps (each with its flush) between blocks of as
+many unrecorded ones, each held against its two neighbours, seconds apart (the median and the
+range of the --pairs ratios: over a minute the VM's speed moved the baselines by up to 18% in
+one run of 2026-12-04, while blocks seconds apart see much the same machine); the recorder's time on the
 training thread (phases); the CPU seconds per step of the rank and of its writer process, and
 how much of each ran in the kernel (the rank's page faults too; the writer is a child of the
 rank, counted once it has exited at close); extra peak RSS of the rank over its unrecorded
@@ -38,9 +43,11 @@ disk's, not tracekit's: wait until the probe says tens of microseconds.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -60,8 +67,6 @@ def worker(args) -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
-
-    from tracekit.recorders import RecordConfig, Recorder
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -114,24 +119,13 @@ def worker(args) -> None:
     results = {}
     for variant in args.variants:
         store = os.path.join(args.dir, f"store-{variant}")
-        full = (NOTHING,) if variant == "summaries" else ()
-        if variant == "objects":  # made before the Recorder would make it in the current format
-            if rank == 0:
-                from tracekit.store import create_store
-                from tracekit.store.ownership import new_run_id
-
-                create_store(store, {"launcher": None, "run_id": new_run_id()}, format_version=2)
-            dist.barrier()
+        _prepare_store(variant, store)
         phases = _time_recorder_phases()
         _reset_peak_rss()
         self0, child0, kernel0 = _cpu(resource.RUSAGE_SELF), _cpu(resource.RUSAGE_CHILDREN), _kernel(resource.RUSAGE_SELF)
         child_sys0 = resource.getrusage(resource.RUSAGE_CHILDREN).ru_stime
         t0 = time.perf_counter()
-        nice = {"writer_nice": 0} if variant == "beside" else {}
-        with Recorder(model, opt, config=RecordConfig(store=store, every=args.every, full=full, queue_mb=args.queue_mb,
-                                                      **nice)) as rec:
-            if variant == "gather":
-                rec._pieces = False  # the former path, for comparison only
+        with _recording(args, variant, store, model, opt) as rec:
             handoff = rec._handoff
             marks = []
             train(args.steps, rec, marks)
@@ -158,6 +152,8 @@ def worker(args) -> None:
         results[variant]["plain"], results[variant]["plain_cpu"] = (
             (a + b) / 2 for a, b in zip(plains[-2][:2], plains[-1][:2]))
         results[variant]["plain_kernel"] = [(a + b) / 2 for a, b in zip(plains[-2][2], plains[-1][2])]
+    for variant in args.variants if args.pairs else ():
+        results[variant]["interleaved"] = interleaved(args, variant, train, model, opt)
     # what starting a writer process costs (its imports), once per rank and recording: part of
     # the writer CPU above, spread over few steps here
     child0 = _cpu(resource.RUSAGE_CHILDREN)
@@ -169,6 +165,79 @@ def worker(args) -> None:
     if rank == 0:
         _report(args, model, world, plains, gathered, load0, load1, writer_start)
     dist.destroy_process_group()
+
+
+def _prepare_store(variant: str, store: str) -> None:
+    """objects: the store made in format 2 before the Recorder would make it in the current format."""
+    import torch.distributed as dist
+
+    if variant == "objects":
+        if dist.get_rank() == 0:
+            from tracekit.store import create_store
+            from tracekit.store.ownership import new_run_id
+
+            create_store(store, {"launcher": None, "run_id": new_run_id()}, format_version=2)
+        dist.barrier()
+
+
+@contextlib.contextmanager
+def _recording(args, variant: str, store: str, model, opt, config_class=None):
+    """The variant's Recorder, started, closed on leaving (config_class: a RecordConfig subclass)."""
+    from tracekit.recorders import RecordConfig, Recorder
+
+    full = (NOTHING,) if variant == "summaries" else ()
+    nice = {"writer_nice": 0} if variant == "beside" else {}
+    config = (config_class or RecordConfig)(store=store, every=args.every, full=full, queue_mb=args.queue_mb, **nice)
+    with Recorder(model, opt, config=config) as rec:
+        if variant == "gather":
+            rec._pieces = False  # the former path, for comparison only
+        yield rec
+
+
+def interleaved(args, variant: str, train, model, opt) -> list[tuple[float, float, float]]:
+    """The variant's steady-state ratio measured against the VM's drift: one recorder, the writer
+    started and the first slab made by WARM_RECORDED recorded steps, then --pairs times a block of
+    --block unrecorded steps and one of --block recorded steps (its flush included, so that none of
+    its writer's work spills into the next block), and a last unrecorded block. Returns, per pair,
+    (recorded block, the unrecorded blocks before and after it), seconds per step: each recorded
+    block is held against its own neighbours, seconds apart, where the continuous measurement's
+    baseline is a minute away."""
+    import torch.distributed as dist
+
+    from tracekit.recorders import RecordConfig
+
+    class Scheduled(RecordConfig):  # records the steps in `recorded`, which grows as the blocks go
+        recorded: set = set()
+
+        def records_step(self, step: int) -> bool:
+            return step in self.recorded
+
+    k, times = args.block, []
+
+    def block(rec, recorded: bool) -> float:
+        if recorded:
+            Scheduled.recorded.update(range(rec.step + 1, rec.step + 1 + k))
+        dist.barrier()
+        t0 = time.perf_counter()
+        train(k, rec)
+        if recorded:
+            rec.flush()
+        dist.barrier()
+        return (time.perf_counter() - t0) / k
+
+    store = os.path.join(args.dir, f"store-{variant}-interleaved")
+    _prepare_store(variant, store)
+    with _recording(args, variant, store, model, opt, Scheduled) as rec:
+        Scheduled.recorded.update(range(1, WARM_RECORDED + 1))
+        train(WARM_RECORDED, rec)
+        rec.flush()
+        plain = block(rec, False)
+        for _ in range(args.pairs):
+            rec_time = block(rec, True)
+            after = block(rec, False)
+            times.append((rec_time, plain, after))
+            plain = after
+    return times
 
 
 def _report(args, model, world, plains, per_rank, load0, load1, writer_start) -> None:
@@ -200,6 +269,11 @@ def _report(args, model, world, plains, per_rank, load0, load1, writer_start) ->
             print(f"steady state, after step {warm}:  {res['steady'] * 1e3:8.1f} ms, {res['steady'] / plain:.2f}x"
                   + (f"  (target <= {target}x)" if target else "")
                   + f"  (steps {warm + 1}-{args.steps} and the flush: without the start's one-off costs)")
+        if res.get("interleaved"):
+            pairs = sorted(rec / ((before + after) / 2) for rec, before, after in res["interleaved"])
+            print(f"interleaved, {len(pairs)} blocks of {args.block} recorded steps (flush included) each between "
+                  f"{args.block} unrecorded: {statistics.median(pairs):.2f}x median, {pairs[0]:.2f}-{pairs[-1]:.2f}x"
+                  + (f"  (target <= {target}x)" if target else ""))
         thread = sum(v for k, v in res["phases"].items() if k in TOP_PHASES) / args.steps  # the others are inside these
         print("  on the training thread:     " + ", ".join(f"{k} {v / args.steps * 1e3:.1f}" for k, v in res["phases"].items())
               + f" ms/step; total {thread * 1e3:.1f} ms")
@@ -348,6 +422,9 @@ def main() -> None:
     p.add_argument("--every", type=int, default=1, help="record every k-th step (k > 1: a disk that keeps up)")
     p.add_argument("--variants", default=None, help="comma-separated: pieces, beside, objects, summaries, gather "
                    "(default: pieces,beside,summaries,gather at 10M; pieces,summaries at 100M)")
+    p.add_argument("--pairs", type=int, default=4, help="interleaved blocks of recorded steps per variant, each "
+                   "between unrecorded ones (0: none)")
+    p.add_argument("--block", type=int, default=None, help="steps per interleaved block (default: 5 at 10M, 3 at 100M)")
     p.add_argument("--queue-mb", type=int, default=None, help="the recorder's queue cap (default: RecordConfig's)")
     p.add_argument("--dir", default=None, help="folder on the disk to measure (default: a temp dir)")
     p.add_argument("--keep", action="store_true", help="leave the stores (and say where): removing thousands of "
@@ -356,6 +433,8 @@ def main() -> None:
     args = p.parse_args()
     if args.steps is None:
         args.steps = 20 if args.params == 10 else 8
+    if args.block is None:
+        args.block = 5 if args.params == 10 else 3
     if args.variants is None:
         args.variants = "pieces,beside,summaries,gather" if args.params == 10 else "pieces,summaries"
     if args.queue_mb is None:
@@ -369,7 +448,7 @@ def main() -> None:
     try:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={args.ranks}",
                __file__, "--worker", "--params", str(args.params), "--steps", str(args.steps), "--batch", str(args.batch),
-               "--every", str(args.every), "--variants", args.variants, "--queue-mb", str(args.queue_mb), "--dir", folder]
+               "--every", str(args.every), "--pairs", str(args.pairs), "--block", str(args.block), "--variants", args.variants, "--queue-mb", str(args.queue_mb), "--dir", folder]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         before = create_cost(folder)
         print(f"creating a file on this disk, before the bench: {before * 1e6:.0f} us", flush=True)
