@@ -388,3 +388,19 @@ def test_narrow_floats_widened_in_the_block_buffer_give_the_bits_of_their_float6
     wide = summarize(to_numpy_values(data, dtype).astype(np.float64), "float64")
     assert narrow.tobytes() == wide.tobytes()
     assert narrow[summaries.NAN] == (special == "nan") and narrow[summaries.INF] == (special in ("inf", "-inf"))
+
+
+@pytest.mark.parametrize("n", [0, 5, 8191, 8192, 3 * 8192 + 5, BLOCK])
+def test_the_sum_of_squares_is_the_dots_of_its_parts_added_in_order_with_or_without_vecdot(monkeypatch, n):
+    """The batched dots (np.vecdot of a block's rows) give the bits of one np.dot per part, added
+    in order: the summaries of stores written before it, and of numpy 1.x (no vecdot), stay the same."""
+    from tracekit.store import summaries
+
+    v = np.random.default_rng(n).standard_normal(n) * 5
+    expected = 0.25
+    for start in range(0, n, summaries._DOT):
+        part = v[start : start + summaries._DOT]
+        expected += float(np.dot(part, part))
+    assert summaries._sum_of_squares(0.25, v) == expected
+    monkeypatch.setattr(summaries, "_VECDOT", None)
+    assert summaries._sum_of_squares(0.25, v) == expected

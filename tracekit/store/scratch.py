@@ -18,15 +18,6 @@ def thread_buffer(name: str, n: int, dtype) -> np.ndarray:
     return buf
 
 
-def thread_value(name: str, make):
-    """This thread's value `name` (made by make() once, then reused): things derived from its buffers."""
-    values = _local.__dict__.setdefault("values", {})
-    value = values.get(name)
-    if value is None:
-        value = values[name] = make()
-    return value
-
-
 def aligned_buffer(name: str, n: int) -> np.ndarray:
     """This thread's page-aligned byte buffer `name` of at least n bytes (grown when too small): a
     memory-mapped one, whose address O_DIRECT writes can take (tracekit/store/io.py, Direct)."""
