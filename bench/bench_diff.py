@@ -28,7 +28,7 @@ pairs read into the page cache first: format 1 then compares equal bytes at memo
 (both dropped from it: format 1 reads every byte from the disk, format 2 or 3 the indexes).
 --identical-only skips the different-stores case; --identical-mb sizes the identical stores.
 
-    python bench/bench_diff.py --size-mb 1024 --dir /tmp/tracekit-bench [--format 1|2] [--identical]
+    python bench/bench_diff.py --size-mb 1024 [--dir DIR] [--format 1|2] [--identical]
     python bench/bench_diff.py --identical-only --identical-mb 4096 --ranks 4 --steps 2
 """
 
@@ -43,6 +43,7 @@ import sys
 import time
 
 import numpy as np
+from workdir import own_folder, remove_own  # this folder's
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -237,7 +238,8 @@ def _timed_identical(code: str, cache: str, ref: str, same: str, a) -> list[str]
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mb", type=float, default=1024, help="size of each store (default 1024)")
-    ap.add_argument("--dir", default="/tmp/tracekit-bench-diff")
+    ap.add_argument("--dir", default=None, help="the folder to make the bench's own folder, tracekit-bench-diff, in "
+                    "(default: the temp folder); only that folder is removed at the end (bench/workdir.py)")
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--tensors", type=int, default=8, help="tensors per kind")
@@ -257,14 +259,14 @@ def main() -> None:
                     help="layout of the different-stores case: ddp (every rank its own data) or fsdp (row blocks, "
                          "every rank presenting the same whole tensors)")
     a = ap.parse_args()
-    os.makedirs(a.dir, exist_ok=True)
+    a.dir = own_folder(a.dir, "tracekit-bench-diff")
     size = int(a.size_mb * 2**20)
     if not a.identical_only:
         different(a, size)
     if a.identical or a.identical_only:
         identical(a, int((a.identical_mb or a.size_mb) * 2**20))
     if not a.keep:
-        shutil.rmtree(a.dir, ignore_errors=True)
+        remove_own(a.dir)
 
 
 def different(a, size: int) -> None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import sys
 import time
 
@@ -26,6 +25,7 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "bench"))
 
 from bench_diff import build  # noqa: E402
+from workdir import own_folder, remove_own  # noqa: E402
 
 
 def _peak_rss() -> int:
@@ -35,7 +35,8 @@ def _peak_rss() -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size-mb", type=float, default=1024)
-    ap.add_argument("--dir", default="/tmp/tracekit-bench-workers")
+    ap.add_argument("--dir", default=None, help="the folder to make the bench's own folder, tracekit-bench-workers, "
+                    "in (default: the temp folder); only that folder is removed at the end (bench/workdir.py)")
     ap.add_argument("--ranks", type=int, default=4)
     ap.add_argument("--steps", type=int, default=4)
     ap.add_argument("--tensors", type=int, default=8)
@@ -43,6 +44,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--keep", action="store_true")
     a = ap.parse_args()
+    a.dir = own_folder(a.dir, "tracekit-bench-workers")
 
     import tracekit
     from distributed import Client, LocalCluster
@@ -51,7 +53,6 @@ def main() -> None:
     marker = os.path.join(a.dir, f"built-{a.size_mb}-{a.ranks}-{a.steps}-{a.tensors}")
     t = time.perf_counter()
     if not os.path.exists(marker):
-        os.makedirs(a.dir, exist_ok=True)
         size = int(a.size_mb * 2**20)
         build(ref, size, a.ranks, a.steps, a.tensors, 0.0, 0)
         build(cand, size, a.ranks, a.steps, a.tensors, 1e-7, 1)
@@ -90,7 +91,7 @@ def main() -> None:
     out["reports_identical"] = len(set(lines.values())) == 1
     print(json.dumps(out))
     if not a.keep:
-        shutil.rmtree(a.dir, ignore_errors=True)
+        remove_own(a.dir)
 
 
 def _same(report) -> str:
