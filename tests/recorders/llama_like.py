@@ -167,24 +167,32 @@ def train(call, model: TinyLlama, optimizer, steps: int, chunked: bool = False, 
 
 
 def main() -> None:
-    """Under torchrun: FSDP2 (fully_shard per block, lm_head, root) on gloo, no tracekit code."""
+    """No tracekit code. Under torchrun: FSDP2 (fully_shard per block, lm_head, root) on gloo;
+    without it, one process. --free-param adds to the optimizer a tensor no module owns."""
+    import os
+
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
     parser = argparse.ArgumentParser()
     parser.add_argument("--ac", choices=AC_MODES, default="selective")
     parser.add_argument("--chunked", action="store_true")
+    parser.add_argument("--free-param", action="store_true")
     parser.add_argument("--steps", type=int, default=2)
     args = parser.parse_args()
-    dist.init_process_group("gloo")
+    distributed = "WORLD_SIZE" in os.environ
     model = build(args.ac)
-    for block in model.layers.values():
-        fully_shard(block)
-    fully_shard(model.lm_head)
-    fully_shard(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    train(model, model, optimizer, args.steps, chunked=args.chunked, rank=dist.get_rank())
-    dist.destroy_process_group()
+    if distributed:
+        dist.init_process_group("gloo")
+        for block in model.layers.values():
+            fully_shard(block)
+        fully_shard(model.lm_head)
+        fully_shard(model)
+    params = [*model.parameters(), *([nn.Parameter(torch.ones(2, 3))] if args.free_param else [])]
+    optimizer = torch.optim.AdamW(params, lr=1e-2)
+    train(model, model, optimizer, args.steps, chunked=args.chunked, rank=dist.get_rank() if distributed else 0)
+    if distributed:
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

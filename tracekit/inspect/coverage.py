@@ -44,3 +44,20 @@ def output_phrase(cov: Coverage) -> str:
         text += (f"; the loop also applied {', '.join(cov.outside_calls)} itself, outside that forward (a chunked "
                  "loss, say): those outputs are not recorded")
     return text
+
+
+def from_summary(summary: dict | None) -> Coverage | None:
+    """The Coverage of a summary's 'coverage' entry (coverage_summary in summary.py)."""
+    return Coverage.from_attrs(summary) if summary else None
+
+
+def summary_lines(summary: dict | None) -> list[str]:
+    """`tracekit show`'s lines on the model: its root(s), the coverage, what the output is."""
+    cov = from_summary(summary)
+    if cov is None:
+        return []
+    count = count_phrase(cov) + ("" if cov.complete else f" ({left_out_line(cov)})")
+    differs = summary.get("differs_on_ranks") or []
+    return [f"  root: {model_phrase(cov)}", f"  coverage: {count}", f"  output: {output_phrase(cov)}",
+            *([f"  rank {summary['rank']} shown; rank(s) {', '.join(map(str, differs))} recorded other tensors"]
+              if differs else [])]
