@@ -178,10 +178,11 @@ def main() -> None:
     parser.add_argument("--ac", choices=AC_MODES, default="selective")
     parser.add_argument("--chunked", action="store_true")
     parser.add_argument("--free-param", action="store_true")
+    parser.add_argument("--compile-blocks", action="store_true", help="each block compiled in place (eager backend)")
     parser.add_argument("--steps", type=int, default=2)
     args = parser.parse_args()
     distributed = "WORLD_SIZE" in os.environ
-    model = build(args.ac)
+    model = build(args.ac, compile_blocks=args.compile_blocks)
     if distributed:
         dist.init_process_group("gloo")
         for block in model.layers.values():
