@@ -41,3 +41,17 @@ def test_strict_makes_a_left_out_parameter_an_error(tmp_path):
     assert result.returncode != 0
     assert f"TracekitError: left out 1 of {N + 1} optimizer parameters: param{N}" in result.stderr
     assert "(--strict)" in result.stderr
+
+
+def test_model_option_reaches_the_workers_and_needs_zero_code(tmp_path):
+    from click.testing import CliRunner
+
+    from tracekit.cli.main import main
+    from tracekit.recorders.bootstrap_env import bootstrap_env
+
+    assert bootstrap_env(model="Llama3Model")["TRACEKIT_MODEL"] == "Llama3Model"  # zerocode.py reads it
+    assert "TRACEKIT_MODEL" not in bootstrap_env()
+    result = CliRunner().invoke(main, ["record", "--no-zero-code", "--model", "Llama3Model", "-o", str(tmp_path / "s"),
+                                       "--", "true"])
+    assert result.exit_code == 2 and result.output.startswith("Error: --model names the model zero-code recording")
+    assert not os.path.exists(tmp_path / "s")

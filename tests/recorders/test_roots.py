@@ -151,3 +151,24 @@ def test_model_option_through_zero_code(tmp_path):
     assert view.coverage.recorded == N_PARAMS and view.coverage.chosen_by == "--model TinyLlama"
     assert [x.name for x in view.coverage.left_out] == [f"param{N_PARAMS}", f"param{N_PARAMS + 1}"]
     assert view.read_kind("outputs", 1)["output"].shape[-1] == llama_like.VOCAB  # the model's, not the head's
+
+
+def test_model_option_sees_the_class_inside_fsdp2_and_checkpoint_wrappers(tmp_path):
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "pg"), 1), rank=0, world_size=1)
+    try:
+        model = llama_like.build("full")
+        for block in model.layers.values():
+            fully_shard(block)
+        fully_shard(model)
+        assert type(model).__name__ == "FSDPTinyLlama"
+        found = find_roots([Call(model, None, True, 1)], list(model.parameters()), "TinyLlama")
+        assert found.roots == [("", model)] and found.coverage.roots[0].class_name == "TinyLlama"
+        assert list(found.params) == PLAIN_NAMES
+        # a block: FSDPBlock inside CheckpointWrapper; the path and the class name find the same one
+        by_path = find_roots([Call(model, None, True, 1)], list(model.parameters()), "layers.0")
+        assert by_path.coverage.roots[0].class_name == "Block" and by_path.coverage.recorded == 9
+    finally:
+        dist.destroy_process_group()
