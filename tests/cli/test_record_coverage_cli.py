@@ -2,11 +2,15 @@
 optimizer's parameters, which were left out and why (--strict: an error), the root model and what
 its recorded output is. The script (tests/recorders/llama_like.py) never imports tracekit."""
 
+import json
 import os
 import subprocess
 import sys
 
+from click.testing import CliRunner
+
 from tracekit import open_store
+from tracekit.cli.main import main
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 LLAMA_LIKE = os.path.join(os.path.dirname(HERE), "recorders", "llama_like.py")
@@ -33,6 +37,9 @@ def test_record_line_and_show_state_the_coverage_and_the_output(tmp_path):
     assert ("  output: what TinyLlama's forward returned; the loop also applied lm_head itself, outside that forward"
             in shown.stdout)
     assert open_store(store).rank(0).tensors("parameters")[5].name == "layers.0.attention.wo.weight"
+    as_json = json.loads(CliRunner().invoke(main, ["show", "--json", store]).output)["coverage"]
+    assert (as_json["recorded"], as_json["optimizer_params"], as_json["outside_calls"]) == (N, N + 1, ["lm_head"])
+    assert as_json["left_out"] == [{"name": f"param{N}", "shape": [2, 3], "reason": as_json["left_out"][0]["reason"]}]
 
 
 def test_strict_makes_a_left_out_parameter_an_error(tmp_path):
@@ -44,9 +51,6 @@ def test_strict_makes_a_left_out_parameter_an_error(tmp_path):
 
 
 def test_model_option_reaches_the_workers_and_needs_zero_code(tmp_path):
-    from click.testing import CliRunner
-
-    from tracekit.cli.main import main
     from tracekit.recorders.bootstrap_env import bootstrap_env
 
     assert bootstrap_env(model="Llama3Model")["TRACEKIT_MODEL"] == "Llama3Model"  # zerocode.py reads it

@@ -172,3 +172,12 @@ def test_model_option_sees_the_class_inside_fsdp2_and_checkpoint_wrappers(tmp_pa
         assert by_path.coverage.roots[0].class_name == "Block" and by_path.coverage.recorded == 9
     finally:
         dist.destroy_process_group()
+
+
+def test_a_model_option_root_called_from_inside_has_its_output_from_step_2(tmp_path):
+    model = llama_like.build()
+    view, _ = record(tmp_path, model, TRACEKIT_MODEL="layers.1")
+    assert [t.name for t in view.tensors("parameters")][:2] == ["attention_norm.weight", "attention.wq.weight"]
+    assert view.coverage.recorded == 9 and len(view.coverage.left_out) == N_PARAMS - 9
+    assert view.steps("outputs") == [2]  # step 1's forward ran before the root was known (docs/ZEROCODE.md)
+    assert view.read_kind("outputs", 2)["output"].shape == (llama_like.BATCH, llama_like.SEQ, llama_like.DIM)
