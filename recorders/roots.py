@@ -47,7 +47,6 @@ class Found:
     roots: list[tuple[str, torch.nn.Module]]  # (prefix, module); one root has the prefix ''
     params: dict[str, torch.nn.Parameter] | list  # named tensors to record; a list: named by position
     coverage: Coverage
-    outputs: dict[int, Any]  # id(root) -> its call's output this step
 
 
 def unwrapped(module: torch.nn.Module) -> torch.nn.Module:
@@ -90,7 +89,7 @@ def find_roots(calls: list[Call], optimizer_params: list, model_name: str | None
         reason = "owned by no module called before the first optimizer step"
     if not roots:
         cov = Coverage(len(optimizer_params), len(optimizer_params), NAMED_BY_POSITION, output=OUTPUT_NONE)
-        return Found([], list(optimizer_params), cov, {})
+        return Found([], list(optimizer_params), cov)
     first = {id(c.module): c.first for c in calls}
     roots.sort(key=lambda r: first.get(id(r[0]), 0))
     prefixes = _prefixes([m for m, _ in roots])
@@ -100,15 +99,16 @@ def find_roots(calls: list[Call], optimizer_params: list, model_name: str | None
         for name, p in module.named_parameters():
             if id(p) not in seen:  # a tensor shared by two roots is named under the first
                 seen.add(id(p))
-                params[prefix + canonical_name(name)] = p
+                full = prefix + canonical_name(name)
+                if full in params:  # never one tensor recorded under another's name
+                    raise TracekitError(f"two parameters share the name {full!r} once wrappers are stripped")
+                params[full] = p
     left = [LeftOut(f"param{i}", tuple(p.shape), reason) for i, p in enumerate(optimizer_params) if id(p) not in seen]
     root_info = tuple(Root(class_name(m), prefix.rstrip("."), len(owned)) for prefix, (m, owned) in zip(prefixes, roots))
     outside = _outside_calls(calls, [m for m, _ in roots])
-    by_id = {id(c.module): c.output for c in calls}
     cov = Coverage(len(optimizer_params), len(optimizer_params) - len(left), NAMED_BY_MODULE, root_info, tuple(left),
                    OUTPUT_ROOT, tuple(outside), f"--model {model_name}" if model_name else None)
-    return Found([(p.rstrip("."), m) for p, (m, _) in zip(prefixes, roots)], params, cov,
-                 {id(m): by_id[id(m)] for m, _ in roots if id(m) in by_id})
+    return Found([(p.rstrip("."), m) for p, (m, _) in zip(prefixes, roots)], params, cov)
 
 
 def _cover(calls: list[Call], wanted: set[int]) -> list[tuple[torch.nn.Module, set[int]]]:
