@@ -8,7 +8,10 @@ import jsonschema
 import pytest
 import torch
 
+from click.testing import CliRunner
+
 from tracekit import StoreError, open_store
+from tracekit.cli.main import main
 from tracekit.recorders import Recorder
 from tracekit.schemas import load, part
 from tracekit.store.coverage import Coverage, LeftOut, Root
@@ -51,3 +54,5 @@ def test_damaged_coverage_is_one_store_error(tmp_path, bad):
         open_store(path).rank(0).coverage
     with pytest.raises((ValueError, TypeError, KeyError)):
         Coverage.from_attrs(bad)
+    shown = CliRunner().invoke(main, ["show", path])
+    assert shown.exit_code == 2 and shown.output.startswith("Error: ") and len(shown.output.splitlines()) == 1
