@@ -6,6 +6,7 @@ import click
 
 from tracekit.cli.common import CommandError, one_line_errors, storage_options
 from tracekit.errors import UsageError
+from tracekit.inspect.coverage import count_phrase, from_summary, left_out_line
 from tracekit.store.kinds import TRACE_LEVELS, TRACE_TABLE
 from tracekit.recorders.config import (RECORDABLE_KINDS, DEFAULT_QUEUE_MB, DEFAULT_WRITER_NICE, RecordConfig, parse_kinds, parse_ranks,
                                        parse_step_range)
@@ -41,8 +42,22 @@ def summary_line(done: dict, status: int) -> str:
 
     ranks = ", ".join(f"{n} {s}" for s, n in sorted(done["statuses"].items())) or "none"
     return (f"tracekit record: {done['ranks']} rank(s), {_steps(done['steps'])}, "
-            f"kinds {', '.join(done['kinds']) or 'none'}, {human_bytes(done['bytes'])} in {done['store']}; "
+            f"kinds {', '.join(done['kinds']) or 'none'}, {_coverage(done)}{human_bytes(done['bytes'])} in {done['store']}; "
             f"ranks: {ranks}; exit status {status}")
+
+
+def _coverage(done: dict) -> str:
+    """'45 of 45 optimizer parameters, ' (nothing when no rank stored its coverage)."""
+    cov = from_summary(done.get("coverage"))
+    return f"{count_phrase(cov)}, " if cov is not None else ""
+
+
+def left_out_lines(done: dict) -> list[str]:
+    """Below full coverage: which optimizer parameters the recording left out, and why."""
+    cov = from_summary(done.get("coverage"))
+    if cov is None or cov.complete:
+        return []
+    return [f"tracekit record: warning: {left_out_line(cov)}; see docs/ZEROCODE.md (--model, --strict)"]
 
 
 @click.command(cls=_RecordCommand, context_settings={"ignore_unknown_options": False})
@@ -78,6 +93,9 @@ def summary_line(done: dict, status: int) -> str:
 @click.option("--strict", is_flag=True, help="Fail the job if zero-code recording cannot instrument it (default: warn once, go on).")
 @click.option("--optimizer", "optimizer_name", default=None, metavar="CLASS",
               help="Zero-code: the training optimizer's class name, when the first one stepped after backward() is not it.")
+@click.option("--model", "model_name", default=None, metavar="NAME",
+              help="Zero-code: the root model, when the guess (the called module owning all the optimizer's parameters) "
+                   "cannot decide: a class name (Llama3Model) or an attribute path below a called module (encoder).")
 @click.option("--trace", "trace", type=click.Choice(list(TRACE_LEVELS)), default=None,
               help="Trace the chosen steps: " + "; ".join(f"{t.name}: {t.what}" for t in TRACE_TABLE)
                    + ". See docs/LOCATE.md.")
@@ -90,7 +108,7 @@ def summary_line(done: dict, status: int) -> str:
 @one_line_errors
 @storage_options
 def record(store, force, kinds, param_globs, full, ranks, every, queue_mb, writer_nice, flush_timeout, replay_from, replay_steps, zero_code, strict,
-           optimizer_name, trace, trace_steps, trace_full, command):
+           optimizer_name, model_name, trace, trace_steps, trace_full, command):
     """Run COMMAND (usually torchrun ...) and record what every rank computes into STORE.
 
     \b
@@ -110,12 +128,17 @@ def record(store, force, kinds, param_globs, full, ranks, every, queue_mb, write
         raise UsageError("--trace-steps and --trace-full need --trace modules|ops")
     if replay_steps and not replay_from:
         raise UsageError("--replay-steps needs --replay-from REF")
-    env = bootstrap_env(strict=strict, optimizer=optimizer_name) if zero_code else None
+    if model_name and not zero_code:
+        raise UsageError("--model names the model zero-code recording follows; with --no-zero-code, the script's "
+                         "Recorder(model, ...) names it")
+    env = bootstrap_env(strict=strict, optimizer=optimizer_name, model=model_name) if zero_code else None
     status = launch(list(command), config, force=force, env_updates=env, extra_meta={"zero_code": zero_code},
                     flush_timeout=flush_timeout)
     from tracekit.inspect.summary import recording_summary
 
     done = recording_summary(store)
+    for line in left_out_lines(done):
+        click.echo(line, err=True)
     click.echo(summary_line(done, status), err=True)
     if not done["steps"]:
         why = (f"--ranks {ranks} matched no rank of the job" if config.ranks is not None and not done["ranks"] else

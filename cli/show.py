@@ -147,6 +147,14 @@ def _environment_lines(summary: dict) -> list[str]:
     return lines
 
 
+def _model_lines(summary: dict) -> list[str]:
+    """The root model, how many of the optimizer's parameters are recorded, what the output is."""
+    from tracekit.inspect.coverage import summary_lines
+
+    lines = summary_lines(summary.get("coverage"))
+    return ["", "model (what the recording covers):", *lines] if lines else []
+
+
 def render(summary: dict) -> str:
     common, rank_table = _rank_lines(summary["ranks"])
     per_rank = bool(summary.get("environment"))
@@ -156,6 +164,7 @@ def render(summary: dict) -> str:
              "", "run:", *_run_lines(summary["run"], skip=("versions", "env") if per_rank else ()),
              *(["", "environment (versions and numeric env vars each rank recorded):", *_environment_lines(summary)]
                if per_rank else []),
+             *_model_lines(summary),
              "", f"ranks ({summary['world_size']}{'; ' + common if common else ''}):", *rank_table,
              "", "kinds:", *_kind_lines(summary["kinds"])]
     return terminal_safe("\n".join(lines))

@@ -1,10 +1,11 @@
-"""The output of a training step without touching the script: the outermost module call's output.
+"""The output of a training step without touching the script: the root model's forward output.
 
 Zero-code recording does not know the model until the first optimizer step, but must already have
 the output of the forward that preceded it. So `nn.Module.__call__` is wrapped: until the first
-step the wrapper remembers the output of every *outermost* module call (one not made from inside
-another module's call); `settle()` then picks the call whose module owns the optimizer's
-parameters, and from then on the wrapper keeps only that module's outputs.
+step the wrapper remembers the latest output of every module called *outermost* (not from inside
+another module's call) in the forward phase (not from backward, where activation checkpointing
+recomputes blocks); `settle()` then picks the root(s) among them from the optimizer's parameters
+(roots.py), and from then on the wrapper keeps only the roots' outputs.
 
 Why a wrapper and not module hooks: global module hooks take every module off torch's fast call
 path, and torch.compile guards on them, so removing them after the first step would recompile
@@ -23,8 +24,11 @@ from typing import Any
 
 import torch
 
-# Outermost calls remembered before the model is known (the model, a loss module, ...).
-_MAX_CANDIDATES = 8
+from tracekit.recorders.roots import Call, Found, find_roots
+
+# Distinct modules whose outermost calls are remembered before the model is known (the model, a
+# loss module, a head a chunked loss applies itself, ...); the least recently called goes first.
+_MAX_CANDIDATES = 64
 
 
 def detached(obj: Any) -> Any:
@@ -44,37 +48,35 @@ def detached(obj: Any) -> Any:
     return None
 
 
-def owns_any(module: torch.nn.Module, param_ids: set[int]) -> bool:
-    return any(id(p) in param_ids for p in module.parameters())
-
-
 class OutermostCalls:
     """Finds the model among the outermost module calls, then keeps the output of its latest call."""
 
     def __init__(self):
         self._depth = threading.local()
-        self._candidates: OrderedDict[int, tuple[torch.nn.Module, Any, bool]] = OrderedDict()
+        self._candidates: OrderedDict[int, Call] = OrderedDict()  # by id(module), least recent first
+        self._calls = 0  # outermost calls seen, for each candidate's first-call order
         self._original_call = None
         self._wrapper = None
-        self.settled = False  # past the first step: only `root`'s calls matter (None: none do)
-        self.root: torch.nn.Module | None = None
-        self._output: Any = None
-        self._output_with_grad = False
+        self.settled = False  # past the first step: only the roots' calls matter (none: none do)
+        self.roots: dict[int, str] = {}  # id(root module) -> its prefix ('' for a lone root)
+        self._outputs: dict[str, tuple[Any, bool]] = {}  # prefix -> (output, made with grad)
 
     def discover(self) -> None:
         """Wrap nn.Module.__call__ (for the rest of the process; see the module docstring)."""
         original = torch.nn.Module.__call__
         is_compiling = torch.compiler.is_compiling
+        in_backward = torch._C._current_graph_task_id  # -1 outside the autograd engine
         tracker = self
 
         def __call__(module, *args, **kwargs):
             if is_compiling():  # first, so dynamo reads nothing else (no guards on our state)
                 return original(module, *args, **kwargs)
             if tracker.settled:
-                if module is not tracker.root:
+                prefix = tracker.roots.get(id(module))
+                if prefix is None or in_backward() != -1:  # not a root, or a recompute in backward
                     return original(module, *args, **kwargs)
                 out = original(module, *args, **kwargs)
-                tracker._keep(out, torch.is_grad_enabled())
+                tracker._keep(prefix, out, torch.is_grad_enabled())
                 return out
             state = tracker._depth
             depth = getattr(state, "depth", 0)
@@ -83,7 +85,7 @@ class OutermostCalls:
                 out = original(module, *args, **kwargs)
             finally:
                 state.depth = depth
-            if depth == 0:
+            if depth == 0 and in_backward() == -1:
                 tracker._candidate(module, out)
             return out
 
@@ -93,40 +95,47 @@ class OutermostCalls:
 
     def _candidate(self, module: torch.nn.Module, out: Any) -> None:
         key = id(module)
-        self._candidates.pop(key, None)
-        self._candidates[key] = (module, detached(out), torch.is_grad_enabled())
+        old = self._candidates.pop(key, None)
+        self._calls += 1
+        self._candidates[key] = Call(module, detached(out), torch.is_grad_enabled(),
+                                     old.first if old is not None else self._calls)
         while len(self._candidates) > _MAX_CANDIDATES:
             self._candidates.popitem(last=False)
 
-    def settle(self, param_ids: set[int]) -> torch.nn.Module | None:
-        """Pick the model: the latest outermost call (with grad enabled, if any was) of a module
-        owning one of param_ids; keep that call's output for the current step."""
-        calls = list(reversed(self._candidates.values()))
-        owners = [c for c in calls if c[2] and owns_any(c[0], param_ids)] or [
-            c for c in calls if owns_any(c[0], param_ids)
-        ]
+    def settle(self, optimizer_params: list, model_name: str | None = None) -> Found:
+        """Pick the root(s) of the optimizer's parameters among the calls so far (roots.py), keep
+        their calls' outputs for the current step, and from now on follow them alone.
+        Raises TracekitError when --model names no module, or several."""
+        calls = list(self._candidates.values())
         self._candidates.clear()
-        if owners:
-            self.root, self._output, self._output_with_grad = owners[0]
         self.settled = True
-        return self.root
+        found = find_roots(calls, optimizer_params, model_name)
+        self.roots = {id(m): prefix for prefix, m in found.roots}
+        by_call = {id(c.module): c for c in calls}
+        self._outputs = {prefix: (by_call[id(m)].output, by_call[id(m)].grad)
+                         for prefix, m in found.roots if id(m) in by_call}
+        return found
 
-    def _keep(self, out: Any, grad: bool) -> None:
+    def _keep(self, prefix: str, out: Any, grad: bool) -> None:
         # The step's output is its latest training (grad-enabled) call; an evaluation call made
         # with grad disabled counts only when the step has no training call.
-        if grad or not self._output_with_grad:
-            self._output, self._output_with_grad = detached(out), grad
+        kept = self._outputs.get(prefix)
+        if grad or kept is None or not kept[1]:
+            self._outputs[prefix] = (detached(out), grad)
 
     def take_output(self) -> Any:
-        """The output kept for the step being recorded; the next step starts empty."""
-        out, self._output, self._output_with_grad = self._output, None, False
-        return out
+        """The output kept for the step being recorded (several roots: a dict by prefix); the
+        next step starts empty."""
+        outputs, self._outputs = self._outputs, {}
+        if len(self.roots) <= 1:
+            return outputs[""][0] if "" in outputs else None
+        return {prefix: out for prefix, (out, _) in outputs.items()} or None
 
     def stop(self) -> None:
         """Keep nothing more; the wrapper stays in place, passing calls through."""
-        self.settled, self.root = True, None
+        self.settled, self.roots = True, {}
         self._candidates.clear()
-        self._output = None
+        self._outputs = {}
 
     def unwrap(self) -> None:
         """Stop and take the wrapper out, if nothing wrapped __call__ on top of it (tests, uninstall).

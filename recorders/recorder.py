@@ -39,6 +39,8 @@ from tracekit.store.summaries import DigestCache
 from tracekit.store.tensors import digested, from_torch, from_torch_piece
 from tracekit.recorders.optim_state import state_tensors
 from tracekit.recorders.replay import Replay
+from tracekit.recorders.roots import coverage_of
+from tracekit.store.coverage import KEY as COVERAGE_KEY, Coverage
 
 
 def _named_parameters(model=None, params=None) -> list[tuple[str, torch.nn.Parameter]]:
@@ -164,6 +166,9 @@ class Recorder:
         self.coords: dict = {}
         self._replay: Replay | None = None  # set in start() when config.replay_from names a reference
         self._tracer = None  # a recorders.tracing.Tracer while steps remain to be traced (--trace)
+        # which of the optimizer's parameters are recorded, under which names (set by zero-code;
+        # worked out at start() for an explicit model and optimizer)
+        self.coverage: Coverage | None = None
 
     # ---- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> "Recorder":
@@ -242,7 +247,10 @@ class Recorder:
         devices = sorted({p.device.type for _, p in self._params})
         run = {"backend": backend, "device": devices[0] if len(devices) == 1 else devices,
                "world_size": self.coords["world_size"], **self.run_info}
+        if self.coverage is None and self.optimizer is not None:
+            self.coverage = coverage_of(self._params, self.optimizer, self.model)
         return {
+            **({COVERAGE_KEY: self.coverage.to_attrs()} if self.coverage is not None else {}),
             "coords": self.coords,
             "run": run,
             "env": numeric_env(),

@@ -42,11 +42,12 @@ from tracekit.recorders import outcome
 
 from tracekit.errors import TracekitError
 from tracekit.recorders import recorder as recorder_module
-from tracekit.recorders.bootstrap_env import ENV_LAUNCHER_PID, ENV_OPTIMIZER, ENV_STRICT
+from tracekit.recorders.bootstrap_env import ENV_LAUNCHER_PID, ENV_MODEL, ENV_OPTIMIZER, ENV_STRICT
 from tracekit.recorders.config import RecordConfig
 from tracekit.recorders.global_loss import dp_groups, mean_over
 from tracekit.recorders.outermost import OutermostCalls
 from tracekit.recorders.replay import ReplayError
+from tracekit.inspect.coverage import left_out_line
 
 
 class ZeroCodeRecorder(recorder_module.Recorder):
@@ -67,6 +68,7 @@ class ZeroCode:
         env = os.environ if environ is None else environ
         self.strict = env.get(ENV_STRICT) == "1"
         self.optimizer_name = env.get(ENV_OPTIMIZER) or None
+        self.model_name = env.get(ENV_MODEL) or None
         self.launcher_pid = env.get(ENV_LAUNCHER_PID)
         self.env = env
         self.calls = OutermostCalls()
@@ -263,15 +265,16 @@ class ZeroCode:
             return False
         if torch.utils.data.get_worker_info() is not None:
             return False  # a DataLoader worker: never the training loop
-        param_ids = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        model = self.calls.settle(param_ids)
-        if model is not None:
-            params = dict(model.named_parameters())
-        else:  # the model was never called as a module: name the optimizer's parameters by position
-            params = [p for group in optimizer.param_groups for p in group["params"]]
+        optimizer_params = [p for group in optimizer.param_groups for p in group["params"]]
+        found = self.calls.settle(optimizer_params, self.model_name)  # raises if --model names no module
+        if self.strict and not found.coverage.complete:
+            raise TracekitError(f"{left_out_line(found.coverage)} (--strict)")
+        params = found.params
+        model = found.roots[0][1] if len(found.roots) == 1 else None
         run_info = {"recorded_by": "zero-code", "optimizer": type(optimizer).__qualname__,
-                    "model": type(model).__qualname__ if model is not None else None}
+                    "model": ", ".join(r.class_name for r in found.coverage.roots) or None}
         rec = ZeroCodeRecorder(params=params, config=RecordConfig.from_env(self.env), run_info=run_info)
+        rec.coverage = found.coverage
         rec.model = model  # module paths for --trace (None: the ops of the step carry no module path)
         self.training = optimizer
         self.recorder = rec

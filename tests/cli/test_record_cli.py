@@ -128,7 +128,8 @@ def test_ends_with_a_one_line_summary(tmp_path):
     result = run_cli("record", "-o", store, "--", sys.executable, TINY, "--steps", "3")
     assert result.returncode == 0, result.stderr
     *before, finalizing, last = result.stderr.strip().splitlines()
-    assert last.startswith("tracekit record: 1 rank(s), steps 1-3, kinds outputs, loss, gradients, parameters, deltas, ")
+    assert last.startswith("tracekit record: 1 rank(s), steps 1-3, kinds outputs, loss, gradients, parameters, deltas, "
+                           "2 of 2 optimizer parameters, ")  # the script's Recorder(model, opt): its coverage
     assert last.endswith(f" in {store}; ranks: 1 finished; exit status 0")
     assert finalizing == f"tracekit record: finalizing {store} ..."  # the wait after training is never silent
     # the rank closed its Recorder (waiting for its writer) before exiting: nothing left to store then

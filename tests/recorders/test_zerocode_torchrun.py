@@ -24,6 +24,8 @@ def assert_same_bits(zero_code: str, explicit: str, ranks: list[int]) -> None:
         za, eb = a.rank(r), b.rank(r)
         assert za.completed_steps == eb.completed_steps == list(range(1, STEPS + 1))
         assert za.status == "finished" and za.attrs["run"]["recorded_by"] == "zero-code"
+        # the whole model, found from the optimizer's parameters; the tutorial's Recorder(model, opt) agrees
+        assert za.coverage.complete and za.coverage.optimizer_params == eb.coverage.optimizer_params > 0
         for kind in COMPARED:
             assert za.steps(kind) == eb.steps(kind), (r, kind)
             for step in za.steps(kind):

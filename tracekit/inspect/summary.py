@@ -48,6 +48,17 @@ def run_metadata(store) -> dict:
     return info
 
 
+def coverage_summary(store) -> dict | None:
+    """Rank 0's coverage (the first rank that stored one) as JSON, with the ranks whose coverage
+    differs from it; None when no rank stored one (older stores)."""
+    found = [(r, store.rank(r).coverage) for r in store.ranks]
+    found = [(r, c) for r, c in found if c is not None]
+    if not found:
+        return None
+    first = found[0][1]
+    return {**first.to_attrs(), "rank": found[0][0], "differs_on_ranks": [r for r, c in found if c != first]}
+
+
 def summarize(path) -> dict:
     """Everything `tracekit show` prints; plain JSON-able values only."""
     store = open_store(path)
@@ -86,6 +97,7 @@ def summarize(path) -> dict:
         "world_size": len(store.ranks),
         "ranks": ranks,
         "kinds": _kinds(store),
+        "coverage": coverage_summary(store),
         "bytes_on_disk": total_bytes,
     }
 
@@ -103,5 +115,5 @@ def recording_summary(path) -> dict:
         kinds += [k for k in view.kinds if k not in kinds]
         statuses[view.status] = statuses.get(view.status, 0) + 1
     return {"store": canonical(store.path), "ranks": len(store.ranks), "steps": sorted(steps), "kinds": kinds,
-            "bytes": store.location.size_under(), "statuses": statuses,
+            "bytes": store.location.size_under(), "statuses": statuses, "coverage": coverage_summary(store),
             "exit_status": store.meta.get("exit_status")}

@@ -37,6 +37,7 @@ from tracekit.store.objects import ObjectRows, Verified, damaged, no_bytes, read
 from tracekit.store.summaries import N_FIELDS, combine, fields_of, row_width, unseal
 from tracekit.store.kinds import kind_order
 from tracekit.store.location import Location, resolve
+from tracekit.store.coverage import KEY as COVERAGE_KEY, Coverage
 from tracekit.store.meta import STEPS, TENSORS, KindMeta, SharedIndexes, TensorInfo, misplaced
 
 
@@ -79,7 +80,7 @@ def _read_root_attrs(path: str, location: Location) -> dict:
 # StoreError here, not an AttributeError wherever it is first used.
 _ROOT_TYPES = {"run": dict, "ranks": dict, "record_config": dict, "command": list, "world_size": (int, type(None))}
 _RANK_TYPES = {"run": dict, "coords": dict, "completed_steps": list, "status": str, "fallback_ops": list,
-               "env": dict, "versions": dict, "config": dict}
+               "env": dict, "versions": dict, "config": dict, COVERAGE_KEY: dict}
 
 
 def _check_types(attrs: dict, types: dict, where: str) -> None:
@@ -298,6 +299,18 @@ class RankView:
     def cause(self) -> str | None:
         """One line on why the rank did not finish (None when it did, or nothing is known)."""
         return self._final.get("cause") or self.attrs.get("cause")
+
+    @cached_property
+    def coverage(self) -> Coverage | None:
+        """Which of the training optimizer's parameters the rank recorded, and under which names
+        (None: recorded before tracekit stored it, or without an optimizer to compare with)."""
+        attrs = self.attrs.get(COVERAGE_KEY)
+        if attrs is None:
+            return None
+        try:
+            return Coverage.from_attrs(attrs)
+        except (ValueError, TypeError, KeyError) as e:
+            raise StoreError(f"{self.store.path}: rank {self.rank} has malformed coverage metadata ({e})") from None
 
     @property
     def exit_code(self) -> int | None:
