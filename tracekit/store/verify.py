@@ -111,7 +111,11 @@ def _verify_v2_kind(view: RankView, kind, tensors, rows, result, report, known, 
             view.check_summaries(kind, step)
             locs = view.locations(kind, row)  # a packed row's: from its hashes and the previous row's
         except StoreError as e:
-            report(Problem(view.rank, kind, step, None, _strip(str(e), root).split(": ", 1)[-1]))
+            message = _strip(str(e), root)
+            here = f"rank {view.rank} {kind} step {step}: "
+            # a packed row's bytes are found through the previous row: damage there is named as its own
+            report(Problem(view.rank, kind, step, None, message.removeprefix(here) if message.startswith(here)
+                           else "through " + message))
             continue
         _check_pack_sizes(view, kind, step, locs, known, report)
         for info, digest, loc in zip(tensors, digests, locs):
