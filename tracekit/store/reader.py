@@ -560,6 +560,27 @@ class RankView:
                 self._index_arrays[(kind, name)] = arr
         return arr
 
+    def empty_completed_steps(self) -> list[int]:
+        """Steps listed as completed that no kind holds a row of: damaged metadata (a reader must
+        not count them as recorded steps; `tracekit verify` names them)."""
+        held: set[int] = set()
+        for kind in self.kinds:
+            try:
+                held.update(self._rows(kind))
+            except StoreError:  # a damaged step list is named under its kind; its steps count as held
+                return []
+        return [s for s in self.completed_steps if s not in held]
+
+    def check_index_arrays(self, kind: str) -> None:
+        """StoreError (damage) unless each of the kind's index arrays (v1: storage arrays) opens and
+        holds the rows its step list names: one answer for the kind, not one per row."""
+        if self.store.format_version == 1:
+            for key in sorted({t.array for t in self.tensors(kind)}):
+                self.array(kind, key)
+            return
+        for name in (HASH_ARRAY, FINITE_ARRAY) + ((SUMMARY_ARRAY,) if self.has_summaries(kind) else ()):
+            self._index_array(kind, name)
+
     def listed_rows(self, kind: str) -> int:
         """Rows of `kind` listed in its steps (written completely; rows are appended in order)."""
         return len(self._rows(kind))

@@ -17,6 +17,7 @@ import numpy as np
 from tracekit.errors import StoreError
 from tracekit.store import io
 from tracekit.store.chunks import chunk_cols, chunk_key
+from tracekit.store.consistency import check_metadata
 from tracekit.store.hashing import FILE_PIECE
 from tracekit.store.objects import scan_object
 from tracekit.store.reader import RankView, RunStore, open_store
@@ -73,6 +74,7 @@ def verify_store(path, on_problem: Callable[[Problem], None] | None = None) -> V
     except StoreError as e:
         report(Problem(None, None, None, None, str(e)))
         return result
+    check_metadata(store, lambda r, kind, step, what: report(Problem(r, kind, step, None, what)))
     known: dict = {}  # (hash, place) -> (its problem or None, finite), each read once; pack key -> its problem
     buf = np.empty(FILE_PIECE, dtype=np.uint8)
     for r in ranks:
@@ -87,8 +89,10 @@ def verify_store(path, on_problem: Callable[[Problem], None] | None = None) -> V
             try:
                 tensors = view.tensors(kind)
                 rows = view.rows(kind)
+                view.check_index_arrays(kind)  # a step list naming rows an array lacks: once, for the kind
             except StoreError as e:
-                report(Problem(r, kind, None, None, _strip(str(e), store.path).removeprefix(f"rank {r} {kind}: ")))
+                report(Problem(r, kind, None, None, _strip(str(e), store.path).removeprefix(f"rank {r} {kind}: ")
+                               .removeprefix(f"rank {r} {kind}/")))
                 continue
             if store.format_version == 1:
                 _verify_v1_kind(view, kind, tensors, rows, result, report)
@@ -114,8 +118,11 @@ def _verify_v2_kind(view: RankView, kind, tensors, rows, result, report, known, 
             message = _strip(str(e), root)
             here = f"rank {view.rank} {kind} step {step}: "
             # a packed row's bytes are found through the previous row: damage there is named as its own
-            report(Problem(view.rank, kind, step, None, message.removeprefix(here) if message.startswith(here)
-                           else "through " + message))
+            if message.startswith(f"rank {view.rank} {kind} step "):  # a packed row is found through the
+                message = message.removeprefix(here) if message.startswith(here) else "through " + message  # previous one
+            else:
+                message = message.split(": ", 1)[-1]
+            report(Problem(view.rank, kind, step, None, message))
             continue
         _check_pack_sizes(view, kind, step, locs, known, report)
         for info, digest, loc in zip(tensors, digests, locs):
