@@ -21,6 +21,7 @@ from tracekit.store.consistency import check_metadata
 from tracekit.store.hashing import FILE_PIECE
 from tracekit.store.objects import scan_object
 from tracekit.store.reader import RankView, RunStore, open_store
+from tracekit.store.traces import LEVELS, full_keys, read_events, read_full, trace_steps
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,32 @@ def verify_store(path, on_problem: Callable[[Problem], None] | None = None) -> V
                 _verify_v1_kind(view, kind, tensors, rows, result, report)
             else:
                 _verify_v2_kind(view, kind, tensors, rows, result, report, known, buf)
+        _verify_traces(view, report)
     return result
+
+
+def _verify_traces(view: RankView, report) -> None:
+    """Each listed traced step's events and kept tensors read as diff reads them (bounded,
+    store/bounded.py): damage is a problem under `traces/LEVEL`."""
+    if not view.traced:
+        return
+    for level in LEVELS:
+        kind = f"traces/{level}"
+        try:
+            steps = trace_steps(view.group, level)
+        except StoreError as e:
+            if str(e).startswith("traces: "):  # the traces group itself: once, not per level
+                report(Problem(view.rank, "traces", None, None, str(e).removeprefix("traces: ")))
+                return
+            report(Problem(view.rank, kind, None, None, str(e)))
+            continue
+        for step in steps:
+            try:
+                read_events(view.group, level, step)
+                for key in full_keys(view.group, level, step):
+                    read_full(view.group, level, step, key)
+            except StoreError as e:
+                report(Problem(view.rank, kind, step, None, str(e).removeprefix(f"trace of {level} at step {step}: ")))
 
 
 def _strip(message: str, path: str) -> str:
