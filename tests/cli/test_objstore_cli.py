@@ -145,7 +145,7 @@ def test_verify_finds_a_corrupted_object_in_a_bucket_store(s3):
     from tracekit.testing import write_store
 
     url = write_store(s3.url("ref"), _bucket_run())
-    assert open_store(url).format_version == 3
+    assert open_store(url).format_version == 4  # the current format
     code, out = cli("verify", url)
     assert code == 0 and out.startswith("verify: OK"), out
     loc = open_store(url).rank(1).locate("gradients", 2, "w")  # its own object, or its range of a pack
@@ -202,7 +202,7 @@ def test_fsdp_recorded_into_a_bucket_keeps_pieces_and_equals_the_recording_on_di
     assert recorded.returncode == 0, recorded.stderr[-2000:]
     local, _ = recorded_sample("fsdp")
     remote, disk = open_store(url), open_store(local)
-    assert remote.format_version == disk.format_version == 3
+    assert remote.format_version == disk.format_version == 4
     pieces = [t for t in remote.rank(0).tensors("parameters") if t.shard is not None]
     assert pieces, "fsdp parameters should be recorded as each rank's pieces"
     code, out = cli("diff", "--exact", url, local)
