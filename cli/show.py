@@ -71,6 +71,9 @@ def _rank_lines(ranks: list[dict]) -> tuple[str, list[str]]:
                      _steps(r["first_step"], r["last_step"], r["steps_completed"]), human_bytes(r["bytes"])])
     common = " ".join(f"{k}={ranks[0]['coords'][k]}" for k in constant) if ranks else ""
     causes = [f"  rank {r['rank']} {r['status']}: {r['cause']}" for r in ranks if r.get("cause")]
+    causes += [f"  rank {r['rank']}: damaged metadata: step(s) {', '.join(map(str, r['completed_without_data']))} "
+               "listed as completed hold no data (not counted above; see tracekit verify)"
+               for r in ranks if r.get("completed_without_data")]
     return common, _table(header, rows) + causes
 
 
@@ -166,6 +169,8 @@ def render(summary: dict) -> str:
                if per_rank else []),
              *_model_lines(summary),
              "", f"ranks ({summary['world_size']}{'; ' + common if common else ''}):", *rank_table,
+             *[f"  rank {r}: listed when the store was finalized, but its group rank_{r}/ is missing "
+               "(damaged store; see tracekit verify)" for r in summary.get("missing_ranks", [])],
              "", "kinds:", *_kind_lines(summary["kinds"])]
     return terminal_safe("\n".join(lines))
 

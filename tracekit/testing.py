@@ -42,7 +42,7 @@ def _tensor_data(name: str, value):
 
 def write_store(path, data: Mapping[int, Mapping[int, Mapping[str, Mapping[str, object]]]], *,
                 coords: Mapping[int, dict] | None = None, run: dict | None = None, meta: dict | None = None,
-                force: bool = False, format_version: int | None = None, full=()) -> str:
+                force: bool = False, format_version: int | None = None, full=(), traces=None) -> str:
     """Write a store from `data[rank][step][kind][tensor name] = array`.
 
     Steps are written in increasing order and each is marked complete (parameters may have a
@@ -50,7 +50,8 @@ def write_store(path, data: Mapping[int, Mapping[int, Mapping[str, Mapping[str, 
     data-parallel layout over the given ranks), `run` the run facts every rank reports, `meta`
     extra root metadata, `format_version` the store format (default: the current one for a
     folder, see create_store; 1 writes the packed layout of older tracekits), `full` the patterns of
-    the tensors whose bytes are kept (tracekit/store/keep.py; empty: all). Returns the path.
+    the tensors whose bytes are kept (tracekit/store/keep.py; empty: all), `traces[rank][step][level]`
+    a traced step's events (a list of event dicts; docs/FORMAT.md, "Traces"). Returns the path.
     """
     from tracekit.store import RankWriter, create_store
 
@@ -62,9 +63,16 @@ def write_store(path, data: Mapping[int, Mapping[int, Mapping[str, Mapping[str, 
             "rank": rank, "local_rank": rank, "world_size": world, "dp_degree": world, "dp_rank": rank,
             "tp_degree": 1, "tp_rank": 0}
         w = RankWriter(path, rank, {"coords": c, "run": dict(run or {})}, full=full)
+        traced = (traces or {}).get(rank, {})
+        if traced:
+            from tracekit.store.traces import TraceWriter
+
+            tw = TraceWriter(w.group)
         for step in sorted(data[rank]):
             for kind, tensors in data[rank][step].items():
                 w.write(step, kind, [_tensor_data(n, v) for n, v in tensors.items()])
+            for level, events in traced.get(step, {}).items():
+                tw.write_step(level, step, list(events))
             if step > 0:
                 w.complete_step(step)
         w.close()

@@ -74,7 +74,7 @@ def test_a_two_rank_recording_straight_into_a_bucket(s3, recorded_sample, tmp_pa
     # plain xarray opens the bucket store: format 2 shows it the index (a 16-byte hash per tensor and step)
     tree = xr.open_datatree(url, engine="zarr", storage_options={"endpoint_url": s3.endpoint})
     assert sorted(tree.children) == ["rank_0", "rank_1"]
-    assert store.format_version == 3
+    assert store.format_version == 4  # the current format
     hashes = tree["rank_1/gradients"]["hash"].values
     digests = store.rank(1).digests("gradients", 2)
     first = store.rank(1).tensors("gradients")[0]
@@ -145,7 +145,7 @@ def test_verify_finds_a_corrupted_object_in_a_bucket_store(s3):
     from tracekit.testing import write_store
 
     url = write_store(s3.url("ref"), _bucket_run())
-    assert open_store(url).format_version == 3
+    assert open_store(url).format_version == 4  # the current format
     code, out = cli("verify", url)
     assert code == 0 and out.startswith("verify: OK"), out
     loc = open_store(url).rank(1).locate("gradients", 2, "w")  # its own object, or its range of a pack
@@ -202,7 +202,7 @@ def test_fsdp_recorded_into_a_bucket_keeps_pieces_and_equals_the_recording_on_di
     assert recorded.returncode == 0, recorded.stderr[-2000:]
     local, _ = recorded_sample("fsdp")
     remote, disk = open_store(url), open_store(local)
-    assert remote.format_version == disk.format_version == 3
+    assert remote.format_version == disk.format_version == 4
     pieces = [t for t in remote.rank(0).tensors("parameters") if t.shard is not None]
     assert pieces, "fsdp parameters should be recorded as each rank's pieces"
     code, out = cli("diff", "--exact", url, local)

@@ -1,6 +1,7 @@
 """Fuzzing a small real store: every command gives the right answer or reports damage in one line.
 
-Each example copies a pristine store (format 1 and format 2), damages one thing (a metadata
+Each example copies a pristine store (format 1 and format 2; and a traced store, damaged in its
+traces group only), damages one thing (a metadata
 field, a tensor index entry, the bytes of a chunk or of a content-addressed object, or a file's
 type) and runs `show`, `diff --exact --check-hashes` against the pristine copy and
 `tracekit.open(...).load()`. None may raise a traceback or hang; exit 2 must be one `Error:` line;
@@ -99,11 +100,13 @@ mutations = st.one_of(
 )
 
 
-def _apply(store: str, mutation) -> str:
-    """Damage `store` as told; return the expectation class of what was done."""
+def _apply(store: str, mutation, within: str | None = None) -> str:
+    """Damage `store` as told (only files whose path holds `within`, if given); return the
+    expectation class of what was done."""
     what = mutation[0]
+    pick = (lambda fs: [f for f in fs if within in f]) if within else (lambda fs: fs)
     if what in ("meta", "index"):
-        files = _meta_files(store)
+        files = pick(_meta_files(store))
         if what == "index":
             files = [f for f in files if "tensors" in json.load(open(os.path.join(store, f))).get("attributes", {})]
         path = os.path.join(store, files[mutation[1] % len(files)])
@@ -126,7 +129,7 @@ def _apply(store: str, mutation) -> str:
             json.dump(doc, f)  # inf is written as Infinity: JSON that Python reads, strict parsers refuse
         return "metadata"
     if what == "chunk":
-        path = os.path.join(store, (chunks := _chunk_files(store))[mutation[1] % len(chunks)])
+        path = os.path.join(store, (chunks := pick(_chunk_files(store)))[mutation[1] % len(chunks)])
         data = bytearray(open(path, "rb").read())
         op, n = mutation[2], mutation[3]
         if op == "flip":
@@ -142,7 +145,7 @@ def _apply(store: str, mutation) -> str:
         if _version(store) >= 2:  # format 2 checks every data file's size, so extra bytes are damage too
             return "changed" if op == "flip" else "damaged"
         return {"flip": "changed", "append": "padded"}.get(op, "damaged")
-    files = _files(store)
+    files = pick(_files(store))
     files = [f for f in files if not f.startswith(".tracekit")]
     path = os.path.join(store, files[mutation[1] % len(files)])
     os.unlink(path)
@@ -301,3 +304,61 @@ def test_a_fifo_for_an_index_arrays_metadata_is_one_line_not_a_hang(tmp_path, in
         text = out.stdout + out.stderr
         assert "is not a regular file" in text, text
         assert "Traceback" not in text
+
+
+# Traced stores (docs/FORMAT.md, "Traces"): the same damage to the files of the traces group only.
+# zarr's zstd chunks carry no checksum, so a flipped bit may decode to other events: diff's trace
+# comparison does not gate the verdict, so there the oracle is only "no traceback, no hang, exit 2
+# is one line" (and verify likewise), for diff, report's verdict path and verify.
+TRACE_EXAMPLES = max(1, EXAMPLES // 3)
+
+
+def _verify(store: str):
+    """verify's answer: one line per problem and its summary line, never a traceback or hang."""
+    with _deadline("verify"):
+        result = CliRunner().invoke(main, ["verify", store])
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise AssertionError(f"tracekit verify raised {result.exception!r}:\n{result.output}") from result.exception
+    lines = result.output.strip().splitlines()
+    assert result.exit_code in (0, 2) and "Traceback" not in result.output, result.output
+    assert lines[-1].startswith("verify: ") or (len(lines) == 1 and lines[0].startswith("Error: ")), result.output
+    assert all(ln.startswith("damaged: ") for ln in lines[:-1]), result.output
+    return result
+
+
+def _traced_events(step):
+    return [{"index": i, "phase": "fwd", "module": f"layer.{i % 3}", "op": "aten.mm.default", "call": i,
+             "args": [{"t": 0}, i * step], "inputs": [{"shape": [2, 3], "dtype": "float32", "hash": f"xxh3_64:{i:016x}"}],
+             "outputs": []} for i in range(12)]
+
+
+@pytest.fixture(scope="module")
+def traced_pristine(tmp_path_factory):
+    data = _data()
+    traces = {r: {s: {"ops": _traced_events(s), "modules": _traced_events(s)[:3]} for s in (1, 3)} for r in data}
+    return write_store(tmp_path_factory.mktemp("fuzztraced") / "ref", data, traces=traces)
+
+
+@settings(max_examples=TRACE_EXAMPLES, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(mutation=mutations.filter(lambda m: m[0] != "index"))  # trace groups hold no tensor index
+def test_damaged_trace_is_one_line_never_a_traceback_or_hang(traced_pristine, mutation):
+    with tempfile.TemporaryDirectory() as tmp:
+        cand = os.path.join(tmp, "cand")
+        shutil.copytree(traced_pristine, cand, symlinks=True)
+        _apply(cand, mutation, within="/traces/")
+        assert _cli("show", cand).exit_code in (0, 2)
+        assert _cli("diff", traced_pristine, cand, "--exact").exit_code in (0, 2)
+        _verify(cand)
+
+
+def test_the_traced_fuzz_store_compares_its_traces(traced_pristine, tmp_path):
+    """The traces are read, so damage there is reached: a garbage events chunk is exit 2."""
+    cand = str(tmp_path / "cand")
+    shutil.copytree(traced_pristine, cand)
+    assert _cli("diff", traced_pristine, cand, "--exact").exit_code == 0
+    chunk = os.path.join(cand, "rank_1", "traces", "ops", "step_3", "events", "c", "0")
+    open(chunk, "wb").write(b"\x00" * 50)
+    result = _cli("diff", traced_pristine, cand, "--exact")
+    assert result.exit_code == 2 and "rank 1 trace of ops at step 3" in result.output, result.output
+    assert _verify(cand).exit_code == 2

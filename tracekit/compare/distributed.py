@@ -88,7 +88,7 @@ def _client(workers: int | None, scheduler: str | None):
     if scheduler is not None:
         try:
             return Client(scheduler, timeout="10s"), None
-        except (OSError, TimeoutError) as e:
+        except (OSError, TimeoutError, ValueError) as e:  # ValueError: not an address ("bogus": no port)
             raise UsageError(f"--scheduler {scheduler}: cannot connect ({e.__class__.__name__}: {e})") from None
     # one thread per worker process: one task, so one task's buffers, in memory per worker at a time
     cluster = LocalCluster(n_workers=int(workers), threads_per_worker=1, processes=True, host="127.0.0.1",

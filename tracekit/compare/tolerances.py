@@ -18,6 +18,7 @@ import tomllib
 from dataclasses import dataclass, field
 
 from tracekit.errors import UsageError
+from tracekit.small_file import read_small_text
 from tracekit.store.kinds import tolerance_class
 
 # (rtol, atol). The float rows are torch.testing.assert_close's table; float8 has no torch default,
@@ -81,6 +82,8 @@ class Tolerance:
 
 
 def _check_value(name: str, value, where: str) -> float:
+    if isinstance(value, bool):  # TOML's `rtol = true` is not 1.0: a boolean is not a number
+        raise UsageError(f"{where}: {name} must be a number, not {str(value).lower()}")
     try:
         v = float(value)
     except (TypeError, ValueError):
@@ -179,6 +182,8 @@ def parse_tol_option(text: str) -> tuple[str, tuple[float, ...]]:
     return kind, tuple(_check_value(n, p.strip(), where) for n, p in zip(TOL_NAMES, parts))
 
 
+# A tolerance file is a few lines; anything larger is not one (and /dev/zero would never end).
+MAX_CONFIG_BYTES = 1 << 20
 # Keys the config file may hold at its top level besides the tables.
 CONFIG_KEYS = {"rtol", "atol", "rel_l2", "equal_nan", "oracle_factor", "kind", "dtype"}
 
@@ -216,10 +221,7 @@ def load_config(path: str) -> dict:
     atol = 1e-7
     """
     try:
-        with open(path, "rb") as f:
-            doc = tomllib.load(f)
-    except OSError as e:
-        raise UsageError(f"--config {path}: cannot read it ({e.strerror or e})") from None
+        doc = tomllib.loads(read_small_text(path, "--config", MAX_CONFIG_BYTES))
     except tomllib.TOMLDecodeError as e:
         raise UsageError(f"--config {path}: not valid TOML ({e})") from None
     unknown = set(doc) - CONFIG_KEYS

@@ -10,17 +10,26 @@ from __future__ import annotations
 from tracekit.compare.catalog import StoreCatalog
 from tracekit.compare.rootcause import TraceComparison, compare_traces
 from tracekit.compare.tolerances import Tolerances
+from tracekit.errors import StoreError
 from tracekit.store.dtypes import to_numpy_values
 from tracekit.store.traces import LEVELS, read_events, read_full, trace_steps
 
 
-def _full_loader(group, level: str, step: int):
+def _named(view, read, *args):
+    """read(view.group, *args), a damaged trace named with its store and rank like any damage."""
+    try:
+        return read(view.group, *args)
+    except StoreError as e:
+        raise StoreError(f"damaged store: {view.store.path}: rank {view.rank} {e}") from None
+
+
+def _full_loader(view, level: str, step: int):
     """key -> numpy values of a tensor the trace kept whole (None: not kept), each read once."""
     cache: dict = {}
 
     def load(key: str):
         if key not in cache:
-            got = read_full(group, level, step, key)
+            got = _named(view, read_full, level, step, key)
             cache[key] = None if got is None else to_numpy_values(got[0], got[1]).reshape(got[2])
         return cache[key]
     return load
@@ -36,13 +45,12 @@ def compare_store_traces(ref: StoreCatalog, cand: StoreCatalog, rank_pairs: dict
         cv, rv = cand.ranks[rank].view, ref.ranks[ref_rank].view
         if not (cv.traced and rv.traced):  # known from the listings: no zarr lookup per rank and level
             continue
-        cg, rg = cv.group, rv.group
         for level in LEVELS:
-            common = sorted(set(trace_steps(cg, level)) & set(trace_steps(rg, level)))
+            common = sorted(set(_named(cv, trace_steps, level)) & set(_named(rv, trace_steps, level)))
             for step in common:
                 if steps is not None and step not in steps:
                     continue
-                out.append(compare_traces(read_events(rg, level, step), read_events(cg, level, step), tolerances,
-                                          rank=rank, ref_rank=ref_rank, step=step, level=level,
-                                          ref_full=_full_loader(rg, level, step), cand_full=_full_loader(cg, level, step)))
+                out.append(compare_traces(_named(rv, read_events, level, step), _named(cv, read_events, level, step),
+                                          tolerances, rank=rank, ref_rank=ref_rank, step=step, level=level,
+                                          ref_full=_full_loader(rv, level, step), cand_full=_full_loader(cv, level, step)))
     return out

@@ -6,6 +6,7 @@ from tracekit.inspect.facts import common, differences, rank_facts
 from tracekit.store import open_store
 from tracekit.store.location import canonical
 from tracekit.store.format import RANK_PREFIX
+from tracekit.store.consistency import missing_ranks
 
 
 def _kinds(store) -> list[dict]:
@@ -67,7 +68,10 @@ def summarize(path) -> dict:
     rank_bytes, total_bytes = store.location.sizes_under(f"{RANK_PREFIX}{r}" for r in store.ranks)
     for r in store.ranks:
         view = store.rank(r)
-        done = view.completed_steps
+        # a step listed as completed with no data in any kind is damaged metadata: not counted as
+        # recorded (shown apart, and named by `tracekit verify`)
+        empty = view.empty_completed_steps()
+        done = [s for s in view.completed_steps if s not in empty]
         for kind in view.kinds:  # sizes shown below come from the index: check its claims against the files
             for key in {info.array for info in view.tensors(kind)}:
                 view.array(kind, key)
@@ -81,6 +85,7 @@ def summarize(path) -> dict:
             "steps_completed": len(done),
             "first_step": done[0] if done else None,
             "last_step": done[-1] if done else None,
+            "completed_without_data": empty,
             "kinds": view.kinds,
             "bytes": rank_bytes[f"{RANK_PREFIX}{r}"],
         })
@@ -96,6 +101,7 @@ def summarize(path) -> dict:
         "run": run_metadata(store),
         "world_size": len(store.ranks),
         "ranks": ranks,
+        "missing_ranks": missing_ranks(store),  # listed at finalization, their groups gone: damage
         "kinds": _kinds(store),
         "coverage": coverage_summary(store),
         "bytes_on_disk": total_bytes,

@@ -62,8 +62,24 @@ def _pick_rank(store, rank: int | None) -> RankView:
     return store.rank(rank)
 
 
+def _refuse_inside_store(out: str) -> None:
+    """Exported files never go into a store (the one exported or any other): files written among a
+    store's groups would be taken for its own by whoever reads it next."""
+    from tracekit.store.writer import is_store
+
+    here = os.path.abspath(out)
+    while True:
+        if os.path.isdir(here) and is_store(here):
+            raise UsageError(f"-o {path_text(out)}: {path_text(here)} is a tracekit store; export into a folder outside it")
+        parent = os.path.dirname(here)
+        if parent == here:
+            return
+        here = parent
+
+
 def export_file(store_path: str, out: str, step: int, rank: int | None = None, kind: str = "parameters") -> dict:
     """Write one rank's tensors of one kind at one step to `out` (a .safetensors file)."""
+    _refuse_inside_store(out)
     view = _pick_rank(open_store(store_path), rank)
     n = _write(view, step, kind, out)
     return {"file": out, "rank": view.rank, "step": step, "kind": kind, "tensors": n}
@@ -71,6 +87,7 @@ def export_file(store_path: str, out: str, step: int, rank: int | None = None, k
 
 def export_tree(store_path: str, out_dir: str, ranks: list[int] | None = None, kinds: list[str] | None = None) -> dict:
     """Every (rank, step, kind) of a store as OUT/rank_R/step_S/KIND.safetensors (the import layout)."""
+    _refuse_inside_store(out_dir)
     store = open_store(store_path)
     files = 0
     for r in ranks if ranks is not None else store.ranks:

@@ -3,10 +3,16 @@
 Only tracekit/store uses these: everything else reads and writes through the store's API.
 """
 
-# 3: format 2 with each row's small tensors packed together (store/packs.py). 2: content-addressed
-# objects + per-(rank, kind) index rows of hashes. 1: packed arrays.
-FORMAT_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+# 4: format 3 with each index row sealed to its rank, kind and step (summaries.row_identity): the
+# content hashes leave those out (equal tensors share one object), so before 4 a step list with two
+# steps swapped, or a kind copied from another rank, read as data. A version of its own because a
+# reader of format 3 would check the new seal as the old one and call every row damaged: with it,
+# such a reader refuses the store in one line instead. 3: format 2 with each row's small tensors
+# packed together (store/packs.py). 2: content-addressed objects + per-(rank, kind) index rows of
+# hashes. 1: packed arrays.
+FORMAT_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
+SEALED_ROWS_FROM = 4  # the first format whose index rows are sealed to their rank, kind and step
 # Root group attribute under which all tracekit metadata lives; a zarr group without it is foreign.
 ROOT_KEY = "tracekit"
 RANK_PREFIX = "rank_"

@@ -8,7 +8,8 @@ two share a hash is about n^2 / 2^129: 1e12 tensors -> ~1.5e-15.
 The hash covers the tensor's name, logical dtype and shape as well as its bytes, so an index
 entry that points at another tensor's bytes fails the check even when the sizes agree. Ranks and
 steps are not hashed: the same tensor with the same bytes on two ranks or at two steps is one
-object, stored once.
+object, stored once. Format 4 ties each index row (these hashes among it) to its rank, kind and
+step by its seal instead (summaries.row_identity).
 """
 
 from __future__ import annotations

@@ -27,14 +27,14 @@ from tracekit.store.localmeta import ParsedNodes, local_members
 from tracekit.store.rows import MissingChunk, RowFiles
 from tracekit.store.scratch import thread_buffer
 from tracekit.store.format import (FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX_STEP, RANK_PREFIX, ROOT_KEY,
-                                   SUMMARY_ARRAY, TRACES_GROUP)
+                                   SEALED_ROWS_FROM, SUMMARY_ARRAY, TRACES_GROUP)
 from tracekit.store.hashing import HASH_BYTES, combined
 from tracekit.store.dtypes import all_finite
 from tracekit.store.hashing import hasher
 from tracekit.store.packs import PACKS, Located, PackSpec, locations
 from tracekit.store import objects as _objects
 from tracekit.store.objects import ObjectRows, Verified, damaged, no_bytes, read_object
-from tracekit.store.summaries import N_FIELDS, combine, fields_of, row_width, unseal
+from tracekit.store.summaries import N_FIELDS, combine, fields_of, row_identity, row_width, unseal
 from tracekit.store.kinds import kind_order
 from tracekit.store.location import Location, resolve
 from tracekit.store.coverage import KEY as COVERAGE_KEY, Coverage
@@ -471,8 +471,18 @@ class RankView:
 
     def _rows(self, kind: str) -> tuple[int, ...]:
         """The steps of `kind`'s rows, in row order (read-only: cached)."""
-        return self._once(self._row_lists, kind, lambda: tuple(
-            _step_list(self._kind(kind).attrs.get(STEPS, []), f"{self.store.path}: rank {self.rank} {kind}")))
+        def parse() -> tuple[int, ...]:
+            where = f"{self.store.path}: rank {self.rank} {kind}"
+            steps = tuple(_step_list(self._kind(kind).attrs.get(STEPS, []), where))
+            # rows are appended in step order (the writer refuses any other): a step list out of
+            # order, or naming a step twice, would read one step's row as another's
+            bad = next((i for i in range(1, len(steps)) if steps[i] <= steps[i - 1]), None)
+            if bad is not None:
+                raise StoreError(f"damaged store: {where}: its step list is out of order (step {steps[bad]} "
+                                 f"after step {steps[bad - 1]}): rows would be read as other steps")
+            return steps
+
+        return self._once(self._row_lists, kind, parse)
 
     def rows(self, kind: str) -> dict[int, int]:
         """{step: row} for the visible steps of `kind`: the one step-to-row mapping of the store."""
@@ -563,6 +573,27 @@ class RankView:
                 self._index_arrays[(kind, name)] = arr
         return arr
 
+    def empty_completed_steps(self) -> list[int]:
+        """Steps listed as completed that no kind holds a row of: damaged metadata (a reader must
+        not count them as recorded steps; `tracekit verify` names them)."""
+        held: set[int] = set()
+        for kind in self.kinds:
+            try:
+                held.update(self._rows(kind))
+            except StoreError:  # a damaged step list is named under its kind; its steps count as held
+                return []
+        return [s for s in self.completed_steps if s not in held]
+
+    def check_index_arrays(self, kind: str) -> None:
+        """StoreError (damage) unless each of the kind's index arrays (v1: storage arrays) opens and
+        holds the rows its step list names: one answer for the kind, not one per row."""
+        if self.store.format_version == 1:
+            for key in sorted({t.array for t in self.tensors(kind)}):
+                self.array(kind, key)
+            return
+        for name in (HASH_ARRAY, FINITE_ARRAY) + ((SUMMARY_ARRAY,) if self.has_summaries(kind) else ()):
+            self._index_array(kind, name)
+
     def listed_rows(self, kind: str) -> int:
         """Rows of `kind` listed in its steps (written completely; rows are appended in order)."""
         return len(self._rows(kind))
@@ -578,6 +609,47 @@ class RankView:
         return files
 
     def _index_row(self, kind: str, name: str, row: int, width: int) -> np.ndarray:
+        """One row of an index array; in format 4 only once the row's seal holds (row_summaries):
+        a hash or finiteness row is never used from another rank, kind or step."""
+        values = self._raw_index_row(kind, name, row, width)
+        if self.sealed and name in (HASH_ARRAY, FINITE_ARRAY):
+            self.row_summaries(kind, row)
+        return values
+
+    @property
+    def sealed(self) -> bool:
+        """Whether index rows are sealed to their rank, kind and step (format 4, summaries.row_identity)."""
+        return self.store.format_version >= SEALED_ROWS_FROM
+
+    def row_bound(self, kind: str, row: int, step: int | None = None, rank: int | None = None) -> bytes:
+        """What a format-4 row's seal covers besides its summaries, for this rank (or `rank`) and the
+        step the kind's step list gives the row (or `step`): verify asks for other places to say
+        where a misplaced row came from."""
+        n = len(self.tensors(kind))
+        step = self.step_of_row(kind, row) if step is None else step
+        return (row_identity(self.rank if rank is None else rank, kind, -1 if step is None else step)
+                + self._raw_index_row(kind, HASH_ARRAY, row, HASH_BYTES * n).tobytes()
+                + self._raw_index_row(kind, FINITE_ARRAY, row, n).tobytes())
+
+    def _sealed_as(self, kind: str, row: int, raw: np.ndarray, fields: int) -> str | None:
+        """Where a row whose seal fails here was written, among the likely places (this kind's other
+        steps, the other ranks at this step, this rank's other kinds): "rank R KIND step S", or None
+        (damaged values, or a place further off). Asked only on a failure; a few hashes of one row."""
+        step = self.step_of_row(kind, row)
+        tail = self.row_bound(kind, row)[len(row_identity(self.rank, kind, -1 if step is None else step)):]
+        try:
+            ranks, kinds = self.store.ranks, self.kinds
+        except StoreError:
+            ranks, kinds = [], []
+        places = ([(self.rank, kind, s) for s in self._rows(kind) if s != step]
+                  + [(r, kind, step) for r in ranks if r != self.rank]
+                  + [(self.rank, k, step) for k in kinds if k != kind])
+        for r, k, s in places:
+            if s is not None and unseal(raw, fields, row_identity(r, k, s) + tail) is not None:
+                return f"rank {r} {k} step {s}"
+        return None
+
+    def _raw_index_row(self, kind: str, name: str, row: int, width: int) -> np.ndarray:
         key = (kind, name, row)
         with self._lock:
             cached = self._index_cache.get(key)
@@ -766,10 +838,17 @@ class RankView:
             n = len(self.tensors(kind))
             # older format-2 stores have one field fewer (summaries.LEGACY_FIELDS); any other width is damage
             fields = fields_of(self._index_array(kind, SUMMARY_ARRAY).shape[1], n) or N_FIELDS
-            values = unseal(self._index_row(kind, SUMMARY_ARRAY, row, row_width(n, fields)), fields)
+            raw = self._raw_index_row(kind, SUMMARY_ARRAY, row, row_width(n, fields))
+            values = unseal(raw, fields, self.row_bound(kind, row) if self.sealed else b"")
             if values is None:
+                origin = self._sealed_as(kind, row, raw, fields) if self.sealed else None
                 raise StoreError(f"damaged store: {self.store.path}: rank {self.rank} {kind} step "
-                                 f"{self.step_of_row(kind, row)}: its {SUMMARY_ARRAY} index does not match its checksum")
+                                 f"{self.step_of_row(kind, row)}: " + (
+                                     f"its index row was sealed as {origin}'s: read here it would be another step's "
+                                     "or rank's data" if origin else
+                                     "its index row does not match its seal (written for another rank, kind or step, "
+                                     "or its hash, finite or summary row changed)" if self.sealed else
+                                     f"its {SUMMARY_ARRAY} index does not match its checksum"))
             values.flags.writeable = False  # shared by every caller
             return values
 

@@ -46,18 +46,32 @@ def fields_of(width: int, tensors: int) -> int | None:
     return None
 
 
-def seal(values: np.ndarray) -> np.ndarray:
-    """A summary row: the flat float64 values, then their checksum."""
+def row_identity(rank: int, kind: str, step: int) -> bytes:
+    """What a format-4 row's seal binds it to besides its values: its rank, kind and step (the
+    content hashes leave them out, so that equal tensors share one object)."""
+    return f"tracekit row\0rank {int(rank)}\0{kind}\0step {int(step)}\0".encode()
+
+
+def _seal_digest(values: np.ndarray, bound: bytes) -> bytes:
+    h = xxhash.xxh3_128(bound)
+    h.update(np.ascontiguousarray(values).tobytes())
+    return h.digest()
+
+
+def seal(values: np.ndarray, bound: bytes = b"") -> np.ndarray:
+    """A summary row: the flat float64 values, then their checksum. Format 4 (`bound`: the row's
+    row_identity() and its hash and finiteness rows' bytes) seals the whole index row to its place:
+    a row read under another rank, kind or step, or beside another row's hashes, fails unseal()."""
     values = np.ascontiguousarray(values, dtype=np.float64).reshape(-1)
-    digest = np.frombuffer(xxhash.xxh3_128_digest(values.tobytes()), dtype=np.float64)
+    digest = np.frombuffer(_seal_digest(values, bound), dtype=np.float64)
     return np.concatenate([values, digest])
 
 
-def unseal(row: np.ndarray, fields: int = N_FIELDS) -> np.ndarray | None:
+def unseal(row: np.ndarray, fields: int = N_FIELDS, bound: bytes = b"") -> np.ndarray | None:
     """The values of a summary row of `fields` per tensor, shaped (tensors, N_FIELDS) (a legacy
-    row's neg_inf NaN: unknown); None when its checksum does not match."""
+    row's neg_inf NaN: unknown); None when its checksum does not match (`bound`: as seal() was given)."""
     values, digest = row[:-SEAL_SLOTS], row[-SEAL_SLOTS:]
-    if xxhash.xxh3_128_digest(np.ascontiguousarray(values).tobytes()) != np.ascontiguousarray(digest).tobytes():
+    if _seal_digest(values, bound) != np.ascontiguousarray(digest).tobytes():
         return None
     values = values.reshape(-1, fields)
     if fields < N_FIELDS:

@@ -13,6 +13,8 @@ thread writes here, like the rest of rank_R/.
 from __future__ import annotations
 
 import json
+import math
+import os
 import re
 from typing import Sequence
 
@@ -21,6 +23,7 @@ import zarr
 
 from tracekit.store.io import compact_metadata
 from tracekit.errors import StoreError
+from tracekit.store.bounded import read_bounded
 from tracekit.store.format import TRACES_GROUP
 from tracekit.store.kinds import TRACE_LEVELS
 from tracekit.store.writer import TensorData
@@ -79,20 +82,43 @@ class TraceWriter:
         g.attrs["steps"] = self._steps[level]
 
 
+def _irregular(rank_group: zarr.Group) -> str | None:
+    """The first entry below a local traces group that is neither a folder nor a regular file (a
+    FIFO, a device): zarr would block forever opening it, or read it without end."""
+    root = getattr(rank_group.store, "root", None)
+    if root is None:
+        return None
+    base = os.path.join(os.fspath(root), rank_group.path, TRACES_GROUP)
+    for folder, dirs, files in os.walk(base):
+        for name in dirs + files:
+            here = os.path.join(folder, name)
+            if not (os.path.isdir(here) if name in dirs else os.path.isfile(here)):
+                return os.path.relpath(here, os.fspath(root))
+    return None
+
+
 def _traces(rank_group: zarr.Group) -> zarr.Group | None:
+    odd = _irregular(rank_group)
+    if odd is not None:
+        raise StoreError(f"traces: {odd} is not a regular file")
     try:
         node = rank_group[TRACES_GROUP]
     except KeyError:
         return None
+    except Exception as e:  # unparsable metadata
+        raise StoreError(f"traces: unreadable metadata ({e.__class__.__name__})") from None
     return node if isinstance(node, zarr.Group) else None
 
 
 def trace_steps(rank_group: zarr.Group, level: str) -> list[int]:
     """The completely written traced steps of one rank at one level (empty: none)."""
     root = _traces(rank_group)
-    if root is None or level not in root:
-        return []
-    steps = root[level].attrs.get("steps", [])
+    try:
+        if root is None or level not in root:
+            return []
+        steps = root[level].attrs.get("steps", [])
+    except Exception as e:  # unparsable metadata, or a level that is an array
+        raise StoreError(f"trace of {level}: unreadable metadata ({e.__class__.__name__})") from None
     if not isinstance(steps, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in steps):
         raise StoreError(f"trace of {level}: damaged step list {steps!r}")
     return sorted(steps)
@@ -102,27 +128,65 @@ def trace_levels(rank_group: zarr.Group) -> list[str]:
     return [lv for lv in LEVELS if trace_steps(rank_group, lv)]
 
 
+def _array(rank_group: zarr.Group, level: str, step: int, *path: str):
+    """A trace array, or KeyError; damaged metadata on the way is a StoreError."""
+    try:
+        node = rank_group[TRACES_GROUP][level][_step_name(step)]
+        for p in path:
+            node = node[p]
+    except KeyError:
+        raise
+    except Exception as e:  # unparsable zarr.json below the traces group
+        raise StoreError(f"trace of {level} at step {step}: unreadable metadata ({e.__class__.__name__})") from None
+    if not isinstance(node, zarr.Array):
+        raise StoreError(f"trace of {level} at step {step}: {'/'.join(path)} is not an array")
+    return node
+
+
 def read_events(rank_group: zarr.Group, level: str, step: int) -> list[dict]:
-    """The events of one traced step, in execution order."""
+    """The events of one traced step, in execution order. Its array is read bounded (store/bounded.py):
+    a declared size its stored bytes cannot hold, or a chunk that expands beyond it, is damage."""
     if step not in trace_steps(rank_group, level):
         raise StoreError(f"no {level} trace of step {step}")
+    where = f"trace of {level} at step {step}: events"
     try:
-        raw = rank_group[TRACES_GROUP][level][_step_name(step)]["events"][:]
-        events = json.loads(bytes(np.asarray(raw, dtype=np.uint8)).decode())
-    except (KeyError, ValueError, UnicodeDecodeError) as e:
+        raw = read_bounded(_array(rank_group, level, step, EVENTS_NAME), where)
+        events = json.loads(raw.tobytes().decode())
+    except KeyError:
+        raise StoreError(f"{where}: missing") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as e:
         raise StoreError(f"trace of {level} at step {step}: damaged events ({e.__class__.__name__})") from None
     if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
         raise StoreError(f"trace of {level} at step {step}: events are not a list of objects")
     return events
 
 
+def full_keys(rank_group: zarr.Group, level: str, step: int) -> list[str]:
+    """The keys of the tensors a traced step kept whole (--trace-full)."""
+    try:
+        g = rank_group[TRACES_GROUP][level][_step_name(step)]["full"]
+        return sorted(name for name, _ in g.arrays())
+    except KeyError:
+        return []
+    except Exception as e:
+        raise StoreError(f"trace of {level} at step {step}: unreadable full tensors ({e.__class__.__name__})") from None
+
+
 def read_full(rank_group: zarr.Group, level: str, step: int, key: str) -> tuple[np.ndarray, str, list[int]] | None:
     """A full tensor kept for --trace-full: (storage-dtype data, logical dtype, shape), or None."""
+    where = f"trace of {level} at step {step}: full tensor {key}"
     try:
-        a = rank_group[TRACES_GROUP][level][_step_name(step)]["full"][key]
+        a = _array(rank_group, level, step, "full", key)
     except KeyError:
         return None
-    return np.asarray(a[...]), a.attrs["dtype"], list(a.attrs["shape"])
+    dtype, shape = a.attrs.get("dtype"), a.attrs.get("shape")
+    if not isinstance(dtype, str) or not isinstance(shape, list) or not all(
+            isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise StoreError(f"{where}: malformed dtype or shape attributes")
+    data = read_bounded(a, where)
+    if math.prod(shape) != data.size:
+        raise StoreError(f"{where}: its shape {shape} does not match its array's {list(data.shape)}")
+    return data, dtype, shape
 
 
 def trace_nbytes(rank_group: zarr.Group, level: str, step: int) -> int:

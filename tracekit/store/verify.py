@@ -17,9 +17,11 @@ import numpy as np
 from tracekit.errors import StoreError
 from tracekit.store import io
 from tracekit.store.chunks import chunk_cols, chunk_key
+from tracekit.store.consistency import check_metadata
 from tracekit.store.hashing import FILE_PIECE
 from tracekit.store.objects import scan_object
 from tracekit.store.reader import RankView, RunStore, open_store
+from tracekit.store.traces import LEVELS, full_keys, read_events, read_full, trace_steps
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,7 @@ def verify_store(path, on_problem: Callable[[Problem], None] | None = None) -> V
     except StoreError as e:
         report(Problem(None, None, None, None, str(e)))
         return result
+    check_metadata(store, lambda r, kind, step, what: report(Problem(r, kind, step, None, what)))
     known: dict = {}  # (hash, place) -> (its problem or None, finite), each read once; pack key -> its problem
     buf = np.empty(FILE_PIECE, dtype=np.uint8)
     for r in ranks:
@@ -87,14 +90,41 @@ def verify_store(path, on_problem: Callable[[Problem], None] | None = None) -> V
             try:
                 tensors = view.tensors(kind)
                 rows = view.rows(kind)
+                view.check_index_arrays(kind)  # a step list naming rows an array lacks: once, for the kind
             except StoreError as e:
-                report(Problem(r, kind, None, None, _strip(str(e), store.path).removeprefix(f"rank {r} {kind}: ")))
+                report(Problem(r, kind, None, None, _strip(str(e), store.path).removeprefix(f"rank {r} {kind}: ")
+                               .removeprefix(f"rank {r} {kind}/")))
                 continue
             if store.format_version == 1:
                 _verify_v1_kind(view, kind, tensors, rows, result, report)
             else:
                 _verify_v2_kind(view, kind, tensors, rows, result, report, known, buf)
+        _verify_traces(view, report)
     return result
+
+
+def _verify_traces(view: RankView, report) -> None:
+    """Each listed traced step's events and kept tensors read as diff reads them (bounded,
+    store/bounded.py): damage is a problem under `traces/LEVEL`."""
+    if not view.traced:
+        return
+    for level in LEVELS:
+        kind = f"traces/{level}"
+        try:
+            steps = trace_steps(view.group, level)
+        except StoreError as e:
+            if str(e).startswith("traces: "):  # the traces group itself: once, not per level
+                report(Problem(view.rank, "traces", None, None, str(e).removeprefix("traces: ")))
+                return
+            report(Problem(view.rank, kind, None, None, str(e)))
+            continue
+        for step in steps:
+            try:
+                read_events(view.group, level, step)
+                for key in full_keys(view.group, level, step):
+                    read_full(view.group, level, step, key)
+            except StoreError as e:
+                report(Problem(view.rank, kind, step, None, str(e).removeprefix(f"trace of {level} at step {step}: ")))
 
 
 def _strip(message: str, path: str) -> str:
@@ -111,7 +141,14 @@ def _verify_v2_kind(view: RankView, kind, tensors, rows, result, report, known, 
             view.check_summaries(kind, step)
             locs = view.locations(kind, row)  # a packed row's: from its hashes and the previous row's
         except StoreError as e:
-            report(Problem(view.rank, kind, step, None, _strip(str(e), root).split(": ", 1)[-1]))
+            message = _strip(str(e), root)
+            here = f"rank {view.rank} {kind} step {step}: "
+            # a packed row's bytes are found through the previous row: damage there is named as its own
+            if message.startswith(f"rank {view.rank} {kind} step "):  # a packed row is found through the
+                message = message.removeprefix(here) if message.startswith(here) else "through " + message  # previous one
+            else:
+                message = message.split(": ", 1)[-1]
+            report(Problem(view.rank, kind, step, None, message))
             continue
         _check_pack_sizes(view, kind, step, locs, known, report)
         for info, digest, loc in zip(tensors, digests, locs):

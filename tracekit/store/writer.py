@@ -27,7 +27,7 @@ from tracekit.store import io
 from tracekit.store.chunks import chunk_key
 from tracekit.store.dtypes import all_finite, storage_dtype
 from tracekit.store.format import (FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX_CHUNK_BYTES, OBJECTS_DIR, READABLE_VERSIONS,
-                                   ROOT_KEY, SUMMARY_ARRAY, object_key, rank_group_name)
+                                   ROOT_KEY, SEALED_ROWS_FROM, SUMMARY_ARRAY, object_key, rank_group_name)
 from tracekit.store.hashing import ALGORITHM, HASH_BYTES, identity
 from tracekit.store.keep import keeps_bytes, parse_full
 from tracekit.store.location import resolve
@@ -36,7 +36,7 @@ from tracekit.store.nodemeta import NodeMeta
 from tracekit.store.packs import PackSpec, groups, pack_key
 from tracekit.store.scratch import aligned_buffer
 from tracekit.store.shards import Shard, full_shape
-from tracekit.store.summaries import N_FIELDS, DigestCache, row_width, seal
+from tracekit.store.summaries import N_FIELDS, DigestCache, row_identity, row_width, seal
 from tracekit.store.summaries import finite as summary_finite
 
 
@@ -226,6 +226,13 @@ def _check_same_tensors(kind: str, index: list[TensorInfo], tensors: Sequence["T
         )
 
 
+def _check_next_step(kind: str, steps: list[int], step: int) -> None:
+    """Rows go in step order: readers refuse a step list out of order as damage (a swapped list
+    would read one step's row as another's), so the writer never makes one."""
+    if steps and step <= steps[-1]:
+        raise StoreError(f"{kind} of step {step} written after step {steps[-1]}; a kind's steps are written in increasing order")
+
+
 def _row_array(group: zarr.Group, name: str, width: int, dtype) -> zarr.Array:
     return group.create_array(
         name, shape=(0, width), chunks=(1, _chunk_elements(width, np.dtype(dtype).itemsize)), dtype=dtype,
@@ -240,10 +247,12 @@ class _ObjectKindWriter:
     keeps; store/keep.py), then one index row per step: hashes, finiteness flags and summaries."""
 
     def __init__(self, group: zarr.Group, kind: str, store_root, full: Sequence[str] = (),
-                 packs: PackSpec | None = None):
+                 packs: PackSpec | None = None, sealed_to: int | None = None):
         """store_root: where tracekit/store/io.py writes objects (a folder, or a URL's Location);
-        packs: how small tensors are packed (format 3, store/packs.py), None: each its own object."""
+        packs: how small tensors are packed (format 3, store/packs.py), None: each its own object;
+        sealed_to: the rank each row is sealed to (format 4, summaries.row_identity), None: unsealed."""
         self.group = group
+        self.sealed_to = sealed_to
         self.packs = packs
         self.group_meta = NodeMeta(group)  # the only writer of the kind's metadata from here on
         self.full = tuple(full)
@@ -284,6 +293,7 @@ class _ObjectKindWriter:
     def append(self, step: int, tensors: Sequence[TensorData], shards=None) -> None:
         """shards: per tensor, None (the whole tensor) or the Shard its data is (tracekit/store/shards.py)."""
         shards = shards or [None] * len(tensors)
+        _check_next_step(self.kind, self.steps, step)
         if self.index is None:
             self._create(tensors, shards)
         else:
@@ -337,8 +347,9 @@ class _ObjectKindWriter:
         if objects:
             self.objects_written += io.write_objects(self.root, objects, self.present)
         row = len(self.steps)
+        bound = b"" if self.sealed_to is None else row_identity(self.sealed_to, self.kind, step) + digests.tobytes() + finite.tobytes()
         for arr, values in ((self.hash_array, digests), (self.finite_array, finite),
-                            (self.summary_array, seal(summaries))):
+                            (self.summary_array, seal(summaries, bound))):
             self.array_meta[arr.path].resize((row + 1, arr.shape[1]))
             _write_row_chunks(arr, row, [values])
         # The row counts only once it is listed: a crash mid-write leaves an unlisted row behind.
@@ -386,6 +397,7 @@ class _KindWriter:
         self.group_meta.update_attrs(self.meta.to_attrs())
 
     def append(self, step: int, tensors: Sequence[TensorData]) -> None:
+        _check_next_step(self.kind, self.steps, step)
         if self.index is None:
             self._create(tensors)
         else:
@@ -419,6 +431,7 @@ class RankWriter:
         if not is_store(location):
             raise StoreError(f"{store_path} is not a tracekit store (create it first)")
         self.path = str(store_path)
+        self.rank = int(rank)
         self.location = location
         self.store_path = location.path if location.is_local else str(location)
         self.io_root = location.path if location.is_local else location  # what store/io.py writes objects under
@@ -487,7 +500,8 @@ class RankWriter:
             group = self.group.create_group(kind)
             kw = self.kinds[kind] = (_KindWriter(group, kind) if self.format_version == 1
                                      else _ObjectKindWriter(group, kind, self.io_root, self.full,
-                                                            PackSpec() if self.format_version >= 3 else None))
+                                                            PackSpec() if self.format_version >= 3 else None,
+                                                            self.rank if self.format_version >= SEALED_ROWS_FROM else None))
         if self.format_version == 1:
             kw.append(step, tensors)
         else:
