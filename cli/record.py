@@ -78,6 +78,9 @@ def summary_line(done: dict, status: int) -> str:
 @click.option("--strict", is_flag=True, help="Fail the job if zero-code recording cannot instrument it (default: warn once, go on).")
 @click.option("--optimizer", "optimizer_name", default=None, metavar="CLASS",
               help="Zero-code: the training optimizer's class name, when the first one stepped after backward() is not it.")
+@click.option("--loss-reduction", type=click.Choice(["mean", "sum"]), default="mean", show_default=True,
+              help="Zero-code: how the data-parallel ranks' local losses make the global loss. sum: for scripts "
+                   "that divide each rank's loss by the dp degree or the global token count (torchtitan). See docs/ZEROCODE.md.")
 @click.option("--trace", "trace", type=click.Choice(list(TRACE_LEVELS)), default=None,
               help="Trace the chosen steps: " + "; ".join(f"{t.name}: {t.what}" for t in TRACE_TABLE)
                    + ". See docs/LOCATE.md.")
@@ -90,7 +93,7 @@ def summary_line(done: dict, status: int) -> str:
 @one_line_errors
 @storage_options
 def record(store, force, kinds, param_globs, full, ranks, every, queue_mb, writer_nice, flush_timeout, replay_from, replay_steps, zero_code, strict,
-           optimizer_name, trace, trace_steps, trace_full, command):
+           optimizer_name, loss_reduction, trace, trace_steps, trace_full, command):
     """Run COMMAND (usually torchrun ...) and record what every rank computes into STORE.
 
     \b
@@ -110,7 +113,7 @@ def record(store, force, kinds, param_globs, full, ranks, every, queue_mb, write
         raise UsageError("--trace-steps and --trace-full need --trace modules|ops")
     if replay_steps and not replay_from:
         raise UsageError("--replay-steps needs --replay-from REF")
-    env = bootstrap_env(strict=strict, optimizer=optimizer_name) if zero_code else None
+    env = bootstrap_env(strict=strict, optimizer=optimizer_name, loss_reduction=loss_reduction) if zero_code else None
     status = launch(list(command), config, force=force, env_updates=env, extra_meta={"zero_code": zero_code},
                     flush_timeout=flush_timeout)
     from tracekit.inspect.summary import recording_summary

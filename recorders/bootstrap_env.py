@@ -19,11 +19,13 @@ ENV_STRICT = "TRACEKIT_STRICT"  # "1": an instrumentation failure fails the job
 ENV_IMPORT_ROOT = "TRACEKIT_IMPORT_ROOT"  # the folder holding the tracekit package
 ENV_LAUNCHER_PID = "TRACEKIT_LAUNCHER_PID"  # its own child (no torchrun) records as a world of one
 ENV_OPTIMIZER = "TRACEKIT_OPTIMIZER"  # class name of the training optimizer, when the guess is wrong
+ENV_LOSS_REDUCTION = "TRACEKIT_LOSS_REDUCTION"  # mean or sum: how the dp ranks' local losses combine
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 
 
-def bootstrap_env(base: dict | None = None, strict: bool = False, optimizer: str | None = None) -> dict[str, str]:
+def bootstrap_env(base: dict | None = None, strict: bool = False, optimizer: str | None = None,
+                  loss_reduction: str | None = None) -> dict[str, str]:
     """The variables to add to `base` (default os.environ) for a zero-code recorded command."""
     base = os.environ if base is None else base
     if not os.path.isfile(os.path.join(BOOTSTRAP_DIR, "sitecustomize.py")):
@@ -39,4 +41,6 @@ def bootstrap_env(base: dict | None = None, strict: bool = False, optimizer: str
     }
     if optimizer:
         env[ENV_OPTIMIZER] = optimizer
+    if loss_reduction:
+        env[ENV_LOSS_REDUCTION] = loss_reduction
     return env

@@ -10,10 +10,9 @@ from tracekit import open_store
 from tracekit.recorders import Recorder
 from tracekit.recorders import recorder as recorder_module
 from tracekit.recorders.handoff import WriterFailed
-from tracekit.recorders.global_loss import mean_over
 from tracekit.recorders.outermost import OutermostCalls
 from tracekit.recorders.zerocode import ZeroCode
-from tracekit.store import create_store
+from tracekit.store import create_store, finalize_store, is_store
 
 ORIGINAL_CALL = torch.nn.Module.__call__
 ORIGINAL_BACKWARD = torch.autograd.backward
@@ -36,9 +35,11 @@ def store_at(tmp_path, name="zero"):
 
 
 class ZeroCodeRun:
-    """ZeroCode installed for the duration of a with block, as the bootstrap would install it."""
+    """ZeroCode installed for the duration of a with block, as the bootstrap would install it; the
+    store is then finalized as `tracekit record` finalizes it (which derives the global loss)."""
 
     def __init__(self, store, **env):
+        self.store = store
         self.zero = ZeroCode({"TRACEKIT_STORE": store, **env})
 
     def __enter__(self):
@@ -49,6 +50,8 @@ class ZeroCodeRun:
             self.zero._at_exit()
         finally:
             self.zero.stand_down(final=True)
+        if self.zero.recorder is not None and exc[0] is None and is_store(self.store):
+            finalize_store(self.store, 0)
 
 
 def model_of(seed=0):
@@ -281,12 +284,6 @@ def test_outermost_calls_ignore_nested_calls_then_follow_the_model():
         assert calls.take_output()["extra"][0].item() == 0.0 and calls.take_output() is None
     finally:
         calls.unwrap()
-
-
-def test_mean_over_no_group_is_the_local_loss():
-    loss = torch.tensor(0.123456789, dtype=torch.float32)
-    assert mean_over(loss, [], torch.device("cpu")).numpy().tobytes() == loss.numpy().tobytes()
-    assert mean_over(None, [], torch.device("cpu")) is None
 
 
 def test_compiled_optimizer_step_is_reported_not_broken(tmp_path, capfd):
