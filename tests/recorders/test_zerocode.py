@@ -364,3 +364,23 @@ def test_replay_refuses_a_second_optimizer_in_the_step(tmp_path, capfd):
         train(model, [first, second], 3)
     assert run.failed
     assert "another optimizer stepped after the training optimizer in a replayed step" in capfd.readouterr().err
+
+
+def test_a_chunked_loss_is_recorded_as_the_total_the_loop_logs(tmp_path):
+    """torchtitan's chunked loss runs backward() per chunk and then on the total (step_loss.py):
+    zero-code records the total once, not the sum of every backward() scalar (twice the loss)."""
+    from test_step_loss import StepLoss, batch, chunked_step, model_of as chunked_model
+
+    zero = store_at(tmp_path)
+    decoder, head = chunked_model()
+    opt = torch.optim.SGD([*decoder.parameters(), *head.parameters()], lr=0.1)
+    logged = []
+    with ZeroCodeRun(zero):
+        for step in (1, 2):
+            logged.append(chunked_step(decoder, head, *batch(step), StepLoss()))
+            opt.step()
+            opt.zero_grad()
+    view = open_store(zero).rank(0)
+    for step, want in enumerate(logged, 1):
+        assert view.read_bits("loss", step, "loss").tobytes() == want.numpy().tobytes()
+        assert view.read_bits("local_loss", step, "local_loss").tobytes() == want.numpy().tobytes()
