@@ -4,6 +4,9 @@ tracekit/store/global_loss.py is the rule; derived_loss.py reads it from a store
 finalize. The torchrun tests (tests/recorders/test_zerocode_torchrun.py, tests/cli/test_peer_death.py)
 check the result against what real scripts all-reduce."""
 
+import json
+
+import jsonschema
 import numpy as np
 import pytest
 import torch
@@ -11,6 +14,7 @@ import torch
 from tracekit import open_store
 from tracekit.store import RankWriter, TensorData, create_store, finalize_store
 from tracekit.store.derived_loss import derived_losses
+from tracekit.schemas import load, part
 from tracekit.store.global_loss import combine, derivation_attrs, derive, dp_group, round_bf16
 
 f32 = np.float32
@@ -116,6 +120,9 @@ def test_finalize_says_why_a_rank_has_no_loss_and_leaves_recorded_losses_alone(t
     s = open_store(store)
     assert "loss" not in s.rank(0).kinds
     assert "only rank(s) 0 recorded a local loss" in s.run["ranks"]["0"]["loss_not_derived"]
+    schema = load("store-metadata")  # both new attributes are in the store's JSON Schema
+    jsonschema.validate(s.run["ranks"], schema["$defs"]["root"]["properties"]["ranks"])
+    jsonschema.validate(json.load(open(tmp_path / "s" / "rank_0" / "zarr.json"))["attributes"], part(schema, "rank"))
 
     from tracekit.testing import write_store  # a Recorder-made store: its loss is its own
     plain = write_store(tmp_path / "p", {0: {1: {"loss": {"loss": f32(7.0)}, "local_loss": {"local_loss": f32(1.0)}}}})
