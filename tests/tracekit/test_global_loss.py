@@ -133,3 +133,16 @@ def test_finalize_says_why_a_rank_has_no_loss_and_leaves_recorded_losses_alone(t
 def test_an_unknown_reduction_is_refused():
     with pytest.raises(ValueError, match="mean, sum"):
         derivation_attrs("max")
+
+
+def test_tracekit_loss_derives_the_loss_of_a_store_never_finalized(tmp_path):
+    from tracekit.inspect.loss import DERIVED, loss_table
+
+    local = {0: {1: f32(1.0), 2: f32(2.0)}, 1: {1: f32(3.0), 2: f32(5.0)}}
+    store = write_zero_code_store(tmp_path / "s", local, {0: ddp(0, 2), 1: ddp(1, 2)})  # its launcher died
+    table = loss_table([store])
+    assert table["runs"][0]["kind"] == DERIVED
+    assert [(r["step"], r["s"]) for r in table["rows"]] == [(1, 2.0), (2, 3.5)]  # not rank 0's local 1.0, 2.0
+    finalize_store(store, 0)
+    table = loss_table([store])
+    assert table["runs"][0]["kind"] == "loss" and [r["s"] for r in table["rows"]] == [2.0, 3.5]
