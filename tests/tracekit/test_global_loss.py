@@ -90,8 +90,8 @@ def test_bfloat16_is_rounded_after_each_operation_as_torch_computes_it():
     assert round_bf16(f32(1.0) + f32(2 ** -9)) == f32(1.0)  # a tie: to even
 
 
-def write_zero_code_store(path, local, coords, reduction="mean", dtype=np.float32):
-    create_store(str(path), {"launcher": "test"})
+def write_zero_code_store(path, local, coords, reduction="mean", dtype=np.float32, format_version=None):
+    create_store(str(path), {"launcher": "test"}, format_version=format_version)
     for r, steps in local.items():
         w = RankWriter(str(path), r, {"coords": coords[r], "run": {}, **derivation_attrs(reduction)})
         for s, v in steps.items():
@@ -146,3 +146,13 @@ def test_tracekit_loss_derives_the_loss_of_a_store_never_finalized(tmp_path):
     finalize_store(store, 0)
     table = loss_table([store])
     assert table["runs"][0]["kind"] == "loss" and [r["s"] for r in table["rows"]] == [2.0, 3.5]
+
+
+@pytest.mark.parametrize("where", ["format 1", "bucket"])
+def test_finalize_derives_the_loss_in_a_format_1_store_and_in_a_bucket(tmp_path, where, request):
+    store = str(tmp_path / "s") if where == "format 1" else request.getfixturevalue("s3").url("runs/zero")
+    local = {0: {1: f32(1.0)}, 1: {1: f32(2.0)}}
+    write_zero_code_store(store, local, {0: ddp(0, 2), 1: ddp(1, 2)}, format_version=1 if where == "format 1" else None)
+    finalize_store(store, 0)
+    s = open_store(store)
+    assert [float(s.rank(r).read("loss", 1, "loss")) for r in (0, 1)] == [1.5, 1.5]
