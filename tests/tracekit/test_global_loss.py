@@ -90,8 +90,10 @@ def test_bfloat16_is_rounded_after_each_operation_as_torch_computes_it():
     assert round_bf16(f32(1.0) + f32(2 ** -9)) == f32(1.0)  # a tie: to even
 
 
-def write_zero_code_store(path, local, coords, reduction="mean", dtype=np.float32, format_version=None):
-    create_store(str(path), {"launcher": "test"}, format_version=format_version)
+def write_zero_code_store(path, local, coords, reduction="mean", dtype=np.float32, format_version=None, asked=None):
+    """asked: the kinds `tracekit record` was asked for (its record_config); None: not said."""
+    meta = {"launcher": "test", **({"record_config": {"kinds": list(asked)}} if asked is not None else {})}
+    create_store(str(path), meta, format_version=format_version)
     for r, steps in local.items():
         w = RankWriter(str(path), r, {"coords": coords[r], "run": {}, **derivation_attrs(reduction)})
         for s, v in steps.items():
@@ -156,3 +158,25 @@ def test_finalize_derives_the_loss_in_a_format_1_store_and_in_a_bucket(tmp_path,
     finalize_store(store, 0)
     s = open_store(store)
     assert [float(s.rank(r).read("loss", 1, "loss")) for r in (0, 1)] == [1.5, 1.5]
+
+
+def test_local_losses_recorded_only_to_derive_from_go_once_each_has_served(tmp_path):
+    coords = {0: ddp(0, 2), 1: ddp(1, 2)}
+    default = ("outputs", "loss", "gradients", "parameters", "deltas")
+    complete = {0: {1: f32(1.0), 2: f32(2.0)}, 1: {1: f32(3.0), 2: f32(4.0)}}
+    store = write_zero_code_store(tmp_path / "a", complete, coords, asked=default)
+    finalize_store(store, 0)
+    s = open_store(store)
+    assert [s.rank(r).kinds for r in (0, 1)] == [["loss"], ["loss"]]  # what was asked for, as a Recorder's store
+    assert s.rank(0).steps("loss") == [1, 2] and s.rank(0).read("loss", 2, "loss") == f32(3.0)
+
+    store = write_zero_code_store(tmp_path / "b", complete, coords, asked=(*default, "local_loss"))
+    finalize_store(store, 0)
+    assert open_store(store).rank(0).kinds == ["loss", "local_loss"]  # asked for: kept
+
+    died = {0: {1: f32(1.0), 2: f32(2.0)}, 1: {1: f32(3.0)}}  # rank 1 died before recording step 2
+    store = write_zero_code_store(tmp_path / "c", died, coords, asked=default)
+    finalize_store(store, 0)
+    s = open_store(store)
+    assert s.rank(0).steps("local_loss") == [1, 2]  # rank 0's step 2 has no global loss: its local one stays
+    assert "local_loss" not in s.rank(1).kinds

@@ -67,13 +67,19 @@ def write_derived_losses(location, store) -> dict[int, str]:
 
     Returns {rank: why it has no derived loss} for the ranks that asked for one and got none.
     """
-    from tracekit.store.writer import TensorData, add_kind
+    from tracekit.store.writer import TensorData, add_kind, remove_kind
 
     derived, why, dtypes = derived_losses(store)
+    asked = (store.meta.get("record_config") or {}).get("kinds")
     for r, steps in derived.items():
         if LOSS_KIND in store.rank(r).kinds or not steps:
             continue  # a loss the rank recorded itself stays as it is
         dtype = dtypes[r]
         rows = [(s, [TensorData(LOSS_KIND, dtype, (), _bits(v, dtype))]) for s, v in sorted(steps.items())]
         add_kind(location, r, LOSS_KIND, rows)
+        # Local losses recorded only to derive the loss from go once every one of them has served:
+        # the store then holds the kinds that were asked for (a diff against a Recorder-made store
+        # finds the same kinds). Kept where a step got no global loss: they are all there is of it.
+        if asked is not None and SOURCE_KIND not in asked and sorted(steps) == store.rank(r).steps(SOURCE_KIND):
+            remove_kind(location, r, SOURCE_KIND)
     return why

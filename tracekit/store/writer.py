@@ -432,6 +432,15 @@ def add_kind(store_path, rank: int, kind: str, rows: Sequence[tuple[int, Sequenc
             writer.append(step, tensors, [t.shard for t in tensors])
 
 
+@io.compact_metadata
+def remove_kind(store_path, rank: int, kind: str, storage_options=None) -> None:
+    """Remove a kind's group from a rank's group (finalize: the local losses recorded only to derive
+    the loss from, store/derived_loss.py). Its objects stay: packs are shared with other kinds."""
+    location = resolve(store_path, storage_options)
+    root = zarr.open_group(location.zarr_store(), mode="r+", use_consolidated=False)
+    del root[rank_group_name(rank)][kind]
+
+
 class RankWriter:
     """Writes rank R's group. Not thread-safe: one writer (thread) per rank."""
 
