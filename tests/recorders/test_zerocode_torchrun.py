@@ -11,7 +11,7 @@ import pytest
 
 from tracekit import open_store
 
-from conftest import FOUR_RANK_DDP, MODE_RANKS
+from conftest import FOUR_RANK_DDP, MODE_RANKS, PLAIN_RECORD_ARGS
 
 COMPARED = ("outputs", "gradients", "parameters", "deltas")
 STEPS = 3  # the tutorial stores are shared with tests/samples (same arguments, recorded once)
@@ -38,10 +38,7 @@ def assert_same_bits(zero_code: str, explicit: str, ranks: list[int]) -> None:
 @pytest.mark.parametrize("mode", list(MODE_RANKS))
 def test_plain_sample_recorded_zero_code_equals_the_instrumented_sample(recorded_sample, mode):
     explicit, _ = recorded_sample(mode, script="tutorial", steps=STEPS)
-    # simplefsdp_tp's gradient reduction sums over dp, so the script divides each rank's loss by
-    # the dp degree before backward(): the shares add up to the loss it reports
-    reduction = ("--loss-reduction", "sum") if mode == "simplefsdp_tp" else ()
-    zero_code, result = recorded_sample(mode, script="plain", steps=STEPS, record_args=reduction)
+    zero_code, result = recorded_sample(mode, script="plain", steps=STEPS, record_args=PLAIN_RECORD_ARGS.get(mode, ()))
     assert "tracekit:" not in result.stderr, result.stderr
     assert_same_bits(zero_code, explicit, list(range(MODE_RANKS[mode])))
     # the global loss, derived from the ranks' local losses after the run (no collective in the
