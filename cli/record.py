@@ -96,6 +96,9 @@ def left_out_lines(done: dict) -> list[str]:
 @click.option("--model", "model_name", default=None, metavar="NAME",
               help="Zero-code: the root model, when the guess (the called module owning all the optimizer's parameters) "
                    "cannot decide: a class name (Llama3Model) or an attribute path below a called module (encoder).")
+@click.option("--loss-reduction", type=click.Choice(["mean", "sum"]), default="mean", show_default=True,
+              help="Zero-code: how the data-parallel ranks' local losses make the global loss. sum: for scripts "
+                   "that divide each rank's loss by the dp degree or the global token count (torchtitan). See docs/ZEROCODE.md.")
 @click.option("--trace", "trace", type=click.Choice(list(TRACE_LEVELS)), default=None,
               help="Trace the chosen steps: " + "; ".join(f"{t.name}: {t.what}" for t in TRACE_TABLE)
                    + ". See docs/LOCATE.md.")
@@ -108,7 +111,7 @@ def left_out_lines(done: dict) -> list[str]:
 @one_line_errors
 @storage_options
 def record(store, force, kinds, param_globs, full, ranks, every, queue_mb, writer_nice, flush_timeout, replay_from, replay_steps, zero_code, strict,
-           optimizer_name, model_name, trace, trace_steps, trace_full, command):
+           optimizer_name, model_name, loss_reduction, trace, trace_steps, trace_full, command):
     """Run COMMAND (usually torchrun ...) and record what every rank computes into STORE.
 
     \b
@@ -131,7 +134,8 @@ def record(store, force, kinds, param_globs, full, ranks, every, queue_mb, write
     if model_name and not zero_code:
         raise UsageError("--model names the model zero-code recording follows; with --no-zero-code, the script's "
                          "Recorder(model, ...) names it")
-    env = bootstrap_env(strict=strict, optimizer=optimizer_name, model=model_name) if zero_code else None
+    env = bootstrap_env(strict=strict, optimizer=optimizer_name, model=model_name,
+                        loss_reduction=loss_reduction) if zero_code else None
     status = launch(list(command), config, force=force, env_updates=env, extra_meta={"zero_code": zero_code},
                     flush_timeout=flush_timeout)
     from tracekit.inspect.summary import recording_summary

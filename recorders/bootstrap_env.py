@@ -20,12 +20,13 @@ ENV_IMPORT_ROOT = "TRACEKIT_IMPORT_ROOT"  # the folder holding the tracekit pack
 ENV_LAUNCHER_PID = "TRACEKIT_LAUNCHER_PID"  # its own child (no torchrun) records as a world of one
 ENV_OPTIMIZER = "TRACEKIT_OPTIMIZER"  # class name of the training optimizer, when the guess is wrong
 ENV_MODEL = "TRACEKIT_MODEL"  # class name or attribute path of the root model, when the guess cannot decide
+ENV_LOSS_REDUCTION = "TRACEKIT_LOSS_REDUCTION"  # mean or sum: how the dp ranks' local losses combine
 
 BOOTSTRAP_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bootstrap")
 
 
 def bootstrap_env(base: dict | None = None, strict: bool = False, optimizer: str | None = None,
-                  model: str | None = None) -> dict[str, str]:
+                  model: str | None = None, loss_reduction: str | None = None) -> dict[str, str]:
     """The variables to add to `base` (default os.environ) for a zero-code recorded command."""
     base = os.environ if base is None else base
     if not os.path.isfile(os.path.join(BOOTSTRAP_DIR, "sitecustomize.py")):
@@ -43,4 +44,6 @@ def bootstrap_env(base: dict | None = None, strict: bool = False, optimizer: str
         env[ENV_OPTIMIZER] = optimizer
     if model:
         env[ENV_MODEL] = model
+    if loss_reduction:
+        env[ENV_LOSS_REDUCTION] = loss_reduction
     return env

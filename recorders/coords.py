@@ -8,8 +8,10 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 
-# Mesh dimension names we read as data parallel or tensor parallel (torchtitan's names included).
-DP_NAMES = ("dp", "dp_shard", "dp_replicate", "fsdp", "ddp", "data_parallel", "dp_shard_cp")
+# Mesh dimension names we read as data parallel (one list, read by the store's loss derivation
+# too) or tensor parallel (torchtitan's names included).
+from tracekit.store.global_loss import DP_NAMES
+
 TP_NAMES = ("tp", "tensor_parallel", "model_parallel")
 
 

@@ -33,6 +33,7 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -42,18 +43,29 @@ from tracekit.recorders import outcome
 
 from tracekit.errors import TracekitError
 from tracekit.recorders import recorder as recorder_module
-from tracekit.recorders.bootstrap_env import ENV_LAUNCHER_PID, ENV_MODEL, ENV_OPTIMIZER, ENV_STRICT
+from tracekit.recorders.bootstrap_env import ENV_LAUNCHER_PID, ENV_LOSS_REDUCTION, ENV_MODEL, ENV_OPTIMIZER, ENV_STRICT
 from tracekit.recorders.config import RecordConfig
-from tracekit.recorders.global_loss import dp_groups, mean_over
+from tracekit.recorders.step_loss import StepLoss
+from tracekit.store.global_loss import derivation_attrs
 from tracekit.recorders.outermost import OutermostCalls
 from tracekit.recorders.replay import ReplayError
 from tracekit.inspect.coverage import left_out_line
 
 
 class ZeroCodeRecorder(recorder_module.Recorder):
-    """The Recorder driven by the bootstrap (its start() does not make the bootstrap stand down)."""
+    """The Recorder driven by the bootstrap (its start() does not make the bootstrap stand down).
+
+    It records each rank's local loss only; its group says how the global loss follows from the
+    ranks' local losses (derived at finalize or when read: never a collective in the rank)."""
 
     zero_code = True
+    loss_reduction = "mean"
+
+    def _rank_attrs(self) -> dict:
+        attrs = super()._rank_attrs()
+        if "loss" in self.config.kinds:
+            attrs.update(derivation_attrs(self.loss_reduction))
+        return attrs
 
 
 def _matches(optimizer: torch.optim.Optimizer, name: str) -> bool:
@@ -74,13 +86,12 @@ class ZeroCode:
         self.calls = OutermostCalls()
         self.recorder: ZeroCodeRecorder | None = None
         self.training: torch.optim.Optimizer | None = None
-        self._loss_groups: list = []
-        self._loss_device: torch.device | None = None
+        self.loss_reduction = env.get(ENV_LOSS_REDUCTION) or "mean"
         self._handles: list = []
         self._original_backward = None
         self._backward_seen = False
         self._backward_depth = 0  # backward() calls in progress
-        self._loss: torch.Tensor | None = None  # sum of the scalars backward ran on since the last step
+        self._loss = StepLoss()  # the scalars backward ran on since the last step (step_loss.py: the rule)
         self._depth = 0  # optimizer step() calls in progress (a container's inner ones nest)
         self._window = False  # a training step is open: begun, not yet handed to the writer
         self._replay_loaded = False  # replay put the next step's start state in place; no backward since
@@ -180,8 +191,7 @@ class ZeroCode:
         items = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors or ())
         for t in items:
             if isinstance(t, torch.Tensor) and t.numel() == 1:
-                t = t.detach().reshape(())
-                self._loss = t if self._loss is None else self._loss + t
+                self._loss.add(t)
         self._backward_seen = True
 
     def _on_pre(self, optimizer: torch.optim.Optimizer) -> None:
@@ -219,14 +229,9 @@ class ZeroCode:
     def _begin_step(self) -> None:
         rec = self.recorder
         output = self.calls.take_output()
-        local, self._loss = self._loss, None
-        step = rec.step + 1
-        kinds = rec.config.kinds
-        global_loss = None
-        if "loss" in kinds and rec.config.records_step(step):
-            with rec.untraced():  # our collective, not the model's
-                global_loss = mean_over(local, self._loss_groups, self._loss_device)  # a collective
-        rec.observe(output=output, loss=global_loss, local_loss=local)
+        # Only this rank's own loss: the global one is derived from every rank's when the store is
+        # finalized or read (tracekit/store/global_loss.py), so no peer can cost this rank its step.
+        rec.observe(output=output, local_loss=self._loss.take())
         self._window = True
         rec.begin_step()
 
@@ -273,18 +278,16 @@ class ZeroCode:
         model = found.roots[0][1] if len(found.roots) == 1 else None
         run_info = {"recorded_by": "zero-code", "optimizer": type(optimizer).__qualname__,
                     "model": ", ".join(r.class_name for r in found.coverage.roots) or None}
-        rec = ZeroCodeRecorder(params=params, config=RecordConfig.from_env(self.env), run_info=run_info)
+        config = RecordConfig.from_env(self.env)
+        if "loss" in config.kinds and "local_loss" not in config.kinds:  # what the global loss is derived from
+            config = replace(config, kinds=(*config.kinds, "local_loss"))
+        rec = ZeroCodeRecorder(params=params, config=config, run_info=run_info)
         rec.coverage = found.coverage
+        derivation_attrs(self.loss_reduction)  # an unknown reduction fails here, before anything starts
+        rec.loss_reduction = self.loss_reduction
         rec.model = model  # module paths for --trace (None: the ops of the step carry no module path)
         self.training = optimizer
         self.recorder = rec
-        # The loss all-reduce's groups first: if start() fails on this rank only, the rank must
-        # still join the collectives the other ranks run, or the whole job hangs.
-        tensors = list(params.values()) if isinstance(params, dict) else params
-        if "loss" in rec.config.kinds:
-            self._loss_groups = dp_groups(tensors)
-        local = [p.to_local() if hasattr(p, "to_local") else p for p in tensors]
-        self._loss_device = local[0].device if local else torch.device("cpu")
         try:
             rec.start()
         except Exception as error:  # this rank only, maybe: report, then keep joining the collectives

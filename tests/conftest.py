@@ -22,6 +22,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLES = os.path.join(REPO, "samples")
 # Sample modes and the world size the tests run them at (simplefsdp_tp as a 2 x 2 mesh).
 MODE_RANKS = {"ddp": 2, "fsdp": 2, "tp": 2, "simplefsdp_tp": 4}
+# samples/plain's zero-code recordings: simplefsdp_tp divides each rank's loss by the dp degree
+# before backward() (its gradient reduction sums), so its global loss is the dp ranks' sum. Every
+# test recording plain asks with these arguments, so one recording serves them all.
+PLAIN_RECORD_ARGS = {"simplefsdp_tp": ("--loss-reduction", "sum")}
 TORCHRUN_TIMEOUT = 300  # a hang becomes a failure, never a stuck CI
 # recorded_sample("ddp", **FOUR_RANK_DDP): samples/plain at 4 ranks, 10 steps, with local_loss; the
 # zero-code loss test needs it, and the 2-vs-4-ranks verdict test reuses it (no launch of its own)
@@ -109,14 +113,10 @@ def shared_once(tmp_path_factory):
 
 
 def second_recording(recorded_sample, mode: str) -> str:
-    """Another recording of the same job, from its own launch, for run-to-run comparisons. For ddp,
-    fsdp and tp it is samples/plain's zero-code recording, which tests/recorders/test_zerocode_torchrun.py
-    shows equal bit for bit to the explicit one (every rank's tensors, rank 0's loss), so no launch is
-    spent on it. For simplefsdp_tp that test compares no loss (zero-code records the tensor backward
-    ran on, the local loss over the mesh's loss divisor): there a second explicit run."""
-    if mode == "simplefsdp_tp":
-        return recorded_sample(mode, tag="again")[0]
-    return recorded_sample(mode, script="plain")[0]
+    """Another recording of the same job, from its own launch, for run-to-run comparisons: samples/plain's
+    zero-code recording, which tests/recorders/test_zerocode_torchrun.py shows equal bit for bit to the
+    explicit one (every rank's tensors and loss), so no launch is spent on it."""
+    return recorded_sample(mode, script="plain", record_args=PLAIN_RECORD_ARGS.get(mode, ()))[0]
 
 
 @pytest.fixture(scope="session")

@@ -10,10 +10,9 @@ from tracekit import open_store
 from tracekit.recorders import Recorder
 from tracekit.recorders import recorder as recorder_module
 from tracekit.recorders.handoff import WriterFailed
-from tracekit.recorders.global_loss import mean_over
 from tracekit.recorders.outermost import OutermostCalls
 from tracekit.recorders.zerocode import ZeroCode
-from tracekit.store import create_store
+from tracekit.store import create_store, finalize_store, is_store
 
 ORIGINAL_CALL = torch.nn.Module.__call__
 ORIGINAL_BACKWARD = torch.autograd.backward
@@ -36,9 +35,11 @@ def store_at(tmp_path, name="zero"):
 
 
 class ZeroCodeRun:
-    """ZeroCode installed for the duration of a with block, as the bootstrap would install it."""
+    """ZeroCode installed for the duration of a with block, as the bootstrap would install it; the
+    store is then finalized as `tracekit record` finalizes it (which derives the global loss)."""
 
     def __init__(self, store, **env):
+        self.store = store
         self.zero = ZeroCode({"TRACEKIT_STORE": store, **env})
 
     def __enter__(self):
@@ -49,6 +50,8 @@ class ZeroCodeRun:
             self.zero._at_exit()
         finally:
             self.zero.stand_down(final=True)
+        if self.zero.recorder is not None and exc[0] is None and is_store(self.store):
+            finalize_store(self.store, 0)
 
 
 def model_of(seed=0):
@@ -283,12 +286,6 @@ def test_outermost_calls_ignore_nested_calls_then_follow_the_model():
         calls.unwrap()
 
 
-def test_mean_over_no_group_is_the_local_loss():
-    loss = torch.tensor(0.123456789, dtype=torch.float32)
-    assert mean_over(loss, [], torch.device("cpu")).numpy().tobytes() == loss.numpy().tobytes()
-    assert mean_over(None, [], torch.device("cpu")) is None
-
-
 def test_compiled_optimizer_step_is_reported_not_broken(tmp_path, capfd):
     def compiled_steps(run=None):
         torch._dynamo.reset()
@@ -367,3 +364,23 @@ def test_replay_refuses_a_second_optimizer_in_the_step(tmp_path, capfd):
         train(model, [first, second], 3)
     assert run.failed
     assert "another optimizer stepped after the training optimizer in a replayed step" in capfd.readouterr().err
+
+
+def test_a_chunked_loss_is_recorded_as_the_total_the_loop_logs(tmp_path):
+    """torchtitan's chunked loss runs backward() per chunk and then on the total (step_loss.py):
+    zero-code records the total once, not the sum of every backward() scalar (twice the loss)."""
+    from test_step_loss import StepLoss, batch, chunked_step, model_of as chunked_model
+
+    zero = store_at(tmp_path)
+    decoder, head = chunked_model()
+    opt = torch.optim.SGD([*decoder.parameters(), *head.parameters()], lr=0.1)
+    logged = []
+    with ZeroCodeRun(zero):
+        for step in (1, 2):
+            logged.append(chunked_step(decoder, head, *batch(step), StepLoss()))
+            opt.step()
+            opt.zero_grad()
+    view = open_store(zero).rank(0)
+    for step, want in enumerate(logged, 1):
+        assert view.read_bits("loss", step, "loss").tobytes() == want.numpy().tobytes()
+        assert view.read_bits("local_loss", step, "local_loss").tobytes() == want.numpy().tobytes()

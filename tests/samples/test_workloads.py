@@ -34,7 +34,7 @@ from samples.common.data import GLOBAL_BATCH, batch_slice, global_batch  # noqa:
 from samples.common.faults import Faults, parse_faults  # noqa: E402
 from samples.common.model import build_model  # noqa: E402
 
-from conftest import MODE_RANKS  # noqa: E402
+from conftest import MODE_RANKS, PLAIN_RECORD_ARGS  # noqa: E402
 
 TIMEOUT_S = 240  # a hung collective becomes a test failure, never a stuck CI
 
@@ -74,7 +74,7 @@ def run_mode(recorded_sample, mode: str) -> subprocess.CompletedProcess:
     """samples/plain/train.py's run of `mode` (recorded zero-code; its stdout is the script's own)."""
     ranks, steps, _ = RUNS[mode]
     assert MODE_RANKS[mode] == ranks
-    return recorded_sample(mode, script="plain", steps=steps)[1]
+    return recorded_sample(mode, script="plain", steps=steps, record_args=PLAIN_RECORD_ARGS.get(mode, ()))[1]
 
 
 def losses_by_rank(stdout: str) -> dict[int, list[float]]:

@@ -7,11 +7,13 @@ import os
 
 from tracekit.errors import StoreError, UsageError
 from tracekit.store import open_store
+from tracekit.store.derived_loss import derived_losses
 from tracekit.store.kinds import LOSS_KINDS
 from tracekit.store.summaries import scalar_value
 
 # The global loss is what the training reports and what runs are compared on; a store recorded
 # without it still has each rank's local loss, which is better than nothing.
+DERIVED = "loss derived from local_loss"  # the kind column of an unfinalized zero-code store
 
 
 def run_losses(path) -> tuple[str, dict[int, float]]:
@@ -21,6 +23,9 @@ def run_losses(path) -> tuple[str, dict[int, float]]:
     rank that has the step keeps a run whose rank 0 died early readable.
     """
     store = open_store(path)
+    derived = _derived(store)
+    if derived:
+        return DERIVED, derived
     for kind in LOSS_KINDS:
         holders = [r for r in store.ranks if kind in store.rank(r).kinds]
         if holders:
@@ -41,6 +46,18 @@ def run_losses(path) -> tuple[str, dict[int, float]]:
                 else:  # summary only (--full): a one-element tensor's value is in its summary, exactly
                     out[step] = scalar_value(view.summaries(kind, step)[info.name])
     return kind, dict(sorted(out.items()))
+
+
+def _derived(store) -> dict[int, float]:
+    """A zero-code store its launcher never finalized has its ranks' local losses but no `loss`:
+    the global loss derived from them as finalize would (store/derived_loss.py), lowest rank first."""
+    if any("loss" in store.rank(r).kinds for r in store.ranks):
+        return {}
+    out: dict[int, float] = {}
+    for _, steps in sorted(derived_losses(store)[0].items()):
+        for step, value in steps.items():
+            out.setdefault(step, float(value))
+    return dict(sorted(out.items()))
 
 
 def run_labels(paths) -> list[str]:

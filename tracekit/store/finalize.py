@@ -8,6 +8,7 @@ import warnings
 
 import zarr
 
+from tracekit.store.derived_loss import write_derived_losses
 from tracekit.store.io import compact_metadata, replace_file
 from tracekit.store.location import resolve
 from tracekit.store.reader import open_store
@@ -29,6 +30,8 @@ def finalize_store(path, exit_status: int, worker_exits: dict[int, int] | None =
 
     location = resolve(path, storage_options)
     store = open_store(location)
+    # the global loss of zero-code ranks, from their local losses (no collective ran in the job)
+    no_loss = write_derived_losses(location, store)
     ranks = {}
     run: dict = {}
     exits = worker_exits or {}
@@ -38,6 +41,8 @@ def finalize_store(path, exit_status: int, worker_exits: dict[int, int] | None =
         status, cause = final_rank_status(own, view.attrs.get("cause"), exits.get(r))
         ranks[str(r)] = {"completed_steps": view.completed_steps, "status": status, "cause": cause,
                          "exit_code": exits.get(r)}
+        if r in no_loss:
+            ranks[str(r)]["loss_not_derived"] = no_loss[r]
         if not run:
             run = dict(view.attrs.get("run", {}))
     summary = {

@@ -416,6 +416,44 @@ class _KindWriter:
         self.group_meta.update_attrs({STEPS: self.steps})
 
 
+def _new_kind_writer(rank_group: zarr.Group, kind: str, format_version: int, io_root, full, rank: int):
+    group = rank_group.create_group(kind)
+    if format_version == 1:
+        return _KindWriter(group, kind)
+    return _ObjectKindWriter(group, kind, io_root, full, PackSpec() if format_version >= 3 else None,
+                             rank if format_version >= SEALED_ROWS_FROM else None)
+
+
+@io.compact_metadata
+def add_kind(store_path, rank: int, kind: str, rows: Sequence[tuple[int, Sequence[TensorData]]],
+             storage_options=None) -> None:
+    """Add a kind to a rank's group after its writer closed it: the launcher's derived loss at
+    finalize (store/derived_loss.py). Only safe once no rank writes any more; a kind the rank
+    already holds is refused (its rows are the rank's own)."""
+    location = resolve(store_path, storage_options)
+    root = zarr.open_group(location.zarr_store(), mode="r+", use_consolidated=False)
+    version = root.attrs[ROOT_KEY].get("format_version")
+    group = root[rank_group_name(rank)]
+    if kind in group:
+        raise StoreError(f"{store_path}: rank {rank} already holds {kind}")
+    io_root = location.path if location.is_local else location
+    writer = _new_kind_writer(group, kind, version, io_root, (), rank)  # a few scalars: their bytes always kept
+    for step, tensors in rows:
+        if version == 1:
+            writer.append(step, tensors)
+        else:
+            writer.append(step, tensors, [t.shard for t in tensors])
+
+
+@io.compact_metadata
+def remove_kind(store_path, rank: int, kind: str, storage_options=None) -> None:
+    """Remove a kind's group from a rank's group (finalize: the local losses recorded only to derive
+    the loss from, store/derived_loss.py). Its objects stay: packs are shared with other kinds."""
+    location = resolve(store_path, storage_options)
+    root = zarr.open_group(location.zarr_store(), mode="r+", use_consolidated=False)
+    del root[rank_group_name(rank)][kind]
+
+
 class RankWriter:
     """Writes rank R's group. Not thread-safe: one writer (thread) per rank."""
 
@@ -497,11 +535,7 @@ class RankWriter:
             raise StoreError(f"{self.path}: store format 1 holds whole tensors only, not the shards of {kind}")
         kw = self.kinds.get(kind)
         if kw is None:
-            group = self.group.create_group(kind)
-            kw = self.kinds[kind] = (_KindWriter(group, kind) if self.format_version == 1
-                                     else _ObjectKindWriter(group, kind, self.io_root, self.full,
-                                                            PackSpec() if self.format_version >= 3 else None,
-                                                            self.rank if self.format_version >= SEALED_ROWS_FROM else None))
+            kw = self.kinds[kind] = _new_kind_writer(self.group, kind, self.format_version, self.io_root, self.full, self.rank)
         if self.format_version == 1:
             kw.append(step, tensors)
         else:
