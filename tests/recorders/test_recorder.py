@@ -13,6 +13,7 @@ from tracekit.recorders.handoff import Handoff, WriterFailed
 from tracekit.schemas import load, part
 from tracekit.store import create_store, finalize_store
 from tracekit.store.tensors import from_torch
+from tracekit.store.format import FORMAT_VERSION
 
 
 def _model(dtype=torch.float32):
@@ -163,7 +164,7 @@ def test_written_metadata_validates_against_schema(tmp_path):
     kind = json.load(open(tmp_path / "s" / "rank_0" / "gradients" / "zarr.json"))["attributes"]
     jsonschema.validate(kind, part(schema, "kind"))
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate({"tracekit": {**root["tracekit"], "format_version": 4}}, schema)
+        jsonschema.validate({"tracekit": {**root["tracekit"], "format_version": FORMAT_VERSION + 1}}, schema)
 
 
 def _handoff(tmp_path, max_bytes, monkeypatch=None, mbps=None):
