@@ -44,6 +44,13 @@ def _run_lines(run: dict, skip=()) -> list[str]:
     return lines
 
 
+def steps_text(steps: list[int]) -> str:
+    if not steps:
+        return "no steps"
+    span = f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else f"{steps[0]}"
+    return f"steps {span}" + ("" if len(steps) == steps[-1] - steps[0] + 1 else f" ({len(steps)} steps)")
+
+
 def _steps(first, last, n) -> str:
     if not n:
         return "none"
@@ -72,6 +79,13 @@ def _rank_lines(ranks: list[dict]) -> tuple[str, list[str]]:
     common = " ".join(f"{k}={ranks[0]['coords'][k]}" for k in constant) if ranks else ""
     causes = [f"  rank {r['rank']} {r['status']}: {r['cause']}" for r in ranks if r.get("cause")]
     return common, _table(header, rows) + causes
+
+
+def _unwritten_lines(ranks: list[dict]) -> list[str]:
+    """One line per rank that completed steps its writer process did not store, with the cause."""
+    return [f"  rank {r['rank']} unwritten: {steps_text(r['unwritten_steps'])}"
+            + (f" ({r['unwritten_cause']})" if r.get("unwritten_cause") else "")
+            for r in ranks if r.get("unwritten_steps")]
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -157,6 +171,7 @@ def render(summary: dict) -> str:
              *(["", "environment (versions and numeric env vars each rank recorded):", *_environment_lines(summary)]
                if per_rank else []),
              "", f"ranks ({summary['world_size']}{'; ' + common if common else ''}):", *rank_table,
+             *_unwritten_lines(summary["ranks"]),
              "", "kinds:", *_kind_lines(summary["kinds"])]
     return terminal_safe("\n".join(lines))
 

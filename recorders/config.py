@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, replace
 
@@ -25,10 +26,24 @@ ENV_TRACE = "TRACEKIT_TRACE"
 ENV_TRACE_STEPS = "TRACEKIT_TRACE_STEPS"
 ENV_TRACE_FULL = "TRACEKIT_TRACE_FULL"
 ENV_FULL = "TRACEKIT_FULL"  # --full patterns, one a line
+ENV_FLUSH_TIMEOUT = "TRACEKIT_FLUSH_TIMEOUT"  # seconds a rank waits for its writer once training ends
 
 RECORDABLE_KINDS = KINDS  # every registered kind
 DEFAULT_QUEUE_MB = 1024
 DEFAULT_WRITER_NICE = MAX_NICE  # the writer yields the cores to training (recorders/priority.py)
+DEFAULT_FLUSH_TIMEOUT = 60.0
+
+
+def parse_seconds(spec, what: str = "--flush-timeout") -> float:
+    """A duration in seconds: finite and not negative. nan would compare false with every bound
+    (a wait that never ends), inf is no bound at all."""
+    try:
+        value = float(spec)
+    except (TypeError, ValueError):
+        raise UsageError(f"{what} {spec!r}: expected a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise UsageError(f"{what} {spec!r}: expected a finite number of seconds, 0 or more")
+    return value
 
 
 def parse_kinds(spec: str | None) -> tuple[str, ...]:
@@ -122,6 +137,8 @@ class RecordConfig:
     # tensors that keep their bytes: GLOB or KIND:GLOB (tracekit/store/keep.py); empty: all of them.
     # The others keep only their summary and hash (format 2 stores).
     full: tuple[str, ...] = ()
+    # how long a rank waits, once its training ended, for its writer process to store what is spooled
+    flush_timeout: float = DEFAULT_FLUSH_TIMEOUT
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -132,6 +149,7 @@ class RecordConfig:
         if not 0 <= self.writer_nice <= MAX_NICE:
             raise UsageError(f"writer nice value must be 0 to {MAX_NICE}, got {self.writer_nice}")
         object.__setattr__(self, "full", parse_full(self.full))  # checked, commas split, once
+        object.__setattr__(self, "flush_timeout", parse_seconds(self.flush_timeout))
 
     @classmethod
     def from_env(cls, environ=None) -> "RecordConfig":
@@ -157,11 +175,12 @@ class RecordConfig:
             trace_steps=parse_step_range(env.get(ENV_TRACE_STEPS) or "1"),
             trace_full=tuple(g for g in env.get(ENV_TRACE_FULL, "").split("\n") if g),
             full=tuple(g for g in env.get(ENV_FULL, "").split("\n") if g),
+            flush_timeout=parse_seconds(env.get(ENV_FLUSH_TIMEOUT, DEFAULT_FLUSH_TIMEOUT), ENV_FLUSH_TIMEOUT),
         )
 
     def to_env(self) -> dict[str, str]:
         env = {ENV_KINDS: ",".join(self.kinds), ENV_EVERY: str(self.every), ENV_QUEUE_MB: str(self.queue_mb),
-               ENV_WRITER_NICE: str(self.writer_nice)}
+               ENV_WRITER_NICE: str(self.writer_nice), ENV_FLUSH_TIMEOUT: repr(self.flush_timeout)}
         if self.store:
             env[ENV_STORE] = canonical(self.store)
         if self.params:

@@ -355,7 +355,7 @@ class Recorder:
         self._hooks.clear()
         try:
             if self._handoff is not None:
-                self._handoff.close(status, wait=wait)
+                self._handoff.close(status, wait=wait, timeout=self.config.flush_timeout)
         except TracekitError as e:
             print(f"tracekit: {e}", file=sys.stderr)
         finally:

@@ -67,6 +67,8 @@ def summarize(path) -> dict:
             "versions": facts[r]["versions"],
             "env": facts[r]["env"],
             "cause": view.cause,
+            "unwritten_steps": view.unwritten_steps,  # completed by the rank, not stored (--flush-timeout)
+            "unwritten_cause": view.unwritten_cause,
             "steps_completed": len(done),
             "first_step": done[0] if done else None,
             "last_step": done[-1] if done else None,
@@ -97,11 +99,14 @@ def recording_summary(path) -> dict:
     steps: set[int] = set()
     kinds: list[str] = []
     statuses: dict[str, int] = {}
+    unwritten: dict[int, dict] = {}  # rank -> the steps it completed that its writer did not store, and why
     for r in store.ranks:
         view = store.rank(r)
         steps.update(view.completed_steps)
         kinds += [k for k in view.kinds if k not in kinds]
         statuses[view.status] = statuses.get(view.status, 0) + 1
+        if view.unwritten_steps:
+            unwritten[r] = {"steps": view.unwritten_steps, "cause": view.unwritten_cause}
     return {"store": canonical(store.path), "ranks": len(store.ranks), "steps": sorted(steps), "kinds": kinds,
-            "bytes": store.location.size_under(), "statuses": statuses,
+            "bytes": store.location.size_under(), "statuses": statuses, "unwritten": unwritten,
             "exit_status": store.meta.get("exit_status")}
