@@ -4,6 +4,7 @@ import sys
 
 import click
 
+from tracekit.cli.show import steps_text
 from tracekit.cli.common import CommandError, one_line_errors, storage_options
 from tracekit.errors import UsageError
 from tracekit.store.kinds import TRACE_LEVELS, TRACE_TABLE
@@ -30,7 +31,7 @@ class _RecordCommand(click.Command):
 
 def summary_line(done: dict, status: int) -> str:
     """One line: what the store holds and how the run ended."""
-    from tracekit.cli.show import human_bytes, steps_text
+    from tracekit.cli.show import human_bytes
 
     ranks = ", ".join(f"{n} {s}" for s, n in sorted(done["statuses"].items())) or "none"
     return (f"tracekit record: {done['ranks']} rank(s), {steps_text(done['steps'])}, "
@@ -40,8 +41,6 @@ def summary_line(done: dict, status: int) -> str:
 
 def _unwritten(unwritten: dict) -> str:
     """'; unwritten: rank 1 steps 3-8 (why)' for the ranks whose writer did not store every step."""
-    from tracekit.cli.show import steps_text
-
     if not unwritten:
         return ""
     return "; unwritten: " + ", ".join(f"rank {r} {steps_text(u['steps'])}" + (f" ({u['cause']})" if u.get("cause") else "")
@@ -128,6 +127,12 @@ def record(store, force, kinds, param_globs, full, ranks, every, queue_mb, write
                "no rank completed a step (steps are recorded when the training optimizer steps)")
         message = f"nothing was recorded in {store}: {why}; see docs/ZEROCODE.md"
         if status == 0:  # a run that "succeeded" with an empty store must not pass in CI
+            raise CommandError(message)
+        click.echo(f"Error: {message}", err=True)
+    elif replay_from and not done.get("replayed_steps"):  # a replay that replayed nothing must not pass
+        message = (f"no step was replayed from {replay_from} (--replay-steps {replay_steps or '1:'}; "
+                   f"this run recorded {steps_text(done['steps'])})")
+        if status == 0:
             raise CommandError(message)
         click.echo(f"Error: {message}", err=True)
     sys.exit(status)

@@ -74,7 +74,7 @@ def launch(command: Sequence[str], config: RecordConfig, force: bool = False, ex
     store = canonical(config.store)
     meta = {"launcher": "tracekit record", **run_environment(list(command)),
             "record_config": {"kinds": list(config.kinds), "params": list(config.params),
-                              "ranks": sorted(config.ranks) if config.ranks is not None else None,
+                              "ranks": config.ranks.spec() if config.ranks is not None else None,
                               "every": config.every,
                               **({"full": list(config.full)} if config.full else {}),
                               **({"trace": config.trace, "trace_steps": format_step_range(config.trace_steps),
@@ -83,7 +83,7 @@ def launch(command: Sequence[str], config: RecordConfig, force: bool = False, ex
     if config.replay_from:
         from tracekit.recorders.replay import check_reference  # imports torch: only when replaying
 
-        meta.update(check_reference(config.replay_from, store), replay_steps=format_step_range(config.replay_steps))
+        meta.update(check_reference(config.replay_from, store, config.replay_steps), replay_steps=format_step_range(config.replay_steps))
     # Object stores have no file locks: there the run id alone says whose the data is.
     claim = _claim(store, force) if resolve(store).is_local else JobClaim(None, new_run_id(), None)
     try:
