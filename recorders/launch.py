@@ -34,6 +34,7 @@ from tracekit.recorders.config import DEFAULT_FLUSH_TIMEOUT, RecordConfig, forma
 from tracekit.recorders.spool import ENV_SPOOL, read_ended, spool_root, spooled_steps
 from tracekit.recorders.spool_writer import ATTRS, LOCK
 from tracekit.recorders.exits import StderrTail, worker_exits
+from tracekit.recorders.parent_death import die_with_parent
 from tracekit.recorders import progress, spool_gc
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -107,7 +108,9 @@ def _launch(command, config: RecordConfig, store: str, claim: JobClaim, env_upda
     read_fd, write_fd = os.pipe()  # the workers' exit codes are in torchrun's report on stderr
     try:
         try:
-            proc = subprocess.Popen(list(command), env=env, stderr=write_fd)
+            # The command (a torchrun agent, or a world of one's rank) gets SIGTERM if we die, even by
+            # SIGKILL: an agent then stops its workers, instead of training on with no launcher
+            proc = subprocess.Popen(list(command), env=env, stderr=write_fd, preexec_fn=die_with_parent)
         except OSError as e:  # on PATH and executable, yet not runnable (bad format, permissions)
             os.close(read_fd)
             os.close(write_fd)
