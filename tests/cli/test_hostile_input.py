@@ -97,6 +97,17 @@ def test_a_selection_matching_no_rank_fails_the_record(tmp_path):
                                                  "matched no rank of the job; see docs/ZEROCODE.md")
 
 
+@pytest.mark.parametrize("inside", ["rank_0", "rank_0/new", "fresh"])
+def test_a_store_inside_a_store_is_refused(tmp_path, inside):
+    """-o LIVE/rank_0 was accepted: the job wrote into another job's rank group (which lost rank 0,
+    and verify said OK). Any folder inside a store is refused, before anything is written."""
+    outer = tmp_path / "outer"
+    write_store(outer, _data())
+    before = sorted(p.relative_to(outer) for p in outer.rglob("*"))
+    one_line_error(cli("record", "-o", outer / inside, "--force", "--", "true"), "is inside the tracekit store", str(outer))
+    assert sorted(p.relative_to(outer) for p in outer.rglob("*")) == before
+
+
 def test_a_huge_rank_range_costs_its_two_ends():
     from tracekit.recorders.config import RecordConfig, parse_ranks
 

@@ -91,6 +91,9 @@ def _lock_files() -> tuple[str, ...]:
 
 def check_target(path: str, force: bool = False) -> None:
     """Refuse, before anything is touched, a local target that create_store would refuse."""
+    outer = enclosing_store(path)
+    if outer is not None:  # e.g. -o LIVE/rank_0: the job would write into another job's rank group
+        raise StoreError(f"{path} is inside the tracekit store {outer}; record into a folder of its own")
     if os.path.exists(path):
         if not os.path.isdir(path):
             raise StoreError(f"{path} exists and is not a directory")
@@ -103,6 +106,17 @@ def check_target(path: str, force: bool = False) -> None:
                 raise StoreError(f"{path} is a non-empty directory that is not a tracekit store; refusing to touch it")
             if not force:
                 raise StoreError(f"{path} already holds a tracekit store{_left_by(path)}; pass --force to overwrite it")
+
+
+def enclosing_store(path: str) -> str | None:
+    """The tracekit store that a local `path` lies inside (a folder above it), or None."""
+    here = os.path.abspath(path)
+    parent = os.path.dirname(here)
+    while parent != here:
+        if os.path.isfile(os.path.join(parent, "zarr.json")) and is_store(parent):
+            return parent
+        here, parent = parent, os.path.dirname(parent)
+    return None
 
 
 def _left_by(path: str) -> str:
