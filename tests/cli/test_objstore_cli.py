@@ -220,3 +220,43 @@ def test_fsdp_recorded_into_a_bucket_keeps_pieces_and_equals_the_recording_on_di
     assert checked > 20
     code, out = cli("verify", url)
     assert code == 0 and out.startswith("verify: OK"), out
+
+
+@pytest.mark.parametrize("endpoint", ["hung", "dead"])
+def test_an_unreachable_endpoint_is_one_line_within_twice_the_timeout(monkeypatch, endpoint):
+    """A hung endpoint (it accepts connections and never answers) took 181 s and printed 'damaged
+    store' with ~1 KB of Rust debug output; a dead one (nothing listens) the same dump. Now each
+    request ends at TRACEKIT_S3_TIMEOUT, retries included: one line naming the endpoint, exit 2."""
+    import socket
+    import time
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    if endpoint == "hung":
+        listener.listen(64)  # the kernel completes the connections; nobody ever reads or answers
+    else:
+        listener.close()
+    timeout_s = 2.0
+    for k, v in {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_REGION": "us-east-1",
+                 "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_EC2_METADATA_DISABLED": "true",
+                 "TRACEKIT_S3_CLIENT": "obstore", "TRACEKIT_S3_TIMEOUT": str(timeout_s)}.items():
+        monkeypatch.setenv(k, v)
+    try:
+        for args in (["show", "s3://b/x"], ["diff", "s3://b/x", "s3://b/y"]):
+            started = time.monotonic()
+            code, out = cli(*args)
+            elapsed = time.monotonic() - started
+            assert code == 2 and out.count("\n") == 1, out
+            assert out.startswith(f"Error: cannot reach http://127.0.0.1:{port}: "), out
+            assert len(out) < 400 and "Traceback" not in out, out
+            assert elapsed < 2 * timeout_s, (args, elapsed)
+    finally:
+        listener.close()
+
+
+def test_s3_timeout_must_be_a_finite_positive_duration(monkeypatch):
+    for bad in ("nan", "inf", "0", "-1", "soon"):
+        monkeypatch.setenv("TRACEKIT_S3_TIMEOUT", bad)
+        code, out = cli("show", "s3://b/x")
+        assert code == 2 and out.startswith("Error: TRACEKIT_S3_TIMEOUT=") and out.count("\n") == 1, out
