@@ -27,7 +27,7 @@ from tracekit.environment import run_environment
 from tracekit.errors import UsageError
 from tracekit.store import create_store, finalize_store
 from tracekit.store.finalize import mark_writers_outlived
-from tracekit.store.ownership import ENV_RUN_ID, JobClaim, new_run_id
+from tracekit.store.ownership import ENV_RUN_ID, JobClaim, ObjectClaim, new_run_id
 from tracekit.store.writer import check_target
 from tracekit.store.location import canonical, child_env, resolve
 from tracekit.recorders.config import DEFAULT_FLUSH_TIMEOUT, RecordConfig, format_step_range, parse_seconds
@@ -85,8 +85,9 @@ def launch(command: Sequence[str], config: RecordConfig, force: bool = False, ex
         from tracekit.recorders.replay import check_reference  # imports torch: only when replaying
 
         meta.update(check_reference(config.replay_from, store, config.replay_steps), replay_steps=format_step_range(config.replay_steps))
-    # Object stores have no file locks: there the run id alone says whose the data is.
-    claim = _claim(store, force) if resolve(store).is_local else JobClaim(None, new_run_id(), None)
+    location = resolve(store)
+    # Object stores have no file locks: there a conditional create of a claim object stands in
+    claim = _claim(store, force) if location.is_local else ObjectClaim.acquire(location)
     try:
         create_store(store, {**meta, "run_id": claim.run_id}, force=force)
         return _launch(command, config, store, claim, env_updates, flush_timeout)

@@ -260,3 +260,33 @@ def test_s3_timeout_must_be_a_finite_positive_duration(monkeypatch):
         monkeypatch.setenv("TRACEKIT_S3_TIMEOUT", bad)
         code, out = cli("show", "s3://b/x")
         assert code == 2 and out.startswith("Error: TRACEKIT_S3_TIMEOUT=") and out.count("\n") == 1, out
+
+
+def test_one_job_per_bucket_prefix_by_a_conditional_create(s3, tmp_path):
+    """Two jobs on one S3 prefix both exited 0, the second's metadata over the first's tensors. The
+    launcher's claim is now an object created only if absent (If-None-Match: *, which moto honours):
+    the second job is refused in one line, --force included; the first job's data stays, and its
+    claim goes with it, so a later job may take the store with --force."""
+    url, go = s3.url("runs/a"), tmp_path / "go"
+    record = [sys.executable, "-m", "tracekit.cli.main", "record"]
+    first = subprocess.Popen([*record, "-o", url, "--", sys.executable, TINY, "--steps", "3", "--pause-at", "2",
+                              "--pause-file", go], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert any("paused" in line for line in first.stdout), first.stderr.read()
+        run_id = open_store(url).meta["run_id"]
+        second = subprocess.run([*record, "--force", "-o", url, "--", sys.executable, TINY, "--steps", "5"],
+                                capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2, second.stderr
+        (line,) = second.stderr.strip().splitlines()
+        assert line.startswith(f"Error: {url} is claimed by another job (run {run_id}") and "--force does not" in line
+        go.touch()
+        assert first.wait(timeout=120) == 0, first.stderr.read()
+    finally:
+        first.kill()
+    store = open_store(url)
+    assert store.meta["run_id"] == run_id and store.rank(0).completed_steps == [1, 2, 3]
+    assert not [k for k in s3.objects() if "/.tracekit_job/" in k]  # released with the job
+    again = subprocess.run([*record, "--force", "-o", url, "--", sys.executable, TINY, "--steps", "2"],
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert open_store(url).rank(0).completed_steps == [1, 2]

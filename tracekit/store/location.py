@@ -262,14 +262,58 @@ class Location:
             sizes[entry.name] = _local_size(entry.path) if size is None else size
         return {p: sizes.get(p, 0) for p in prefixes}, sum(sizes.values())
 
-    def clear(self) -> None:
-        """Delete everything under the location (only ever after checking it holds a tracekit store)."""
+    def clear(self, keep: tuple[str, ...] = ()) -> None:
+        """Delete everything under the location (only ever after checking it holds a tracekit store),
+        except, for a URL store, the top-level names in `keep` (the job's claim)."""
         if self.is_local:
             import shutil
 
             shutil.rmtree(self.url)
             return
-        _sync(self, self._remote().delete_dir(""))
+        store = self._remote()
+        if not keep:
+            _sync(self, store.delete_dir(""))
+            return
+        tops = {k.split("/", 1)[0]: "/" in k for k in self.keys()}
+        for name, is_dir in sorted(tops.items()):
+            if name not in keep:
+                _sync(self, store.delete_dir(name) if is_dir else store.delete(name))
+
+    def keys(self, prefix: str = "") -> list[str]:
+        """Every object key under `prefix` (URL stores)."""
+        store = self._remote()
+
+        async def listed():
+            return [k async for k in store.list_prefix(prefix)]
+
+        return _sync(self, listed())
+
+    def put_if_absent(self, key: str, data: bytes) -> bool | None:
+        """Create the object `key` only if there is none (S3's conditional PUT, If-None-Match: *):
+        True if created, False if one exists; None where this client has no conditional write
+        (the fsspec client). URL stores only."""
+        inner = getattr(self._remote(), "store", None)
+        try:
+            import obstore
+            from obstore.exceptions import AlreadyExistsError
+            from obstore.store import S3Store
+        except ImportError:
+            return None
+        if not isinstance(inner, S3Store):
+            return None
+
+        async def put() -> bool:
+            try:
+                await obstore.put_async(inner, key, data, mode="create")
+            except AlreadyExistsError:
+                return False
+            return True
+
+        return _sync(self, put())
+
+    def delete(self, key: str) -> None:
+        """Delete the object `key` if there is one (URL stores)."""
+        _sync(self, self._remote().delete(key))
 
     def __getstate__(self):  # travels to Dask workers as URL and options, without the open store
         return {"url": self.url, "options": dict(self.options)}

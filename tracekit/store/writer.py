@@ -167,13 +167,15 @@ def create_store(path, meta: dict, force: bool = False, storage_options=None, fo
     if location.is_local:
         root = _create_local(location.path, root_meta, force)
     else:
-        if not location.is_empty():
+        # the job's claim (ownership.ObjectClaim), made just before, neither counts nor goes
+        if [k for k in location.keys() if k.split("/", 1)[0] not in _lock_files()]:
             if not is_store(location):
                 raise StoreError(f"{path} is a non-empty location that is not a tracekit store; refusing to touch it")
             if not force:
                 raise StoreError(f"{path} already holds a tracekit store; pass --force to overwrite it")
-            location.clear()
-        root = zarr.open_group(location.zarr_store(), mode="w", attributes={ROOT_KEY: root_meta})
+            location.clear(keep=_lock_files())
+        # "a", not "w": "w" deletes everything under the prefix, the job's claim object included (cleared above)
+        root = zarr.open_group(location.zarr_store(), mode="a", attributes={ROOT_KEY: root_meta})
     if format_version >= 2:
         # The object folder is declared an empty zarr array: zarr and xarray then treat it as a
         # leaf and never list (or warn about) the files inside, which are not zarr chunks.
