@@ -148,12 +148,11 @@ def _running(pid: int) -> bool:
         return False
 
 
-@pytest.mark.torchrun
-def test_killed_torchrun_agent_is_not_finalized_before_its_workers_end(tmp_path):
-    store, go = str(tmp_path / "s"), str(tmp_path / "go")
+def paused_torchrun_job(store, go, env=None):
+    """A 2-rank torchrun job recorded into `store`, returned once both ranks have stored steps 1-2
+    and wait before step 3 for the file `go`."""
     launcher = record(store, sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                      TINY, "--steps", "4", "--pause-at", "3", "--pause-file", go,
-                      env={"TRACEKIT_WRITERS_WAIT_S": "100"})
+                      TINY, "--steps", "4", "--pause-at", "3", "--pause-file", go, env=env)
 
     def both_paused():
         try:
@@ -163,6 +162,13 @@ def test_killed_torchrun_agent_is_not_finalized_before_its_workers_end(tmp_path)
             return False
 
     wait_for(both_paused, "both ranks to finish step 2")
+    return launcher
+
+
+@pytest.mark.torchrun
+def test_killed_torchrun_agent_is_not_finalized_before_its_workers_end(tmp_path):
+    store, go = str(tmp_path / "s"), str(tmp_path / "go")
+    launcher = paused_torchrun_job(store, go, env={"TRACEKIT_WRITERS_WAIT_S": "100"})
     with open(f"/proc/{launcher.pid}/task/{launcher.pid}/children") as f:
         (agent,) = [int(p) for p in f.read().split()]
     workers = [open_store(store).rank(r).attrs["pid"] for r in (0, 1)]
@@ -186,17 +192,7 @@ def test_killed_launcher_takes_the_torchrun_agent_and_its_workers_with_it(tmp_pa
     job ends, writers included; the store says its launcher died, and keeps steps 1-2 of each rank.
     Before, the agent and its workers trained on with no launcher."""
     store, go = str(tmp_path / "s"), str(tmp_path / "go")
-    launcher = record(store, sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                      TINY, "--steps", "4", "--pause-at", "3", "--pause-file", go)
-
-    def both_paused():
-        try:
-            s = open_store(store)
-            return s.ranks == [0, 1] and all(s.rank(r).completed_steps == [1, 2] for r in (0, 1))
-        except Exception:
-            return False
-
-    wait_for(both_paused, "both ranks to finish step 2")
+    launcher = paused_torchrun_job(store, go)
     with open(f"/proc/{launcher.pid}/task/{launcher.pid}/children") as f:
         (agent,) = [int(p) for p in f.read().split()]
     workers = [open_store(store).rank(r).attrs["pid"] for r in (0, 1)]
