@@ -4,14 +4,15 @@ import sys
 
 import click
 
+from tracekit.cli.show import steps_text
 from tracekit.cli.common import CommandError, one_line_errors, storage_options
 from tracekit.errors import UsageError
 from tracekit.inspect.coverage import count_phrase, from_summary, left_out_line
 from tracekit.store.kinds import TRACE_LEVELS, TRACE_TABLE
-from tracekit.recorders.config import (RECORDABLE_KINDS, DEFAULT_QUEUE_MB, DEFAULT_WRITER_NICE, RecordConfig, parse_kinds, parse_ranks,
-                                       parse_step_range)
+from tracekit.recorders.config import (RECORDABLE_KINDS, DEFAULT_FLUSH_TIMEOUT, DEFAULT_QUEUE_MB, DEFAULT_WRITER_NICE, RecordConfig, parse_kinds, parse_ranks,
+                                       parse_seconds, parse_step_range)
 from tracekit.recorders.bootstrap_env import bootstrap_env
-from tracekit.recorders.launch import DEFAULT_FLUSH_TIMEOUT, launch
+from tracekit.recorders.launch import launch
 from tracekit.recorders.priority import MAX_NICE
 
 
@@ -29,21 +30,22 @@ class _RecordCommand(click.Command):
             raise
 
 
-def _steps(steps: list[int]) -> str:
-    if not steps:
-        return "no steps"
-    span = f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else f"{steps[0]}"
-    return f"steps {span}" + ("" if len(steps) == steps[-1] - steps[0] + 1 else f" ({len(steps)} steps)")
-
-
 def summary_line(done: dict, status: int) -> str:
     """One line: what the store holds and how the run ended."""
     from tracekit.cli.show import human_bytes
 
     ranks = ", ".join(f"{n} {s}" for s, n in sorted(done["statuses"].items())) or "none"
-    return (f"tracekit record: {done['ranks']} rank(s), {_steps(done['steps'])}, "
+    return (f"tracekit record: {done['ranks']} rank(s), {steps_text(done['steps'])}, "
             f"kinds {', '.join(done['kinds']) or 'none'}, {_coverage(done)}{human_bytes(done['bytes'])} in {done['store']}; "
-            f"ranks: {ranks}; exit status {status}")
+            f"ranks: {ranks}{_unwritten(done.get('unwritten') or {})}; exit status {status}")
+
+
+def _unwritten(unwritten: dict) -> str:
+    """'; unwritten: rank 1 steps 3-8 (why)' for the ranks whose writer did not store every step."""
+    if not unwritten:
+        return ""
+    return "; unwritten: " + ", ".join(f"rank {r} {steps_text(u['steps'])}" + (f" ({u['cause']})" if u.get("cause") else "")
+                                       for r, u in sorted(unwritten.items()))
 
 
 def _coverage(done: dict) -> str:
@@ -79,10 +81,9 @@ def left_out_lines(done: dict) -> list[str]:
               help="Nice value of each rank's writer process while the rank trains: at 19 the kernel runs it mostly on cores "
                    "the training leaves idle, and the queue cap bounds what waits meanwhile; 0 runs it beside "
                    "the ranks. Back to the starting value (where permitted) once the rank is done.")
-@click.option("--flush-timeout", default=DEFAULT_FLUSH_TIMEOUT, show_default=True, type=click.FloatRange(min=0),
-              metavar="SECONDS",
-              help="After a signal (or the command's end), wait at most this long for the ranks' writers to store "
-                   "their spooled steps; then stop them. See docs/RELIABILITY.md.")
+@click.option("--flush-timeout", default=str(DEFAULT_FLUSH_TIMEOUT), show_default=True, metavar="SECONDS",
+              help="Once a rank's training ends (or after a signal), wait at most this long for its writer process "
+                   "to store its spooled steps; then stop it, listing what it did not store. See docs/RELIABILITY.md.")
 @click.option("--replay-from", "replay_from", default=None, metavar="REF", type=click.Path(),
               help="Replay: start each step from REF's recorded state (parameters, and optimizer state if REF has it), "
                    "so each step's error is its own. See docs/REPLAY.md.")
@@ -123,7 +124,8 @@ def record(store, force, kinds, param_globs, full, ranks, every, queue_mb, write
     variables. The exit status is the command's; the store then records the end time, the exit
     status and which steps each rank completed (a crashed rank keeps its completed steps readable).
     """
-    config = RecordConfig(store=store, kinds=parse_kinds(kinds), params=tuple(param_globs),
+    flush_timeout = parse_seconds(flush_timeout)  # nan, inf and negatives refused: every wait ends
+    config = RecordConfig(store=store, flush_timeout=flush_timeout, kinds=parse_kinds(kinds), params=tuple(param_globs),
                           ranks=parse_ranks(ranks), every=every, queue_mb=queue_mb, writer_nice=writer_nice,
                           replay_from=replay_from, replay_steps=parse_step_range(replay_steps),
                           trace=trace, trace_steps=parse_step_range(trace_steps or "1"), trace_full=tuple(trace_full), full=tuple(full))
@@ -147,9 +149,17 @@ def record(store, force, kinds, param_globs, full, ranks, every, queue_mb, write
     if not done["steps"]:
         why = (f"--ranks {ranks} matched no rank of the job" if config.ranks is not None and not done["ranks"] else
                "no rank started recording (did the command run a training script?)" if not done["ranks"] else
+               "the ranks' writer processes stored none of the steps the ranks completed (unwritten, above)"
+               if done.get("unwritten") else
                "no rank completed a step (steps are recorded when the training optimizer steps)")
         message = f"nothing was recorded in {store}: {why}; see docs/ZEROCODE.md"
         if status == 0:  # a run that "succeeded" with an empty store must not pass in CI
+            raise CommandError(message)
+        click.echo(f"Error: {message}", err=True)
+    elif replay_from and not done.get("replayed_steps"):  # a replay that replayed nothing must not pass
+        message = (f"no step was replayed from {replay_from} (--replay-steps {replay_steps or '1:'}; "
+                   f"this run recorded {steps_text(done['steps'])})")
+        if status == 0:
             raise CommandError(message)
         click.echo(f"Error: {message}", err=True)
     sys.exit(status)

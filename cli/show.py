@@ -44,6 +44,13 @@ def _run_lines(run: dict, skip=()) -> list[str]:
     return lines
 
 
+def steps_text(steps: list[int]) -> str:
+    if not steps:
+        return "no steps"
+    span = f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else f"{steps[0]}"
+    return f"steps {span}" + ("" if len(steps) == steps[-1] - steps[0] + 1 else f" ({len(steps)} steps)")
+
+
 def _steps(first, last, n) -> str:
     if not n:
         return "none"
@@ -75,6 +82,13 @@ def _rank_lines(ranks: list[dict]) -> tuple[str, list[str]]:
                "listed as completed hold no data (not counted above; see tracekit verify)"
                for r in ranks if r.get("completed_without_data")]
     return common, _table(header, rows) + causes
+
+
+def _unwritten_lines(ranks: list[dict]) -> list[str]:
+    """One line per rank that completed steps its writer process did not store, with the cause."""
+    return [f"  rank {r['rank']} unwritten: {steps_text(r['unwritten_steps'])}"
+            + (f" ({r['unwritten_cause']})" if r.get("unwritten_cause") else "")
+            for r in ranks if r.get("unwritten_steps")]
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -171,6 +185,7 @@ def render(summary: dict) -> str:
              "", f"ranks ({summary['world_size']}{'; ' + common if common else ''}):", *rank_table,
              *[f"  rank {r}: listed when the store was finalized, but its group rank_{r}/ is missing "
                "(damaged store; see tracekit verify)" for r in summary.get("missing_ranks", [])],
+             *_unwritten_lines(summary["ranks"]),
              "", "kinds:", *_kind_lines(summary["kinds"])]
     return terminal_safe("\n".join(lines))
 

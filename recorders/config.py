@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field, replace
 
@@ -25,10 +26,24 @@ ENV_TRACE = "TRACEKIT_TRACE"
 ENV_TRACE_STEPS = "TRACEKIT_TRACE_STEPS"
 ENV_TRACE_FULL = "TRACEKIT_TRACE_FULL"
 ENV_FULL = "TRACEKIT_FULL"  # --full patterns, one a line
+ENV_FLUSH_TIMEOUT = "TRACEKIT_FLUSH_TIMEOUT"  # seconds a rank waits for its writer once training ends
 
 RECORDABLE_KINDS = KINDS  # every registered kind
 DEFAULT_QUEUE_MB = 1024
 DEFAULT_WRITER_NICE = MAX_NICE  # the writer yields the cores to training (recorders/priority.py)
+DEFAULT_FLUSH_TIMEOUT = 60.0
+
+
+def parse_seconds(spec, what: str = "--flush-timeout") -> float:
+    """A duration in seconds: finite and not negative. nan would compare false with every bound
+    (a wait that never ends), inf is no bound at all."""
+    try:
+        value = float(spec)
+    except (TypeError, ValueError):
+        raise UsageError(f"{what} {spec!r}: expected a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise UsageError(f"{what} {spec!r}: expected a finite number of seconds, 0 or more")
+    return value
 
 
 def parse_kinds(spec: str | None) -> tuple[str, ...]:
@@ -47,6 +62,8 @@ def parse_kinds(spec: str | None) -> tuple[str, ...]:
                 kinds.append(name)
             elif s[0] == "-" and name in kinds:
                 kinds.remove(name)
+        if not kinds:  # recording nothing would look like recording everything's defaults failed
+            raise UsageError(f"kinds {spec!r}: leaves no kind to record; known kinds: {', '.join(RECORDABLE_KINDS)}")
         return tuple(kinds)
     if any(s[0] in "+-" for s in items):
         raise UsageError(f"kinds {spec!r}: either list kinds or edit the defaults with +/-, not both")
@@ -60,11 +77,52 @@ def _check_kind(name: str) -> None:
         raise UsageError(f"unknown kind {name!r}; known kinds: {', '.join(RECORDABLE_KINDS)}")
 
 
-def parse_ranks(spec: str | None) -> frozenset[int] | None:
-    """'0,2-3' -> {0, 2, 3}; empty -> None (all ranks). Ranges go up (3-1 is refused, not empty)."""
+class RankSet:
+    """A set of ranks kept as its ranges, so --ranks 0-99999999999999 costs two numbers, not 10^14."""
+
+    def __init__(self, ranges):
+        merged: list[list[int]] = []
+        for lo, hi in sorted(ranges):
+            if merged and lo <= merged[-1][1] + 1:
+                merged[-1][1] = max(merged[-1][1], hi)
+            else:
+                merged.append([lo, hi])
+        self.ranges = tuple((lo, hi) for lo, hi in merged)
+
+    @classmethod
+    def of(cls, ranks) -> "RankSet":
+        """From a RankSet or any collection of rank numbers."""
+        return ranks if isinstance(ranks, RankSet) else cls((r, r) for r in ranks)
+
+    def __contains__(self, rank) -> bool:
+        return any(lo <= rank <= hi for lo, hi in self.ranges)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, RankSet) and self.ranges == other.ranges
+
+    def __hash__(self) -> int:
+        return hash(self.ranges)
+
+    def spec(self) -> str:
+        """'0,2-3': what parse_ranks reads back."""
+        return ",".join(str(lo) if lo == hi else f"{lo}-{hi}" for lo, hi in self.ranges)
+
+    def from_rank(self, first: int) -> "RankSet":
+        """The ranks from `first` on (those outside a world of `first` ranks)."""
+        return RankSet((max(lo, first), hi) for lo, hi in self.ranges if hi >= first)
+
+    def __bool__(self) -> bool:
+        return bool(self.ranges)
+
+    def __repr__(self) -> str:
+        return f"RankSet({self.spec()!r})"
+
+
+def parse_ranks(spec: str | None) -> RankSet | None:
+    """'0,2-3' -> ranks {0, 2, 3}; empty -> None (all ranks). Ranges go up (3-1 is refused, not empty)."""
     if spec is None or spec == "":
         return None
-    ranks: set[int] = set()
+    ranges = []
     for part in spec.split(","):
         part = part.strip()
         lo, sep, hi = part.partition("-")
@@ -73,8 +131,8 @@ def parse_ranks(spec: str | None) -> frozenset[int] | None:
         first, last = int(lo), int(hi) if sep else int(lo)
         if last < first:
             raise UsageError(f"ranks {spec!r}: range {part} goes down; write {last}-{first}")
-        ranks.update(range(first, last + 1))
-    return frozenset(ranks)
+        ranges.append((first, last))
+    return RankSet(ranges)
 
 
 def parse_step_range(spec: str | None) -> tuple[int, int | None]:
@@ -109,7 +167,7 @@ class RecordConfig:
     store: str | None = None  # None: recording is off and the recorder is a pass-through
     kinds: tuple[str, ...] = DEFAULT_KINDS
     params: tuple[str, ...] = ()  # fnmatch globs over parameter names; empty: all
-    ranks: frozenset[int] | None = None  # None: every rank writes
+    ranks: RankSet | None = None  # None: every rank writes (any collection of ranks is taken)
     every: int = 1  # record steps k, 2k, 3k, ... (the initial parameters always)
     queue_mb: int = DEFAULT_QUEUE_MB  # cap on sealed steps spooled for the rank's writer process
     writer_nice: int = DEFAULT_WRITER_NICE  # the writer process's nice value while the rank trains, 0-19
@@ -122,6 +180,8 @@ class RecordConfig:
     # tensors that keep their bytes: GLOB or KIND:GLOB (tracekit/store/keep.py); empty: all of them.
     # The others keep only their summary and hash (format 2 stores).
     full: tuple[str, ...] = ()
+    # how long a rank waits, once its training ended, for its writer process to store what is spooled
+    flush_timeout: float = DEFAULT_FLUSH_TIMEOUT
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -132,6 +192,9 @@ class RecordConfig:
         if not 0 <= self.writer_nice <= MAX_NICE:
             raise UsageError(f"writer nice value must be 0 to {MAX_NICE}, got {self.writer_nice}")
         object.__setattr__(self, "full", parse_full(self.full))  # checked, commas split, once
+        if self.ranks is not None:
+            object.__setattr__(self, "ranks", RankSet.of(self.ranks))
+        object.__setattr__(self, "flush_timeout", parse_seconds(self.flush_timeout))
 
     @classmethod
     def from_env(cls, environ=None) -> "RecordConfig":
@@ -157,17 +220,18 @@ class RecordConfig:
             trace_steps=parse_step_range(env.get(ENV_TRACE_STEPS) or "1"),
             trace_full=tuple(g for g in env.get(ENV_TRACE_FULL, "").split("\n") if g),
             full=tuple(g for g in env.get(ENV_FULL, "").split("\n") if g),
+            flush_timeout=parse_seconds(env.get(ENV_FLUSH_TIMEOUT, DEFAULT_FLUSH_TIMEOUT), ENV_FLUSH_TIMEOUT),
         )
 
     def to_env(self) -> dict[str, str]:
         env = {ENV_KINDS: ",".join(self.kinds), ENV_EVERY: str(self.every), ENV_QUEUE_MB: str(self.queue_mb),
-               ENV_WRITER_NICE: str(self.writer_nice)}
+               ENV_WRITER_NICE: str(self.writer_nice), ENV_FLUSH_TIMEOUT: repr(self.flush_timeout)}
         if self.store:
             env[ENV_STORE] = canonical(self.store)
         if self.params:
             env[ENV_PARAMS] = ",".join(self.params)
         if self.ranks is not None:
-            env[ENV_RANKS] = ",".join(str(r) for r in sorted(self.ranks))
+            env[ENV_RANKS] = self.ranks.spec()
         if self.run_id:
             env[ENV_RUN_ID] = self.run_id
         if self.replay_from:

@@ -20,13 +20,14 @@ import select
 import shutil
 import subprocess
 import sys
+import time
 
 import numpy as np
 
 import tracekit
 from tracekit.errors import TracekitError
 from tracekit.recorders import spool_gc
-from tracekit.recorders.spool import ENV_SPOOL, PART, PROV, STEP, TRACE_EVENTS, TRACE_EVENTS_MARSHAL, entry_name, spool_root, write_entry
+from tracekit.recorders.spool import ENV_SPOOL, PART, PROV, STEP, TRACE_EVENTS, TRACE_EVENTS_MARSHAL, entry_name, note_ended, spool_root, write_entry
 from tracekit.recorders.spool_writer import ATTRS, LOCK
 from tracekit.store import TensorData
 from tracekit.store.location import canonical, child_env
@@ -142,6 +143,7 @@ class Handoff:
         self._error: str | None = None
         self._eof = False
         self._close_sent = False
+        self._ended_at = 0.0  # when the rank's training ended (send_close), monotonic
         self._buf = b""
         self.peak_pending = 0  # most bytes of sealed entries waiting at once
         self.peak_spooled = 0  # most bytes in the spool at once, the open step's capture included
@@ -165,10 +167,11 @@ class Handoff:
         self._in, self._out = self._proc.stdin, self._proc.stdout.fileno()
         self._ready = False  # checked at the first hand-off: the writer starts while the step trains
 
-    def _wait_ready(self) -> None:
+    def _wait_ready(self, until: float | None = None, timeout: float | None = None) -> None:
         if self._ready:
             return
-        self._read_until(lambda line: line == "ready")
+        if not self._read_until(lambda line: line == "ready", until) and not self._eof:
+            raise WriterFailed(self._gave_up(timeout))  # `until` passed: a stopped or hung writer
         if self._error is not None or self._eof:
             self._proc.wait()
             shutil.rmtree(self.spool, ignore_errors=True)
@@ -186,10 +189,17 @@ class Handoff:
         elif cmd == "error" and self._error is None:
             self._error = rest
 
-    def _read(self, block: bool) -> list[str]:
+    def _read(self, block: bool, until: float | None = None) -> list[str]:
+        """The writer's lines read now; with block, wait for one (until the monotonic time `until`, if given)."""
         if self._eof:
             return []
-        if not block and not select.select([self._out], [], [], 0)[0]:
+        if not block:
+            wait = 0.0
+        elif until is not None:
+            wait = max(0.0, until - time.monotonic())
+        else:
+            wait = None  # no bound: os.read blocks below
+        if wait is not None and not select.select([self._out], [], [], wait)[0]:
             return []
         data = os.read(self._out, 1 << 16)
         if not data:
@@ -201,10 +211,14 @@ class Handoff:
             self._handle(line)
         return lines
 
-    def _read_until(self, done) -> None:
+    def _read_until(self, done, until: float | None = None) -> bool:
+        """Read until a line satisfies done(): True; False at EOF or at the monotonic time `until`."""
         while not self._eof:
-            if any(done(line) for line in self._read(block=True)):
-                return
+            if any(done(line) for line in self._read(block=True, until=until)):
+                return True
+            if until is not None and time.monotonic() >= until:
+                return False
+        return False
 
     def _poll(self) -> None:
         self._wait_ready()
@@ -377,6 +391,8 @@ class Handoff:
         """Tell the writer how the rank ends; it writes what is spooled, then the status. Idempotent."""
         if self._close_sent:
             return
+        self._ended_at = time.monotonic()
+        note_ended(self.spool, status, (attrs or {}).get("cause"))  # for the launcher, should the writer not answer
         # Marked sent only once written: a signal handler that runs before the write (its abandon()
         # calls here too) sends its own word instead of finding it done; one that runs after finds
         # it done. Handlers run between bytecodes, and a line shorter than the pipe's buffer is
@@ -387,14 +403,18 @@ class Handoff:
             pass
         self._close_sent = True
 
-    def close(self, status: str, attrs: dict | None = None, wait: bool = True) -> None:
-        """End the hand-off. wait=False (a signal is killing us): the writer finishes on its own."""
+    def close(self, status: str, attrs: dict | None = None, wait: bool = True, timeout: float | None = None) -> None:
+        """End the hand-off. wait=False (a signal is killing us): the writer finishes on its own.
+        timeout: wait at most this many seconds for the writer to store everything (--flush-timeout,
+        counted from here, the end of the rank's training); past it, leave the writer to finish on
+        its own or be stopped by `tracekit record` (a stopped or hung writer must not hang the rank)."""
         self.send_close(status, attrs)
+        until = None if timeout is None else self._ended_at + timeout
         if not wait:
             return
-        if not self._ready:
-            self._wait_ready()
-        self._read_until(lambda line: line == "closed")
+        self._wait_ready(until, timeout)
+        if not self._read_until(lambda line: line == "closed", until) and not self._eof:
+            raise WriterFailed(self._gave_up(timeout))
         try:
             self._in.close()
         except OSError:
@@ -405,6 +425,11 @@ class Handoff:
             raise WriterFailed(f"recording failed in the writer process: {self._error}")
         if self._proc.returncode != 0:
             raise WriterFailed(f"the writer process exited with status {self._proc.returncode}")
+
+    def _gave_up(self, timeout: float) -> str:
+        return (f"the writer process (pid {self._proc.pid}) did not store this rank's spooled steps within "
+                f"--flush-timeout {timeout:g} s of the end of training; the rank ends without waiting for it "
+                "(tracekit record stops it and lists the steps it did not store)")
 
     def _drop_slabs(self) -> None:
         """Unmap every slab (the writer process removed the spool folder, and their files with it)."""

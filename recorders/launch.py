@@ -12,7 +12,9 @@ in hand; the steps they did not write are listed in their rank's `unwritten_step
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
+import json
 import os
 import shutil
 import signal
@@ -25,18 +27,18 @@ from tracekit.environment import run_environment
 from tracekit.errors import UsageError
 from tracekit.store import create_store, finalize_store
 from tracekit.store.finalize import mark_writers_outlived
-from tracekit.store.ownership import ENV_RUN_ID, JobClaim, new_run_id
+from tracekit.store.ownership import ENV_RUN_ID, JobClaim, ObjectClaim, new_run_id
 from tracekit.store.writer import check_target
 from tracekit.store.location import canonical, child_env, resolve
-from tracekit.recorders.config import RecordConfig, format_step_range
-from tracekit.recorders.spool import ENV_SPOOL, spool_root
-from tracekit.recorders.spool_writer import LOCK
+from tracekit.recorders.config import DEFAULT_FLUSH_TIMEOUT, RecordConfig, format_step_range, parse_seconds
+from tracekit.recorders.spool import ENV_SPOOL, read_ended, spool_root, spooled_steps
+from tracekit.recorders.spool_writer import ATTRS, LOCK
 from tracekit.recorders.exits import StderrTail, worker_exits
+from tracekit.recorders.parent_death import die_with_parent
 from tracekit.recorders import progress, spool_gc
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)  # start the flush clock
-DEFAULT_FLUSH_TIMEOUT = 60.0
 
 
 def _claim(store: str, force: bool) -> JobClaim:
@@ -68,10 +70,12 @@ def launch(command: Sequence[str], config: RecordConfig, force: bool = False, ex
         raise UsageError("no command to record; put it after --, e.g. tracekit record -o runs/ref -- torchrun ... train.py")
     if shutil.which(command[0]) is None:
         raise UsageError(f"command not found: {command[0]}")
+    flush_timeout = parse_seconds(flush_timeout)
+    config = dataclasses.replace(config, flush_timeout=flush_timeout)  # the ranks bound their exit wait by it too
     store = canonical(config.store)
     meta = {"launcher": "tracekit record", **run_environment(list(command)),
             "record_config": {"kinds": list(config.kinds), "params": list(config.params),
-                              "ranks": sorted(config.ranks) if config.ranks is not None else None,
+                              "ranks": config.ranks.spec() if config.ranks is not None else None,
                               "every": config.every,
                               **({"full": list(config.full)} if config.full else {}),
                               **({"trace": config.trace, "trace_steps": format_step_range(config.trace_steps),
@@ -80,9 +84,10 @@ def launch(command: Sequence[str], config: RecordConfig, force: bool = False, ex
     if config.replay_from:
         from tracekit.recorders.replay import check_reference  # imports torch: only when replaying
 
-        meta.update(check_reference(config.replay_from, store), replay_steps=format_step_range(config.replay_steps))
-    # Object stores have no file locks: there the run id alone says whose the data is.
-    claim = _claim(store, force) if resolve(store).is_local else JobClaim(None, new_run_id(), None)
+        meta.update(check_reference(config.replay_from, store, config.replay_steps), replay_steps=format_step_range(config.replay_steps))
+    location = resolve(store)
+    # Object stores have no file locks: there a conditional create of a claim object stands in
+    claim = _claim(store, force) if location.is_local else ObjectClaim.acquire(location)
     try:
         create_store(store, {**meta, "run_id": claim.run_id}, force=force)
         return _launch(command, config, store, claim, env_updates, flush_timeout)
@@ -104,7 +109,9 @@ def _launch(command, config: RecordConfig, store: str, claim: JobClaim, env_upda
     read_fd, write_fd = os.pipe()  # the workers' exit codes are in torchrun's report on stderr
     try:
         try:
-            proc = subprocess.Popen(list(command), env=env, stderr=write_fd)
+            # The command (a torchrun agent, or a world of one's rank) gets SIGTERM if we die, even by
+            # SIGKILL: an agent then stops its workers, instead of training on with no launcher
+            proc = subprocess.Popen(list(command), env=env, stderr=write_fd, preexec_fn=die_with_parent)
         except OSError as e:  # on PATH and executable, yet not runnable (bad format, permissions)
             os.close(read_fd)
             os.close(write_fd)
@@ -128,7 +135,7 @@ def _launch(command, config: RecordConfig, store: str, claim: JobClaim, env_upda
             if not deadline:
                 deadline.append(time.monotonic() + flush_timeout)
             progress.command_ended(spools, rc if rc >= 0 else 128 - rc, max(0.0, deadline[0] - time.monotonic()))
-            wait_for_writers(spools, deadline[0])
+            losses = wait_for_writers(spools, deadline[0], flush_timeout)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -142,7 +149,7 @@ def _launch(command, config: RecordConfig, store: str, claim: JobClaim, env_upda
             return status
         progress.finalizing(store)
         try:
-            finalize_store(store, status, worker_exits(tail.text()) if rc != 0 else {})
+            finalize_store(store, status, worker_exits(tail.text()) if rc != 0 else {}, losses)
         except OSError as e:  # a full or failing disk: the ranks' completed steps stay readable
             print(f"tracekit: cannot finalize {store}: {e.strerror or e}; the steps the ranks wrote stay "
                   "readable (readers report the store as 'launcher died')", file=sys.stderr, flush=True)
@@ -172,36 +179,76 @@ def _wait(proc: subprocess.Popen, deadline: list[float], on_poll=lambda: None) -
 
 
 # A writer stopped at --flush-timeout finishes the step in hand, then exits; one that has not within
-# STOP_GRACE_S (stuck on a hung filesystem, a bug) is killed, and one that outlives SIGKILL by
-# KILL_WAIT_S (asleep in the kernel) is left behind: `tracekit record` never waits without end.
+# its grace (the flush timeout, at least MIN_GRACE_S and at most STOP_GRACE_S: stopped, stuck on a hung
+# filesystem, a bug) is killed, and one that outlives SIGKILL by KILL_WAIT_S (asleep in the kernel) is
+# left behind: `tracekit record` never waits without end.
 STOP_GRACE_S = 30.0
+MIN_GRACE_S = 5.0
 KILL_WAIT_S = 5.0
+KILLED_CAUSE = "its writer process did not stop within {grace:g} s of --flush-timeout and was killed"
+LEFT_CAUSE = "its writer process outlived SIGKILL at --flush-timeout (stuck in the kernel?)"
 
 
-def wait_for_writers(spools: str, deadline: float) -> None:
-    """Wait until every rank's writer process has finished (each holds a lock for its life); at the
-    deadline, stop the ones still writing (SIGTERM: they finish the step in hand, list the rest),
-    and kill those that do not stop."""
+def wait_for_writers(spools: str, deadline: float, flush_timeout: float | None = None) -> dict[int, dict]:
+    """Wait until every rank's writer process has finished (each holds a lock for its life); stop
+    the ones still writing at their deadline (SIGTERM: they finish the step in hand, list the rest),
+    and kill those that do not stop. A writer's deadline is `deadline`, or sooner, flush_timeout
+    after its rank's training ended (the rank's note in its spool), whether or not the writer answers.
+
+    Returns, per rank whose writer had to be killed, what finalize_store records for it: the steps
+    left in its spool (`unwritten_steps`), why (`unwritten_cause`), and the rank's own word on how
+    it ended (`status`, `cause`), which the killed writer never stored."""
     try:
         folders = [os.path.join(spools, d) for d in os.listdir(spools) if d != spool_gc.LAUNCHER_LOCK]
     except OSError:
-        return
+        return {}
+    grace = min(STOP_GRACE_S, max(MIN_GRACE_S, flush_timeout if flush_timeout is not None else STOP_GRACE_S))
+    losses: dict[int, dict] = {}
     for folder in folders:
         lock = os.path.join(folder, LOCK)
-        if _wait_lock(lock, deadline):
+        if _wait_lock(lock, _deadline_of(folder, deadline, flush_timeout)):
             continue
         pid = _writer_pid(lock)
-        print(f"tracekit: a writer process is still writing at --flush-timeout; stopping it "
+        print("tracekit: a writer process is still writing at --flush-timeout; stopping it "
               "(its unwritten steps are listed in the store)", file=sys.stderr, flush=True)
         if pid is None or not _signal(pid, signal.SIGTERM):
             continue
-        if _wait_lock(lock, time.monotonic() + STOP_GRACE_S):
+        if _wait_lock(lock, time.monotonic() + grace):
             continue
-        print(f"tracekit: writer process {pid} did not stop within {STOP_GRACE_S:g} s; killing it (the step it "
-              "was writing is lost)", file=sys.stderr, flush=True)
+        print(f"tracekit: writer process {pid} did not stop within {grace:g} s; killing it (the steps it had "
+              "not stored are listed in the store as unwritten)", file=sys.stderr, flush=True)
+        cause = KILLED_CAUSE.format(grace=grace)
         if _signal(pid, signal.SIGKILL) and not _wait_lock(lock, time.monotonic() + KILL_WAIT_S):
             print(f"tracekit: writer process {pid} outlived SIGKILL (stuck in the kernel?); going on without it",
                   file=sys.stderr, flush=True)
+            cause = LEFT_CAUSE
+        loss = _loss(folder, cause)
+        if loss is not None:
+            losses[loss[0]] = loss[1]
+    return losses
+
+
+def _deadline_of(folder: str, deadline: float, flush_timeout: float | None) -> float:
+    """`deadline`, or flush_timeout after the rank's training ended if that is sooner (monotonic)."""
+    ended = read_ended(folder)
+    if ended is None or flush_timeout is None:
+        return deadline
+    return min(deadline, time.monotonic() + (ended["time"] + flush_timeout - time.time()))
+
+
+def _loss(folder: str, cause: str) -> tuple[int, dict] | None:
+    """(rank, what its killed writer left unstored) from its spool folder; None if the folder says
+    nothing readable (no rank number)."""
+    try:
+        with open(os.path.join(folder, ATTRS)) as f:
+            rank = json.load(f)["coords"]["rank"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    if not isinstance(rank, int):
+        return None
+    ended = read_ended(folder) or {}
+    return rank, {"unwritten_steps": spooled_steps(folder), "unwritten_cause": cause,
+                  "status": ended.get("status"), "cause": ended.get("cause")}
 
 
 def _signal(pid: int, sig: int) -> bool:

@@ -204,9 +204,9 @@ class Recorder:
         # assembles them (format 2); all ranks decide alike, so gathers elsewhere still match up.
         self._pieces = self.config.ranks is None and holds_pieces(self.config.store)
         if self.config.ranks is not None and self.coords["rank"] == 0:
-            outside = sorted(r for r in self.config.ranks if r >= self.coords["world_size"])
+            outside = self.config.ranks.from_rank(self.coords["world_size"])
             if outside:
-                print(f"tracekit: warning: --ranks names rank(s) {', '.join(map(str, outside))}, outside this "
+                print(f"tracekit: warning: --ranks names rank(s) {outside.spec().replace(',', ', ')}, outside this "
                       f"{self.coords['world_size']}-rank job", file=sys.stderr, flush=True)
         if self.config.replay_from:
             self._replay = Replay.open(self.config, self.coords["rank"], self._params, lambda: self.optimizer)
@@ -363,7 +363,7 @@ class Recorder:
         self._hooks.clear()
         try:
             if self._handoff is not None:
-                self._handoff.close(status, wait=wait)
+                self._handoff.close(status, wait=wait, timeout=self.config.flush_timeout)
         except TracekitError as e:
             print(f"tracekit: {e}", file=sys.stderr)
         finally:

@@ -35,6 +35,7 @@ import mmap
 import os
 import struct
 import tempfile
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -247,3 +248,61 @@ def read_entry(path: str, populate: bool = True) -> Entry:
             except BufferError:  # views still alive; the map goes with them
                 pass
         raise
+
+
+def entries(folder: str, final: bool) -> list[tuple[int, str]]:
+    """The entries to store now, in order: sealed ones; at the end (final), the open step's capture too."""
+    suffixes = (STEP, PROV) if final else (STEP,)
+    found = []
+    for name in os.listdir(folder):
+        seq = entry_seq(name)
+        if seq is not None and name.endswith(suffixes):
+            found.append((seq, name))
+    return sorted(found)
+
+
+def spooled_steps(folder: str) -> list[int]:
+    """The steps of the entries still in a spool folder (a writer stopped before storing them),
+    read from their headers; entries unreadable or gone meanwhile are skipped."""
+    steps = []
+    try:
+        names = entries(folder, final=True)
+    except OSError:
+        return []
+    for _, name in names:
+        try:
+            entry = read_entry(os.path.join(folder, name), populate=False)  # the step number only
+        except (OSError, ValueError):
+            continue
+        steps.append(entry.step)
+        entry.close()
+    return sorted(set(steps))
+
+
+# The rank's own word on how it ended, written into its spool folder when its training ends (before
+# it tells its writer process): `tracekit record` reads it when that writer never answered, to keep
+# the rank's status and to time --flush-timeout from the end of the rank's training.
+ENDED = "ended.json"
+
+
+def note_ended(folder: str, status: str, cause: str | None) -> None:
+    tmp = os.path.join(folder, ENDED + ".tmp")
+    try:
+        with open(tmp, "w") as f:
+            json.dump({"status": status, "cause": cause, "time": time.time()}, f)
+        os.rename(tmp, os.path.join(folder, ENDED))
+    except OSError:  # the folder is gone (the writer ended): nobody needs the note
+        pass
+
+
+def read_ended(folder: str) -> dict | None:
+    """{"status", "cause", "time"} as the rank wrote them, or None (it never ended its training)."""
+    try:
+        with open(os.path.join(folder, ENDED)) as f:
+            doc = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if not (isinstance(doc, dict) and isinstance(doc.get("status"), str)
+            and isinstance(doc.get("time"), (int, float)) and doc["time"] == doc["time"]):
+        return None
+    return doc

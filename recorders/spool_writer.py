@@ -33,7 +33,7 @@ import time
 
 from tracekit.errors import TracekitError
 from tracekit.recorders import priority
-from tracekit.recorders.spool import PROV, STEP, TRACE_EVENTS, TRACE_EVENTS_MARSHAL, entry_seq, read_entry
+from tracekit.recorders.spool import TRACE_EVENTS, TRACE_EVENTS_MARSHAL, entries, read_entry, spooled_steps
 from tracekit.store import RankWriter
 from tracekit.store.ownership import ENV_RUN_ID
 from tracekit.store.traces import TraceWriter
@@ -41,6 +41,7 @@ from tracekit.store.traces import TraceWriter
 LOCK = "writer.lock"  # held for the writer's life: `tracekit record` waits on it before finalizing
 ATTRS = "attrs.json"  # the rank group's attributes, written by the rank before it starts us
 ENV_WRITE_MBPS = "TRACEKIT_WRITE_MBPS"  # cap the write rate (a shared filesystem; slow-disk tests)
+STOPPED_CAUSE = "its writer process was stopped at --flush-timeout"
 
 
 class _Writer:
@@ -117,14 +118,7 @@ class _Writer:
 
     # ---- the spool -----------------------------------------------------------------------------
     def _entries(self, final: bool) -> list[tuple[int, str]]:
-        """Entries to write now, in order: sealed ones; at the end, the open step's capture too."""
-        suffixes = (STEP, PROV) if final else (STEP,)
-        found = []
-        for name in os.listdir(self.spool):
-            seq = entry_seq(name)
-            if seq is not None and name.endswith(suffixes):
-                found.append((seq, name))
-        return sorted(found)
+        return entries(self.spool, final)
 
     def _write(self, seq: int, name: str) -> None:
         path = os.path.join(self.spool, name)
@@ -154,17 +148,6 @@ class _Writer:
                 time.sleep(max(0.0, min(0.05, until - time.monotonic())))  # the clock moved on since the test
         self.say(f"done {seq}")
 
-    def _unwritten_steps(self, final: bool) -> list[int]:
-        steps = []
-        for _, name in self._entries(final):
-            try:
-                entry = read_entry(os.path.join(self.spool, name), populate=False)  # the step number only
-            except (OSError, ValueError):
-                continue
-            steps.append(entry.step)
-            entry.close()
-        return steps
-
     def run(self) -> int:
         self.say("ready")
         while True:
@@ -190,7 +173,7 @@ class _Writer:
         while self.closing is None and self._wait_for_rank(block=False):
             pass  # stopped mid-drain: the rank's last words may still be unread
         if self.stopped:
-            self.writer.update_attrs(unwritten_steps=self._unwritten_steps(True))
+            self.writer.update_attrs(unwritten_steps=spooled_steps(self.spool), unwritten_cause=STOPPED_CAUSE)
         if self.closing is not None:
             status, attrs = self.closing
             cause = attrs.pop("cause", None)

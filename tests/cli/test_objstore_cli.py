@@ -220,3 +220,73 @@ def test_fsdp_recorded_into_a_bucket_keeps_pieces_and_equals_the_recording_on_di
     assert checked > 20
     code, out = cli("verify", url)
     assert code == 0 and out.startswith("verify: OK"), out
+
+
+@pytest.mark.parametrize("endpoint", ["hung", "dead"])
+def test_an_unreachable_endpoint_is_one_line_within_twice_the_timeout(monkeypatch, endpoint):
+    """A hung endpoint (it accepts connections and never answers) took 181 s and printed 'damaged
+    store' with ~1 KB of Rust debug output; a dead one (nothing listens) the same dump. Now each
+    request ends at TRACEKIT_S3_TIMEOUT, retries included: one line naming the endpoint, exit 2."""
+    import socket
+    import time
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    if endpoint == "hung":
+        listener.listen(64)  # the kernel completes the connections; nobody ever reads or answers
+    else:
+        listener.close()
+    timeout_s = 2.0
+    for k, v in {"AWS_ACCESS_KEY_ID": "k", "AWS_SECRET_ACCESS_KEY": "s", "AWS_REGION": "us-east-1",
+                 "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}", "AWS_EC2_METADATA_DISABLED": "true",
+                 "TRACEKIT_S3_CLIENT": "obstore", "TRACEKIT_S3_TIMEOUT": str(timeout_s)}.items():
+        monkeypatch.setenv(k, v)
+    try:
+        for args in (["show", "s3://b/x"], ["diff", "s3://b/x", "s3://b/y"]):
+            started = time.monotonic()
+            code, out = cli(*args)
+            elapsed = time.monotonic() - started
+            assert code == 2 and out.count("\n") == 1, out
+            assert out.startswith(f"Error: cannot reach http://127.0.0.1:{port}: "), out
+            assert len(out) < 400 and "Traceback" not in out, out
+            assert elapsed < 2 * timeout_s, (args, elapsed)
+    finally:
+        listener.close()
+
+
+def test_s3_timeout_must_be_a_finite_positive_duration(monkeypatch):
+    for bad in ("nan", "inf", "0", "-1", "soon"):
+        monkeypatch.setenv("TRACEKIT_S3_TIMEOUT", bad)
+        code, out = cli("show", "s3://b/x")
+        assert code == 2 and out.startswith("Error: TRACEKIT_S3_TIMEOUT=") and out.count("\n") == 1, out
+
+
+def test_one_job_per_bucket_prefix_by_a_conditional_create(s3, tmp_path):
+    """Two jobs on one S3 prefix both exited 0, the second's metadata over the first's tensors. The
+    launcher's claim is now an object created only if absent (If-None-Match: *, which moto honours):
+    the second job is refused in one line, --force included; the first job's data stays, and its
+    claim goes with it, so a later job may take the store with --force."""
+    url, go = s3.url("runs/a"), tmp_path / "go"
+    record = [sys.executable, "-m", "tracekit.cli.main", "record"]
+    first = subprocess.Popen([*record, "-o", url, "--", sys.executable, TINY, "--steps", "3", "--pause-at", "2",
+                              "--pause-file", go], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert any("paused" in line for line in first.stdout), first.stderr.read()
+        run_id = open_store(url).meta["run_id"]
+        second = subprocess.run([*record, "--force", "-o", url, "--", sys.executable, TINY, "--steps", "5"],
+                                capture_output=True, text=True, timeout=120)
+        assert second.returncode == 2, second.stderr
+        (line,) = second.stderr.strip().splitlines()
+        assert line.startswith(f"Error: {url} is claimed by another job (run {run_id}") and "--force does not" in line
+        go.touch()
+        assert first.wait(timeout=120) == 0, first.stderr.read()
+    finally:
+        first.kill()
+    store = open_store(url)
+    assert store.meta["run_id"] == run_id and store.rank(0).completed_steps == [1, 2, 3]
+    assert not [k for k in s3.objects() if "/.tracekit_job/" in k]  # released with the job
+    again = subprocess.run([*record, "--force", "-o", url, "--", sys.executable, TINY, "--steps", "2"],
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert open_store(url).rank(0).completed_steps == [1, 2]

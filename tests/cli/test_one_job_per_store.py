@@ -148,12 +148,11 @@ def _running(pid: int) -> bool:
         return False
 
 
-@pytest.mark.torchrun
-def test_killed_torchrun_agent_is_not_finalized_before_its_workers_end(tmp_path):
-    store, go = str(tmp_path / "s"), str(tmp_path / "go")
+def paused_torchrun_job(store, go, env=None):
+    """A 2-rank torchrun job recorded into `store`, returned once both ranks have stored steps 1-2
+    and wait before step 3 for the file `go`."""
     launcher = record(store, sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                      TINY, "--steps", "4", "--pause-at", "3", "--pause-file", go,
-                      env={"TRACEKIT_WRITERS_WAIT_S": "100"})
+                      TINY, "--steps", "4", "--pause-at", "3", "--pause-file", go, env=env)
 
     def both_paused():
         try:
@@ -163,6 +162,13 @@ def test_killed_torchrun_agent_is_not_finalized_before_its_workers_end(tmp_path)
             return False
 
     wait_for(both_paused, "both ranks to finish step 2")
+    return launcher
+
+
+@pytest.mark.torchrun
+def test_killed_torchrun_agent_is_not_finalized_before_its_workers_end(tmp_path):
+    store, go = str(tmp_path / "s"), str(tmp_path / "go")
+    launcher = paused_torchrun_job(store, go, env={"TRACEKIT_WRITERS_WAIT_S": "100"})
     with open(f"/proc/{launcher.pid}/task/{launcher.pid}/children") as f:
         (agent,) = [int(p) for p in f.read().split()]
     workers = [open_store(store).rank(r).attrs["pid"] for r in (0, 1)]
@@ -177,3 +183,27 @@ def test_killed_torchrun_agent_is_not_finalized_before_its_workers_end(tmp_path)
         attrs = dict(consolidated[f"rank_{r}"].attrs)
         assert attrs["completed_steps"] == live.rank(r).completed_steps == [1, 2]
         assert attrs["status"] == live.rank(r).status == "terminated"
+
+
+@pytest.mark.torchrun
+def test_killed_launcher_takes_the_torchrun_agent_and_its_workers_with_it(tmp_path):
+    """`tracekit record` SIGKILLed under torchrun (2 ranks, paused in step 3): the agent gets SIGTERM
+    (parent-death signal, set on it by the launcher), stops its workers, and every process of the
+    job ends, writers included; the store says its launcher died, and keeps steps 1-2 of each rank.
+    Before, the agent and its workers trained on with no launcher."""
+    store, go = str(tmp_path / "s"), str(tmp_path / "go")
+    launcher = paused_torchrun_job(store, go)
+    with open(f"/proc/{launcher.pid}/task/{launcher.pid}/children") as f:
+        (agent,) = [int(p) for p in f.read().split()]
+    workers = [open_store(store).rank(r).attrs["pid"] for r in (0, 1)]
+    writers = [int(p) for w in workers for p in open(f"/proc/{w}/task/{w}/children").read().split()]
+    assert len(writers) == 2  # each rank's writer process
+    launcher.send_signal(signal.SIGKILL)
+    launcher.wait(timeout=DEADLINE_S)
+    open(go, "w").close()  # were the workers left running, they would now train steps 3-4
+    wait_for(lambda: not any(_running(p) for p in [agent, *workers, *writers]), "every process of the job to end")
+    s = open_store(store)
+    assert s.job_state == "launcher died"
+    for r in (0, 1):
+        assert s.rank(r).completed_steps == [1, 2]
+        assert s.rank(r).status == "terminated"

@@ -234,3 +234,48 @@ def test_signal_under_torchrun_keeps_every_completed_step(tmp_path, sig, timing,
         assert statuses <= {"finished", "failed", "terminated"}, statuses
     else:
         assert statuses == {"terminated"}, statuses
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def test_a_stopped_writer_hangs_nothing_and_its_unstored_steps_are_listed(tmp_path):
+    """A rank's writer process SIGSTOPped (a hung filesystem) after step 2: the rank ends within
+    --flush-timeout of its training's end (before, it waited in its exit flush forever), `tracekit
+    record` kills the writer, and the steps the writer never stored are listed as unwritten, with
+    the cause; the rank, which finished training, reads `finished`, not `died`."""
+    job = Job(tmp_path, ["--mode", "explicit", "--steps", "8", "--step-time", "0.5"], record_args=["--flush-timeout", "1"],
+              mbps="0")
+    job.wait_for(r"rank=0 step=2")
+    (writer,) = _children(job.pids[0])  # the rank's one child: its writer process
+    os.kill(writer, signal.SIGSTOP)
+    try:
+        job.wait_for("rank=0 step=8")
+        ended = time.monotonic()
+        rc = job.finish()
+        # 1 s for the rank, then the launcher's 5 s grace for the SIGTERMed writer, then SIGKILL
+        assert time.monotonic() - ended < 30, job.err()
+    finally:
+        os.kill(writer, signal.SIGKILL)  # a no-op once the launcher killed it; never left stopped
+    assert "did not store this rank's spooled steps within --flush-timeout 1 s" in job.err()
+    assert "killing it" in job.err()
+    rank = _rank(job)
+    unwritten = [s for s in rank.unwritten_steps if s > 0]
+    assert unwritten, "the stopped writer was expected to leave steps unstored"
+    # a job whose writer stored no step at all fails as an empty recording, saying why
+    assert rc == (0 if rank.completed_steps else 2), job.err()
+    assert sorted(rank.completed_steps + unwritten) == list(range(1, 9))
+    assert rank.status == "finished"
+    assert "killed" in rank.unwritten_cause
+    (last,) = [x for x in job.err().splitlines() if x.startswith("tracekit record: 1 rank(s)")]
+    assert f"unwritten: rank 0 steps {unwritten[0]}-8" in last and "killed" in last, last
+    show = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "show", job.store], capture_output=True, text=True)
+    assert f"rank 0 unwritten: steps {unwritten[0]}-8" in show.stdout, show.stdout + show.stderr
+    shown = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "show", "--json", job.store],
+                           capture_output=True, text=True)
+    import json
+
+    (r0,) = json.loads(shown.stdout)["ranks"]
+    assert r0["unwritten_steps"] == rank.unwritten_steps and "killed" in r0["unwritten_cause"]

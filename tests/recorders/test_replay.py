@@ -202,6 +202,8 @@ def test_record_command_refuses_bad_replay_settings_in_one_line(tmp_path):
         (["--replay-steps", "2:3", "-o", out], "--replay-steps needs --replay-from"),
         (["--replay-from", ref, "--replay-steps", "3:1", "-o", out], "need 1 <= A <= B"),
         (["--replay-from", str(tmp_path / "nope"), "-o", out], "no such store"),
+        # issue 39: steps past the reference's states used to run with nothing replayed, exit 0
+        (["--replay-from", ref, "--replay-steps", "3:", "-o", out], "holds states up to step 1"),
     ]
     for args, message in cases:
         result = CliRunner().invoke(main, ["record", *args, "--", "python", "-c", "raise SystemExit(7)"])

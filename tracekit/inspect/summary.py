@@ -82,6 +82,8 @@ def summarize(path) -> dict:
             "versions": facts[r]["versions"],
             "env": facts[r]["env"],
             "cause": view.cause,
+            "unwritten_steps": view.unwritten_steps,  # completed by the rank, not stored (--flush-timeout)
+            "unwritten_cause": view.unwritten_cause,
             "steps_completed": len(done),
             "first_step": done[0] if done else None,
             "last_step": done[-1] if done else None,
@@ -115,11 +117,19 @@ def recording_summary(path) -> dict:
     steps: set[int] = set()
     kinds: list[str] = []
     statuses: dict[str, int] = {}
+    unwritten: dict[int, dict] = {}  # rank -> the steps it completed that its writer did not store, and why
+    replayed: set[int] | None = None  # steps any rank ran from a reference's state (None: not a replay)
     for r in store.ranks:
         view = store.rank(r)
         steps.update(view.completed_steps)
         kinds += [k for k in view.kinds if k not in kinds]
         statuses[view.status] = statuses.get(view.status, 0) + 1
+        replay = view.attrs.get("replay")
+        if isinstance(replay, dict) and isinstance(replay.get("replayed_steps"), list):
+            replayed = (replayed or set()) | {s for s in replay["replayed_steps"] if isinstance(s, int)}
+        if view.unwritten_steps:
+            unwritten[r] = {"steps": view.unwritten_steps, "cause": view.unwritten_cause}
     return {"store": canonical(store.path), "ranks": len(store.ranks), "steps": sorted(steps), "kinds": kinds,
-            "bytes": store.location.size_under(), "statuses": statuses, "coverage": coverage_summary(store),
+            "bytes": store.location.size_under(), "statuses": statuses, "coverage": coverage_summary(store), "unwritten": unwritten,
+            "replayed_steps": sorted(replayed) if replayed is not None else None,
             "exit_status": store.meta.get("exit_status")}

@@ -18,12 +18,17 @@ from tracekit.store.writer import now_iso, update_root_meta
 
 @compact_metadata
 def finalize_store(path, exit_status: int, worker_exits: dict[int, int] | None = None,
-                   storage_options=None) -> dict:
+                   losses: dict[int, dict] | None = None, storage_options=None) -> dict:
     """Record end time, exit status and per-rank completion in the root metadata; return them.
 
     Per rank: its final status (a rank that never closed its recording becomes `killed` or `died`,
     see tracekit.recorders.exits), a one-line cause, and its exit code where `worker_exits`
     (the launcher's {rank: exit code}, negative for a signal) knows it.
+    `losses`: per rank whose writer process the launcher had to kill, what it left unstored
+    ({"unwritten_steps", "unwritten_cause"}) and the rank's own word on how it ended
+    ({"status", "cause"}, which that writer never stored). Each rank's `unwritten_steps` (from
+    there, or listed by a writer stopped in time) goes into the summary with its cause, so that
+    completed_steps + unwritten_steps are the steps the rank trained.
     Only safe once no rank writes any more (the launcher calls it after its command exited).
     """
     from tracekit.store.status import final_rank_status
@@ -37,10 +42,13 @@ def finalize_store(path, exit_status: int, worker_exits: dict[int, int] | None =
     exits = worker_exits or {}
     for r in store.ranks:
         view = store.rank(r)
-        own = view.attrs.get("status", "unknown")
-        status, cause = final_rank_status(own, view.attrs.get("cause"), exits.get(r))
+        own, own_cause = view.attrs.get("status", "unknown"), view.attrs.get("cause")
+        loss = (losses or {}).get(r) or {}
+        if own == "running" and loss.get("status"):  # the rank ended its training; its killed writer never said so
+            own, own_cause = loss["status"], loss.get("cause")
+        status, cause = final_rank_status(own, own_cause, exits.get(r))
         ranks[str(r)] = {"completed_steps": view.completed_steps, "status": status, "cause": cause,
-                         "exit_code": exits.get(r)}
+                         "exit_code": exits.get(r), **_unwritten(view, loss)}
         if r in no_loss:
             ranks[str(r)]["loss_not_derived"] = no_loss[r]
         if not run:
@@ -61,6 +69,18 @@ def finalize_store(path, exit_status: int, worker_exits: dict[int, int] | None =
     except Exception:  # an optimisation only; the store is complete without it
         pass
     return summary
+
+
+def _unwritten(view, loss: dict) -> dict:
+    """{"unwritten_steps", "unwritten_cause"} of a rank whose writer was stopped or killed ({} if none):
+    the steps spooled but not stored, less any the writer completed before it died."""
+    steps = loss.get("unwritten_steps", view.attrs.get("unwritten_steps"))
+    if not isinstance(steps, list):
+        return {}
+    done = set(view.completed_steps)
+    cause = loss.get("unwritten_cause") or view.attrs.get("unwritten_cause")
+    return {"unwritten_steps": sorted({s for s in steps if isinstance(s, int)} - done),
+            "unwritten_cause": cause if isinstance(cause, str) else None}
 
 
 @compact_metadata

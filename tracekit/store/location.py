@@ -21,8 +21,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import json
+import math
 import os
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any, Mapping
 
 from tracekit.errors import StoreError, UsageError
@@ -36,6 +38,11 @@ ENV_S3_CLIENT = "TRACEKIT_S3_CLIENT"
 # fsspec option -> obstore S3 config key, for the options both clients know
 _OBSTORE_KEYS = {"key": "access_key_id", "secret": "secret_access_key", "token": "session_token",
                  "endpoint_url": "endpoint", "region_name": "region"}
+# Every object-store request ends within this many seconds (TRACEKIT_S3_TIMEOUT), retries included:
+# a hung or dead endpoint is one line ("cannot reach ENDPOINT: ...") instead of minutes of retries.
+ENV_S3_TIMEOUT = "TRACEKIT_S3_TIMEOUT"
+DEFAULT_S3_TIMEOUT = 30.0
+S3_RETRIES = 2  # at most, and only while the first attempt began less than the timeout ago
 # Schemes that name a local folder; everything else with "://" goes to fsspec.
 _LOCAL_SCHEMES = ("file",)
 # Object PUTs (with their HEADs) in flight at once per put_missing call: a step's objects go up
@@ -143,8 +150,15 @@ class Location:
             return LocalStore(self.url, read_only=read_only)
         if self.scheme in ("s3", "s3a") and _use_obstore(self.options):
             return _obstore_s3(self, read_only)
+        options = dict(self.options)
+        if self.scheme in ("s3", "s3a"):  # botocore's bounds, as obstore's above (the user's own settings win)
+            t = s3_timeout()
+            config = dict(options.get("config_kwargs") or {})
+            for k, v in (("connect_timeout", t), ("read_timeout", t), ("retries", {"max_attempts": S3_RETRIES + 1})):
+                config.setdefault(k, v)
+            options["config_kwargs"] = config
         try:
-            return FsspecStore.from_url(self.url, storage_options=dict(self.options) or None, read_only=read_only)
+            return FsspecStore.from_url(self.url, storage_options=options or None, read_only=read_only)
         except ImportError as e:
             raise StoreError(f"{self.url}: the {self.scheme}:// scheme needs a package not installed here ({e.name or e}); "
                              "for s3:// install s3fs") from None
@@ -163,13 +177,13 @@ class Location:
                 return None
         from zarr.core.buffer import default_buffer_prototype
 
-        buf = _sync(self._remote().get(key, prototype=default_buffer_prototype()))
+        buf = _sync(self, self._remote().get(key, prototype=default_buffer_prototype()))
         return None if buf is None else buf.to_bytes()
 
     def exists(self, key: str) -> bool:
         if self.is_local:
             return os.path.isfile(os.path.join(self.url, key))
-        return bool(_sync(self._remote().exists(key)))
+        return bool(_sync(self, self._remote().exists(key)))
 
     def size(self, key: str) -> int | None:
         """The size of the object at `key` (one HEAD request on an object store); None if there is none."""
@@ -186,7 +200,7 @@ class Location:
             except FileNotFoundError:
                 return None
 
-        size = _sync(head())
+        size = _sync(self, head())
         return None if size is None else int(size)
 
     def put_missing(self, items) -> int:
@@ -217,19 +231,19 @@ class Location:
         async def every():
             return await asyncio.gather(*(one(k, d) for k, d in items))
 
-        return sum(_sync(every()))
+        return sum(_sync(self, every()))
 
     def is_empty(self) -> bool:
         """True when nothing is stored under the location (a missing folder or prefix counts as empty)."""
         if self.is_local:
             return not os.path.exists(self.url) or (os.path.isdir(self.url) and not os.listdir(self.url))
-        return bool(_sync(self._remote().is_empty("")))
+        return bool(_sync(self, self._remote().is_empty("")))
 
     def size_under(self, prefix: str = "") -> int:
         """Bytes stored under a key prefix ("" for the whole store)."""
         if self.is_local:
             return _local_size(os.path.join(self.url, prefix) if prefix else self.url)
-        return int(_sync(self._remote().getsize_prefix(prefix)) or 0)
+        return int(_sync(self, self._remote().getsize_prefix(prefix)) or 0)
 
     def sizes_under(self, prefixes) -> tuple[dict[str, int], int]:
         """({prefix: bytes stored under it}, bytes of the whole store) for top-level names (a
@@ -248,14 +262,58 @@ class Location:
             sizes[entry.name] = _local_size(entry.path) if size is None else size
         return {p: sizes.get(p, 0) for p in prefixes}, sum(sizes.values())
 
-    def clear(self) -> None:
-        """Delete everything under the location (only ever after checking it holds a tracekit store)."""
+    def clear(self, keep: tuple[str, ...] = ()) -> None:
+        """Delete everything under the location (only ever after checking it holds a tracekit store),
+        except, for a URL store, the top-level names in `keep` (the job's claim)."""
         if self.is_local:
             import shutil
 
             shutil.rmtree(self.url)
             return
-        _sync(self._remote().delete_dir(""))
+        store = self._remote()
+        if not keep:
+            _sync(self, store.delete_dir(""))
+            return
+        tops = {k.split("/", 1)[0]: "/" in k for k in self.keys()}
+        for name, is_dir in sorted(tops.items()):
+            if name not in keep:
+                _sync(self, store.delete_dir(name) if is_dir else store.delete(name))
+
+    def keys(self, prefix: str = "") -> list[str]:
+        """Every object key under `prefix` (URL stores)."""
+        store = self._remote()
+
+        async def listed():
+            return [k async for k in store.list_prefix(prefix)]
+
+        return _sync(self, listed())
+
+    def put_if_absent(self, key: str, data: bytes) -> bool | None:
+        """Create the object `key` only if there is none (S3's conditional PUT, If-None-Match: *):
+        True if created, False if one exists; None where this client has no conditional write
+        (the fsspec client). URL stores only."""
+        inner = getattr(self._remote(), "store", None)
+        try:
+            import obstore
+            from obstore.exceptions import AlreadyExistsError
+            from obstore.store import S3Store
+        except ImportError:
+            return None
+        if not isinstance(inner, S3Store):
+            return None
+
+        async def put() -> bool:
+            try:
+                await obstore.put_async(inner, key, data, mode="create")
+            except AlreadyExistsError:
+                return False
+            return True
+
+        return _sync(self, put())
+
+    def delete(self, key: str) -> None:
+        """Delete the object `key` if there is one (URL stores)."""
+        _sync(self, self._remote().delete(key))
 
     def __getstate__(self):  # travels to Dask workers as URL and options, without the open store
         return {"url": self.url, "options": dict(self.options)}
@@ -306,15 +364,59 @@ def _obstore_s3(location: Location, read_only: bool):
             raise UsageError(f"storage option {k!r} is not one the obstore client takes (use {ENV_S3_CLIENT}=fsspec)")
     endpoint = config.get("endpoint") or os.environ.get("AWS_ENDPOINT_URL", "")
     bucket, _, prefix = location.url.partition("://")[2].partition("/")
+    timeout = timedelta(seconds=s3_timeout())
+    client = {"timeout": timeout, "connect_timeout": timeout, **({"allow_http": True} if endpoint.startswith("http://") else {})}
+    # obstore retries for up to 3 minutes by default: a hung endpoint took 181 s to report
+    retry = {"max_retries": S3_RETRIES, "retry_timeout": timeout,
+             "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timeout / 4, "base": 2}}
     try:
-        store = S3Store(bucket, prefix=prefix or None, config=config,
-                        client_options={"allow_http": True} if endpoint.startswith("http://") else None)
+        store = S3Store(bucket, prefix=prefix or None, config=config, client_options=client, retry_config=retry)
     except Exception as e:  # incomplete credentials, a bad endpoint: one line, without the values
         raise StoreError(f"{location.url}: cannot set up the S3 client ({str(e).splitlines()[0]})") from None
     return ObjectStore(store, read_only=read_only)
 
 
-def _sync(coro):
+def s3_timeout() -> float:
+    raw = os.environ.get(ENV_S3_TIMEOUT)
+    if raw is None:
+        return DEFAULT_S3_TIMEOUT
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and value > 0):
+        raise UsageError(f"{ENV_S3_TIMEOUT}={raw!r}: expected a finite number of seconds, above 0")
+    return value
+
+
+# Words of an error that mean the endpoint never answered (obstore's and botocore's/aiohttp's).
+_UNREACHABLE = ("timed out", "timeout", "connection refused", "connect error", "error sending request",
+                "could not connect", "cannot connect", "connection reset", "connectionerror", "broken pipe",
+                "endpoint url", "name or service not known", "dns error")
+
+
+def remote_error(e: BaseException, location: "Location | None" = None) -> StoreError:
+    """One line for an object-store client's error: "cannot reach ENDPOINT: ..." when the endpoint did
+    not answer (hung, killed, unresolvable), else "object store error (...)". Never the client's
+    multi-line debug dump: its first line only, cut short."""
+    text = f"{e.__class__.__name__}: {e}"
+    first = " ".join(str(e).split("\n", 1)[0].split())[:200] or e.__class__.__name__
+    if isinstance(e, (TimeoutError, ConnectionError)) or any(w in text.lower() for w in _UNREACHABLE):
+        return StoreError(f"cannot reach {endpoint_of(location)}: {first}")
+    return StoreError(f"object store error ({e.__class__.__name__}: {first})")
+
+
+def endpoint_of(location: "Location | None") -> str:
+    """The endpoint a location's requests go to, for messages (never credentials)."""
+    options = dict(location.options) if location is not None else {}
+    options.update(options.pop("client_kwargs", None) or {})
+    endpoint = options.get("endpoint_url") or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        return str(endpoint)
+    return f"the {location.scheme}:// service" if location is not None else "the object store"
+
+
+def _sync(location: "Location | None", coro):
     from zarr.core.sync import sync
 
     try:
@@ -322,7 +424,7 @@ def _sync(coro):
     except (StoreError, UsageError):
         raise
     except Exception as e:  # no such bucket, access denied, no credentials, unreachable endpoint
-        raise StoreError(f"object store error ({e.__class__.__name__}: {e})") from None
+        raise remote_error(e, location) from None
 
 
 def resolve(target, storage_options: Mapping | None = None) -> Location:

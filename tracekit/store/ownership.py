@@ -224,6 +224,49 @@ class JobClaim:
         self.release()
 
 
+class ObjectClaim:
+    """The launcher's claim on an object store (no locks there): the object CLAIM_FILE, created only
+    if absent (a conditional PUT, S3's If-None-Match: *), so of two jobs on one prefix exactly one
+    gets it and the other is refused, --force or not. Deleted on release. A claim left by a launcher
+    that died stays: nothing tells a dead job from a live one there, so the next job is refused
+    with the owner named, and the claim object to delete once that job is known to be dead."""
+
+    def __init__(self, location, run_id: str, claimed: bool):
+        self.store = None  # no local folder: no writers lock to wait on
+        self.location = location
+        self.run_id = run_id
+        self._claimed = claimed
+
+    @classmethod
+    def acquire(cls, location, run_id: str | None = None) -> "ObjectClaim":
+        run_id = run_id or new_run_id()
+        owner = {"run_id": run_id, "pid": os.getpid(), "host": socket.gethostname(),
+                 "start_time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        created = location.put_if_absent(CLAIM_FILE, _group_doc({"tracekit_job": owner}))
+        if created is None:  # a client without conditional writes: only the run id guards the data
+            return cls(location, run_id, claimed=False)
+        if not created:
+            try:
+                held = json.loads(location.read_bytes(CLAIM_FILE) or b"{}").get("attributes", {}).get("tracekit_job")
+            except (ValueError, AttributeError):
+                held = None
+            raise StoreError(f"{location} is claimed by another job ({_describe(held if isinstance(held, dict) else {})}); "
+                             "wait for it to end or record into another store (--force does not override a claim; "
+                             f"if that job is dead, delete {location.join(CLAIM_FILE)})")
+        return cls(location, run_id, claimed=True)
+
+    def wait_for_writers(self, timeout_s: float) -> bool:
+        return True  # object stores hold no writers lock
+
+    def release(self) -> None:
+        if self._claimed:
+            self._claimed = False
+            try:
+                self.location.delete(CLAIM_FILE)
+            except StoreError:  # an endpoint gone meanwhile: the claim stays, naming us
+                pass
+
+
 def _lock_held(path: str, exclusive: bool) -> bool | None:
     """Whether another process holds the lock file at `path` in a way that blocks a lock of ours
     (`exclusive` or shared); None when there is no lock file or the filesystem has no locks."""

@@ -313,6 +313,19 @@ class RankView:
             raise StoreError(f"{self.store.path}: rank {self.rank} has malformed coverage metadata ({e})") from None
 
     @property
+    def unwritten_steps(self) -> list[int]:
+        """Steps the rank completed that its writer process did not store (stopped or killed at
+        --flush-timeout; step 0 is the initial parameters): with completed_steps, every step it trained."""
+        steps = self._final.get("unwritten_steps", self.attrs.get("unwritten_steps", []))
+        return sorted(_step_list(steps, f"{self.store.path}: rank {self.rank} unwritten"))
+
+    @property
+    def unwritten_cause(self) -> str | None:
+        """Why the steps in unwritten_steps were not stored (None when none were lost)."""
+        cause = self._final.get("unwritten_cause") or self.attrs.get("unwritten_cause")
+        return cause if isinstance(cause, str) and self.unwritten_steps else None
+
+    @property
     def exit_code(self) -> int | None:
         """The rank's exit code as its launcher saw it (negative: a signal), where known."""
         return self._final.get("exit_code")

@@ -91,6 +91,9 @@ def _lock_files() -> tuple[str, ...]:
 
 def check_target(path: str, force: bool = False) -> None:
     """Refuse, before anything is touched, a local target that create_store would refuse."""
+    outer = enclosing_store(path)
+    if outer is not None:  # e.g. -o LIVE/rank_0: the job would write into another job's rank group
+        raise StoreError(f"{path} is inside the tracekit store {outer}; record into a folder of its own")
     if os.path.exists(path):
         if not os.path.isdir(path):
             raise StoreError(f"{path} exists and is not a directory")
@@ -103,6 +106,17 @@ def check_target(path: str, force: bool = False) -> None:
                 raise StoreError(f"{path} is a non-empty directory that is not a tracekit store; refusing to touch it")
             if not force:
                 raise StoreError(f"{path} already holds a tracekit store{_left_by(path)}; pass --force to overwrite it")
+
+
+def enclosing_store(path: str) -> str | None:
+    """The tracekit store that a local `path` lies inside (a folder above it), or None."""
+    here = os.path.abspath(path)
+    parent = os.path.dirname(here)
+    while parent != here:
+        if os.path.isfile(os.path.join(parent, "zarr.json")) and is_store(parent):
+            return parent
+        here, parent = parent, os.path.dirname(parent)
+    return None
 
 
 def _left_by(path: str) -> str:
@@ -153,13 +167,15 @@ def create_store(path, meta: dict, force: bool = False, storage_options=None, fo
     if location.is_local:
         root = _create_local(location.path, root_meta, force)
     else:
-        if not location.is_empty():
+        # the job's claim (ownership.ObjectClaim), made just before, neither counts nor goes
+        if [k for k in location.keys() if k.split("/", 1)[0] not in _lock_files()]:
             if not is_store(location):
                 raise StoreError(f"{path} is a non-empty location that is not a tracekit store; refusing to touch it")
             if not force:
                 raise StoreError(f"{path} already holds a tracekit store; pass --force to overwrite it")
-            location.clear()
-        root = zarr.open_group(location.zarr_store(), mode="w", attributes={ROOT_KEY: root_meta})
+            location.clear(keep=_lock_files())
+        # "a", not "w": "w" deletes everything under the prefix, the job's claim object included (cleared above)
+        root = zarr.open_group(location.zarr_store(), mode="a", attributes={ROOT_KEY: root_meta})
     if format_version >= 2:
         # The object folder is declared an empty zarr array: zarr and xarray then treat it as a
         # leaf and never list (or warn about) the files inside, which are not zarr chunks.
