@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib.util
 import os
 import shlex
-import sys
 
 import pytest
 
@@ -17,9 +16,19 @@ from torchtitan_doc import block
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,
                                 reason="torchtitan is not installed (pip install -e '.[dev]' installs it)")
 
-sys.path.insert(0, os.path.join(SAMPLES, "torchtitan"))
-import assets  # noqa: E402
-import train  # noqa: E402
+
+
+def _load_runner():
+    """samples/torchtitan/train.py under a name no other test uses (it imports assets and cpu_shim)."""
+    spec = importlib.util.spec_from_file_location("torchtitan_sample_runner",
+                                                  os.path.join(SAMPLES, "torchtitan", "train.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+train = _load_runner()
+assets, cpu_shim = train.assets, train.cpu_shim
 
 
 def folder_bytes(root: str) -> dict[str, bytes]:
@@ -84,8 +93,6 @@ def test_the_cpu_attention_is_block_causal_attention_over_packed_documents():
     from torch.nn.attention.flex_attention import and_masks, create_block_mask
     from torchtitan.models.common.attention import (FlexAttention, get_causal_mask_mod,
                                                     get_efficient_causal_mask_mod_for_packed_document)
-
-    import cpu_shim
 
     flex_forward = FlexAttention.forward
     cpu_shim._flex_attention_to_sdpa_on_cpu()
