@@ -84,12 +84,11 @@ def test_fsdp_and_hsdp_from_one_seed_checkpoint_pass_aligned_globally(shared_onc
 
 
 def test_initial_weights_depend_on_the_layout_without_a_seed_checkpoint(shared_once):
-    """The doc's reason for the seed checkpoint: FSDP 2 and FSDP x TP 2 x 2, one --debug.seed, start apart."""
+    """The doc's reason for the seed checkpoint: TP 2 and FSDP x TP 2 x 2, one --debug.seed, start apart."""
     import tracekit
 
-    same, _ = doc_block(shared_once, "same")
     loss, _ = doc_block(shared_once, "loss")
-    a = tracekit.open(str(same / "runs" / "ref"))["parameters"]
+    a = tracekit.open(str(loss / "runs" / "tp"))["parameters"]
     b = tracekit.open(str(loss / "runs" / "fsdp-tp"))["parameters"]
     names = sorted(set(a.data_vars) & set(b.data_vars))
     assert names
