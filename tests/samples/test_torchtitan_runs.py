@@ -25,7 +25,11 @@ N_PARAMETERS = 45  # the llama3 debug model's parameter tensors, every one of th
 
 
 def doc_block(shared_once, name: str):
+    """(folder, results) of the doc's block NAME, run once per test run; its launches succeeded."""
     folder, results = shared_once(f"torchtitan-{name}", lambda f: run_block(f, name))
+    for r in results:
+        if r["command"].startswith(("tracekit record", "torchrun")):
+            assert r["rc"] == 0, (r["command"], r["err"][-3000:])
     return folder, results
 
 
@@ -41,10 +45,9 @@ def verdict(result: dict) -> str:
     return lines[-1]
 
 
-def recordings_succeeded(results: list[dict]) -> None:
-    for r in results:
-        if r["command"].startswith(("tracekit record", "torchrun")):
-            assert r["rc"] == 0, (r["command"], r["err"][-3000:])
+def assert_passes(results: list[dict], diff_command: str, ranks: int) -> None:
+    diff = ran(results, diff_command)
+    assert diff["rc"] == 0 and verdict(diff).startswith(f"PASS comparison ranks={ranks} steps=3"), diff["out"][-4000:]
 
 
 # --- one configuration: run to run, a 1% lr change, a replay -----------------------------------
@@ -52,9 +55,7 @@ def recordings_succeeded(results: list[dict]) -> None:
 
 def test_two_recordings_of_one_configuration_are_equal_bit_for_bit(shared_once):
     _, results = doc_block(shared_once, "same")
-    recordings_succeeded(results)
-    diff = ran(results, "tracekit diff --exact runs/ref runs/again")
-    assert diff["rc"] == 0 and verdict(diff).startswith("PASS comparison ranks=2 steps=3"), diff["out"][-3000:]
+    assert_passes(results, "tracekit diff --exact runs/ref runs/again", ranks=2)
 
 
 def test_an_lr_one_percent_higher_fails_at_step_1_in_parameters(shared_once):
@@ -68,8 +69,7 @@ def test_an_lr_one_percent_higher_fails_at_step_1_in_parameters(shared_once):
 
 def test_a_replay_of_the_reference_reproduces_it(shared_once):
     folder, results = doc_block(shared_once, "same")
-    diff = ran(results, "tracekit diff --exact runs/ref runs/replay")
-    assert diff["rc"] == 0 and verdict(diff).startswith("PASS comparison ranks=2 steps=3"), diff["out"][-3000:]
+    assert_passes(results, "tracekit diff --exact runs/ref runs/replay", ranks=2)
     assert show_json(folder / "runs" / "replay")["run"].get("replay_of"), "the replay store names its reference"
 
 
@@ -78,9 +78,7 @@ def test_a_replay_of_the_reference_reproduces_it(shared_once):
 
 def test_fsdp_and_hsdp_from_one_seed_checkpoint_pass_aligned_globally(shared_once):
     _, results = doc_block(shared_once, "layouts")
-    recordings_succeeded(results)
-    diff = ran(results, "tracekit diff --align global runs/fsdp runs/hsdp")
-    assert diff["rc"] == 0 and verdict(diff).startswith("PASS comparison ranks=4 steps=3"), diff["out"][-4000:]
+    assert_passes(results, "tracekit diff --align global runs/fsdp runs/hsdp", ranks=4)
 
 
 def test_initial_weights_depend_on_the_layout_without_a_seed_checkpoint(shared_once):
@@ -105,7 +103,6 @@ def test_initial_weights_depend_on_the_layout_without_a_seed_checkpoint(shared_o
 def test_the_recorded_loss_is_the_loss_torchtitan_logs(shared_once, block, store):
     folder, results = doc_block(shared_once, block)
     record = ran(results, f"tracekit record -o runs/{store} ")
-    assert record["rc"] == 0, record["err"][-3000:]
     logged = logged_losses(record["out"] + record["err"])
     recorded = recorded_losses(str(folder / "runs" / store))
     assert sorted(logged) == sorted(recorded) == [1, 2, 3]
@@ -122,7 +119,6 @@ def test_the_recorded_loss_is_the_loss_torchtitan_logs(shared_once, block, store
 def test_every_optimizer_parameter_is_recorded_under_its_full_name(shared_once, block, store):
     folder, results = doc_block(shared_once, block)
     record = ran(results, f"tracekit record -o runs/{store} ")
-    assert record["rc"] == 0, record["err"][-3000:]
     coverage = f"{N_PARAMETERS} of {N_PARAMETERS} optimizer parameters"
     assert coverage in record["err"].splitlines()[-1], record["err"][-1000:]
     shown = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "show", str(folder / "runs" / store)],
