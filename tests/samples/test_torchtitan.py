@@ -168,3 +168,22 @@ def test_bf16_mixed_precision_is_the_default_and_float32_turns_it_off():
     assert (default.mixed_precision_param, default.mixed_precision_reduce) == ("bfloat16", "float32")
     off = ConfigManager().parse_args(tt + ["--training.mixed-precision-param", "float32"]).training
     assert off.mixed_precision_param == "float32"
+
+
+def test_gloo_refuses_premul_sum_and_the_shims_set_timeout_sets_gloos(tmp_path):
+    """Two of the shim's reasons, on a one-rank gloo group: PREMUL_SUM is refused (so FSDP2 must
+    sum instead), and the supplied set_timeout changes the group's timeout without error."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(RuntimeError, match="PREMUL_SUM"):
+            dist.reduce_scatter_tensor(torch.empty(4), torch.ones(4), op=dist._make_nccl_premul_sum(1.0))
+        cpu_shim._set_timeout(timedelta(seconds=123))
+        assert dist.group.WORLD._get_backend(torch.device("cpu")).options._timeout == timedelta(seconds=123)
+        dist.barrier()  # the group still works under the new timeout
+    finally:
+        dist.destroy_process_group()
