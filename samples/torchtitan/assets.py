@@ -3,7 +3,9 @@ c4-style JSON-lines dataset, generated from fixed seeds (never downloaded; Torch
 neither its test tokenizer nor `c4_test`).
 
 The same folder always gets the same bytes, so two runs (or two machines) read the same tokens.
-Written once: a folder holding a complete set (its `done` marker) is reused as is.
+Written once: a folder holding a complete set (its `done` marker) is reused as is. Every rank of
+a first run may write the set at once: each file is written whole under a temporary name and
+renamed, so a rank never reads another's half-written file (the bytes are the same anyway).
 """
 
 from __future__ import annotations
@@ -39,6 +41,13 @@ def documents(vocabulary: list[str], n: int = N_DOCS) -> list[str]:
     return [" ".join(rng.choices(vocabulary, weights, k=rng.randint(20, 200))) for _ in range(n)]
 
 
+def write_whole(path: str, text: str) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
 def write_tokenizer(folder: str, vocabulary: list[str]) -> None:
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -47,16 +56,14 @@ def write_tokenizer(folder: str, vocabulary: list[str]) -> None:
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     for token in (UNK, BOS, EOS):
         tokenizer.add_special_tokens([token])
-    tokenizer.save(os.path.join(folder, "tokenizer.json"))
-    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
-        json.dump({"bos_token": BOS, "eos_token": EOS, "unk_token": UNK,
-                   "add_bos_token": True, "add_eos_token": False}, f, indent=1)
+    write_whole(os.path.join(folder, "tokenizer.json"), tokenizer.to_str(pretty=True))
+    write_whole(os.path.join(folder, "tokenizer_config.json"),
+                json.dumps({"bos_token": BOS, "eos_token": EOS, "unk_token": UNK,
+                            "add_bos_token": True, "add_eos_token": False}, indent=1))
 
 
 def write_dataset(folder: str, docs: list[str]) -> None:
-    with open(os.path.join(folder, "data.json"), "w") as f:
-        for doc in docs:
-            f.write(json.dumps({"text": doc}) + "\n")
+    write_whole(os.path.join(folder, "data.json"), "".join(json.dumps({"text": doc}) + "\n" for doc in docs))
 
 
 def ensure_assets(root: str) -> tuple[str, str]:
@@ -70,8 +77,5 @@ def ensure_assets(root: str) -> tuple[str, str]:
     vocabulary = words()
     write_tokenizer(tokenizer_dir, vocabulary)
     write_dataset(dataset_dir, documents(vocabulary))
-    tmp = f"{done}.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(VERSION)
-    os.replace(tmp, done)
+    write_whole(done, VERSION)
     return tokenizer_dir, dataset_dir
