@@ -1,0 +1,142 @@
+"""What TorchTitan 0.3.0 needs to train on a CPU-only host with gloo, applied at run time (no file
+of TorchTitan's is edited). Each patch is a no-op where it is not needed, so the runner is the
+same on a GPU host. See docs/TORCHTITAN.md for why each one is there.
+
+1. device: with no accelerator, `torchtitan.tools.utils` falls back to device_type "cuda" and
+   `torch.cuda.set_device` fails. The probe it imports answers "cpu" instead, and its device
+   module is torch.cpu plus what TorchTitan's memory monitor asks of a device (name, capacity,
+   memory stats: the host's RAM, no stats).
+2. spmd backend: the default `spmd_types` backend fails at FSDP setup on CPU; the runner passes
+   `--parallelism.spmd-backend partial_dtensor` unless the command names one (train.py).
+3. attention: FlexAttention has no CPU backward. Each layer runs `scaled_dot_product_attention`
+   with the same block-causal mask (the BlockMask's mask_mod, materialized), so the model computes
+   the same function; only the kernel differs.
+4. gloo has no PREMUL_SUM: TorchTitan sets FSDP2's gradient divide factor to 1.0, which FSDP2 sends
+   as a PREMUL_SUM(1.0) reduce-scatter. On gloo, FSDP2 is told to reduce with SUM and divide after
+   (its force-sum path), which with a factor of 1.0 divides by nothing: the same gradients.
+5. `torch.distributed.set_timeout` is missing before torch nightly: it is supplied from
+   `distributed_c10d._set_pg_timeout`, which sets a group's gloo/nccl default timeout.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def cpu_only() -> bool:
+    from torch._utils import _get_available_device_type
+
+    return _get_available_device_type() is None
+
+
+def apply() -> list[str]:
+    """Apply what this host needs, before TorchTitan is imported; the names of the patches applied."""
+    applied = []
+    if cpu_only():
+        _device_falls_back_to_cpu()
+        applied.append("device")
+    _flex_attention_to_sdpa_on_cpu()
+    applied.append("attention")
+    _gloo_reduce_scatter_without_premul_sum()
+    applied.append("premul_sum")
+    if not hasattr(dist, "set_timeout"):
+        dist.set_timeout = _set_timeout
+        applied.append("set_timeout")
+    return applied
+
+
+class CpuDeviceModule:
+    """torch.cpu, with the calls TorchTitan's metrics make of a device module answered for a host."""
+
+    def __getattr__(self, name):
+        return getattr(torch.cpu, name)
+
+    @staticmethod
+    def get_device_name(device=None) -> str:
+        import platform
+
+        return platform.processor() or platform.machine() or "cpu"
+
+    @staticmethod
+    def get_device_properties(device=None):
+        import types
+
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return types.SimpleNamespace(name="cpu", total_memory=total)
+
+    @staticmethod
+    def current_device() -> int:
+        return 0  # an index, as accelerators answer (torch.cpu answers "cpu"; barrier wants an int)
+
+    @staticmethod
+    def memory_stats(device=None) -> dict:
+        return {}  # TorchTitan reports -1 for every figure missing here
+
+    @staticmethod
+    def reset_peak_memory_stats(device=None) -> None:
+        pass
+
+    @staticmethod
+    def empty_cache() -> None:
+        pass
+
+
+def _device_falls_back_to_cpu() -> None:
+    import torch._utils
+
+    probe, module_of = torch._utils._get_available_device_type, torch._utils._get_device_module
+    torch._utils._get_available_device_type = lambda: probe() or "cpu"
+    torch._utils._get_device_module = lambda name: CpuDeviceModule() if name == "cpu" else module_of(name)
+    try:
+        import torchtitan.tools.utils  # noqa: F401  (binds device_type, device_module once, at import)
+    finally:
+        torch._utils._get_available_device_type, torch._utils._get_device_module = probe, module_of
+
+
+def _flex_attention_to_sdpa_on_cpu() -> None:
+    import torch.nn.functional as F
+    from torch.nn.attention.flex_attention import create_mask
+    from torchtitan.models.common.attention import FlexAttention
+
+    flex_forward = FlexAttention.forward
+
+    def forward(self, q_BLNH, k_BLNH, v_BLNH, *, attention_masks, score_mod=None, scale=None,
+                enable_gqa=False, out_transform=None, **kwargs):
+        if q_BLNH.device.type != "cpu" or score_mod is not None or out_transform is not None:
+            return flex_forward(self, q_BLNH, k_BLNH, v_BLNH, attention_masks=attention_masks,
+                                score_mod=score_mod, scale=scale, enable_gqa=enable_gqa,
+                                out_transform=out_transform, **kwargs)
+        batch, length = q_BLNH.shape[0], q_BLNH.shape[1]
+        # the BlockMask's own mask_mod (block-causal over packed documents) as a dense boolean mask
+        mask = create_mask(attention_masks.mask_mod, batch, 1, length, length, device=q_BLNH.device)
+        out = F.scaled_dot_product_attention(q_BLNH.transpose(1, 2), k_BLNH.transpose(1, 2),
+                                             v_BLNH.transpose(1, 2), attn_mask=mask, scale=scale,
+                                             enable_gqa=enable_gqa)
+        return out.transpose(1, 2)
+
+    FlexAttention.forward = forward
+
+
+def _gloo_reduce_scatter_without_premul_sum() -> None:
+    from torch.distributed.fsdp import FSDPModule
+    from torchtitan.distributed import fsdp
+
+    disable_division = fsdp.disable_fsdp_gradient_division
+
+    def disable_fsdp_gradient_division(model) -> None:
+        disable_division(model)
+        if dist.get_backend() == "gloo":
+            for module in model.modules():
+                if isinstance(module, FSDPModule):
+                    module.set_force_sum_reduction_for_comms(True)
+
+    fsdp.disable_fsdp_gradient_division = disable_fsdp_gradient_division
+
+
+def _set_timeout(timeout, group=None) -> None:
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    _set_pg_timeout(timeout, group)

@@ -1,0 +1,69 @@
+"""Train TorchTitan (0.3.0, unmodified) as `python -m torchtitan.train` does, on any host, CPU/gloo
+included: `torchrun --standalone --nproc-per-node=2 samples/torchtitan/train.py --module llama3
+--config llama3_debugmodel [TorchTitan flags ...]`.
+
+Every flag goes to TorchTitan as given. Before it runs, the runner
+- generates the tiny deterministic tokenizer and dataset (assets.py) into `--assets DIR`
+  (default: ./torchtitan-assets) and points TorchTitan at them unless the command names its own
+  (`--hf-assets-path`, `--dataloader.dataset-path`);
+- on a CPU-only host passes `--parallelism.spmd-backend partial_dtensor` unless the command names
+  a backend, and applies cpu_shim.py (what else CPU/gloo needs).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+
+import assets  # noqa: E402
+import cpu_shim  # noqa: E402
+
+
+def has_flag(argv: list[str], flag: str) -> bool:
+    return any(a == flag or a.startswith(flag + "=") for a in argv)
+
+
+def take_flag(argv: list[str], flag: str, default: str) -> tuple[str, list[str]]:
+    """(value of the runner's own flag, argv without it)."""
+    rest, value, i = [], default, 0
+    while i < len(argv):
+        if argv[i] == flag and i + 1 < len(argv):
+            value, i = argv[i + 1], i + 2
+        elif argv[i].startswith(flag + "="):
+            value, i = argv[i].split("=", 1)[1], i + 1
+        else:
+            rest.append(argv[i])
+            i += 1
+    return value, rest
+
+
+def torchtitan_args(argv: list[str], cpu: bool) -> list[str]:
+    assets_root, argv = take_flag(argv, "--assets", "torchtitan-assets")
+    tokenizer_dir, dataset_dir = assets.ensure_assets(os.path.abspath(assets_root))
+    extra = []
+    if not has_flag(argv, "--hf-assets-path"):
+        extra += ["--hf-assets-path", tokenizer_dir]
+    if not has_flag(argv, "--dataloader.dataset-path"):
+        extra += ["--dataloader.dataset-path", dataset_dir]
+    if cpu and not has_flag(argv, "--parallelism.spmd-backend"):
+        extra += ["--parallelism.spmd-backend", "partial_dtensor"]
+    return extra + argv
+
+
+def main() -> None:
+    # the assets are read locally; never ask the Hugging Face hub about them
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    cpu = cpu_shim.cpu_only()
+    sys.argv = [sys.argv[0], *torchtitan_args(sys.argv[1:], cpu)]
+    cpu_shim.apply()
+    from torchtitan.train import main as torchtitan_main
+
+    torchtitan_main()
+
+
+if __name__ == "__main__":
+    main()

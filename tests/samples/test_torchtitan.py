@@ -1,0 +1,189 @@
+"""samples/torchtitan without a launch: the generated assets, the runner's flags, the CPU shim's
+attention, and docs/TORCHTITAN.md's CUDA and Neuron commands (which CI cannot run) parsed by
+TorchTitan 0.3.0's own config parser."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shlex
+
+import pytest
+
+from conftest import SAMPLES
+from torchtitan_doc import block
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,
+                                reason="torchtitan is not installed (pip install -e '.[dev]' installs it)")
+
+
+
+def _load_runner():
+    """samples/torchtitan/train.py under a name no other test uses (it imports assets and cpu_shim)."""
+    spec = importlib.util.spec_from_file_location("torchtitan_sample_runner",
+                                                  os.path.join(SAMPLES, "torchtitan", "train.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+train = _load_runner()
+assets, cpu_shim = train.assets, train.cpu_shim
+
+
+def folder_bytes(root: str) -> dict[str, bytes]:
+    out = {}
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            path = os.path.join(dirpath, name)
+            out[os.path.relpath(path, root)] = open(path, "rb").read()
+    return out
+
+
+def test_assets_are_the_same_bytes_wherever_they_are_generated(tmp_path):
+    assets.ensure_assets(str(tmp_path / "a"))
+    assets.ensure_assets(str(tmp_path / "b"))
+    a, b = folder_bytes(str(tmp_path / "a")), folder_bytes(str(tmp_path / "b"))
+    assert a == b and {"tokenizer/tokenizer.json", "c4_tiny/data.json"} <= set(a)
+    assert len(a["c4_tiny/data.json"].splitlines()) == 400  # documents, as docs/TORCHTITAN.md says
+
+
+def test_the_tokenizer_fits_the_debug_model_and_adds_its_bos_and_eos(tmp_path):
+    from torchtitan.components.tokenizer import HuggingFaceTokenizer
+
+    tokenizer_dir, _ = assets.ensure_assets(str(tmp_path))
+    tokenizer = HuggingFaceTokenizer(tokenizer_path=tokenizer_dir)
+    assert tokenizer.get_vocab_size() == 1503 <= 2048  # docs/TORCHTITAN.md's figure; the debug model's vocabulary
+    first_doc = assets.documents(assets.words())[0]
+    ids = tokenizer.encode(first_doc, add_bos=True, add_eos=True)
+    assert ids[0] == tokenizer.bos_id and ids[-1] == tokenizer.eos_id
+    assert len(ids) == len(first_doc.split()) + 2 and 0 not in ids  # every word known: no <unk>
+
+
+def test_a_complete_asset_folder_is_reused_not_rewritten(tmp_path):
+    tokenizer_dir, _ = assets.ensure_assets(str(tmp_path))
+    marker = os.path.join(tokenizer_dir, "tokenizer.json")
+    os.utime(marker, (1, 1))
+    assets.ensure_assets(str(tmp_path))
+    assert os.stat(marker).st_mtime == 1
+
+
+def test_the_runner_points_torchtitan_at_the_assets_and_the_cpu_backend(tmp_path):
+    args = train.torchtitan_args(["--assets", str(tmp_path), "--module", "llama3", "--config", "llama3_debugmodel"],
+                                 cpu=True)
+    flags = dict(zip(args[::2], args[1::2]))
+    assert flags["--hf-assets-path"] == str(tmp_path / "tokenizer")
+    assert flags["--dataloader.dataset-path"] == str(tmp_path / "c4_tiny")
+    assert flags["--parallelism.spmd-backend"] == "partial_dtensor"
+    assert "--assets" not in args and args[-4:] == ["--module", "llama3", "--config", "llama3_debugmodel"]
+
+
+def test_the_runner_keeps_what_the_command_names(tmp_path):
+    given = ["--assets", str(tmp_path), "--hf-assets-path=/t", "--dataloader.dataset-path", "/d",
+             "--parallelism.spmd-backend", "spmd_types"]
+    assert train.torchtitan_args(given, cpu=True) == given[2:]
+    # with an accelerator, only the assets
+    assert "--parallelism.spmd-backend" not in train.torchtitan_args(["--assets", str(tmp_path)], cpu=False)
+
+
+def test_the_cpu_attention_is_block_causal_attention_over_packed_documents():
+    """The shim's SDPA with the BlockMask's own mask_mod equals causal attention run on each packed
+    document alone (what TorchTitan's FlexAttention computes)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention.flex_attention import and_masks, create_block_mask
+    from torchtitan.models.common.attention import (FlexAttention, get_causal_mask_mod,
+                                                    get_efficient_causal_mask_mod_for_packed_document)
+
+    flex_forward = FlexAttention.forward
+    cpu_shim._flex_attention_to_sdpa_on_cpu()
+    try:
+        torch.manual_seed(0)
+        batch, length, heads, dim = 2, 32, 2, 8
+        starts = [[0, 5, 17], [0, 30]]
+        positions = torch.zeros(batch, length, dtype=torch.int64)
+        for b, doc_starts in enumerate(starts):
+            for s, e in zip(doc_starts, doc_starts[1:] + [length]):
+                positions[b, s:e] = torch.arange(e - s)
+        mask = create_block_mask(and_masks(get_causal_mask_mod(),
+                                           get_efficient_causal_mask_mod_for_packed_document(positions)),
+                                 batch, None, length, length, device="cpu")
+        q, k, v = (torch.randn(batch, length, heads, dim, dtype=torch.float64) for _ in range(3))
+        out = FlexAttention.forward(None, q, k, v, attention_masks=mask)
+    finally:
+        FlexAttention.forward = flex_forward
+    for b, doc_starts in enumerate(starts):
+        for s, e in zip(doc_starts, doc_starts[1:] + [length]):
+            alone = F.scaled_dot_product_attention(*(t[b:b + 1, s:e].transpose(1, 2) for t in (q, k, v)),
+                                                   is_causal=True).transpose(1, 2)
+            assert torch.allclose(out[b:b + 1, s:e], alone, rtol=1e-12, atol=1e-12), (b, s, e)
+
+
+@pytest.mark.parametrize("name", ["cuda", "neuron"])
+def test_the_accelerator_commands_flags_parse_under_torchtitan(name, tmp_path):
+    """docs/TORCHTITAN.md's CUDA and Neuron commands, with the setup block's variables, parsed by
+    TorchTitan's ConfigManager (the runner's additions included for the runner's command)."""
+    from torchtitan.config import ConfigManager
+
+    variables = {}
+    for line in block("setup"):
+        key, value = line.split("=", 1)
+        variables[key] = shlex.split(value)[0]
+    records = [line for line in block(name) if line.startswith("tracekit record")]
+    assert records
+    for line in records:
+        for key, value in variables.items():
+            line = line.replace(f"${key}", value)
+        words = shlex.split(line)
+        launched = words[words.index("torchrun"):]
+        if "-m" in launched:
+            assert launched[launched.index("-m") + 1] == "torchtitan.train"
+            args = launched[launched.index("-m") + 2:]
+        else:
+            assert "samples/torchtitan/train.py" in launched
+            args = train.torchtitan_args(launched[launched.index("samples/torchtitan/train.py") + 1:] +
+                                         ["--assets", str(tmp_path)], cpu=False)
+        config = ConfigManager().parse_args(args)
+        assert config.model_spec.flavor == "debugmodel"
+
+
+def test_the_debug_model_has_the_45_parameter_tensors_the_coverage_tests_expect():
+    import torch
+    from torchtitan.models.llama3 import model_registry
+
+    with torch.device("meta"):
+        model = model_registry("debugmodel").model.build()
+    names = {name for name, _ in model.named_parameters()}
+    assert len(names) == 45
+    assert {"tok_embeddings.weight", "norm.weight", "lm_head.weight", "layers.0.attention.wo.weight",
+            "layers.5.feed_forward.w2.weight"} <= names
+
+
+def test_bf16_mixed_precision_is_the_default_and_float32_turns_it_off():
+    """What docs/TORCHTITAN.md says of the setup block's flags."""
+    from torchtitan.config import ConfigManager
+
+    tt = shlex.split(shlex.split(block("setup")[0].split("=", 1)[1])[0])
+    default = ConfigManager().parse_args(tt).training
+    assert (default.mixed_precision_param, default.mixed_precision_reduce) == ("bfloat16", "float32")
+    off = ConfigManager().parse_args(tt + ["--training.mixed-precision-param", "float32"]).training
+    assert off.mixed_precision_param == "float32"
+
+
+def test_gloo_refuses_premul_sum_and_the_shims_set_timeout_sets_gloos(tmp_path):
+    """Two of the shim's reasons, on a one-rank gloo group: PREMUL_SUM is refused (so FSDP2 must
+    sum instead), and the supplied set_timeout changes the group's timeout without error."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rendezvous'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(RuntimeError, match="PREMUL_SUM"):
+            dist.reduce_scatter_tensor(torch.empty(4), torch.ones(4), op=dist._make_nccl_premul_sum(1.0))
+        cpu_shim._set_timeout(timedelta(seconds=123))
+        assert dist.group.WORLD._get_backend(torch.device("cpu")).options._timeout == timedelta(seconds=123)
+        dist.barrier()  # the group still works under the new timeout
+    finally:
+        dist.destroy_process_group()
