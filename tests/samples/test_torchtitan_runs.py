@@ -102,7 +102,7 @@ def test_initial_weights_depend_on_the_layout_without_a_seed_checkpoint(shared_o
                          ids=["dp2", "tp2", "fsdp2xtp2"])
 def test_the_recorded_loss_is_the_loss_torchtitan_logs(shared_once, block, store):
     folder, results = doc_block(shared_once, block)
-    record = ran(results, f"tracekit record -o runs/{store} ")
+    record = ran(results, f"tracekit record --loss-reduction sum -o runs/{store} ")
     logged = logged_losses(record["out"] + record["err"])
     recorded = recorded_losses(str(folder / "runs" / store))
     assert sorted(logged) == sorted(recorded) == [1, 2, 3]
@@ -118,7 +118,7 @@ def test_the_recorded_loss_is_the_loss_torchtitan_logs(shared_once, block, store
                          ids=["selective-ac-eager", "no-ac-compiled"])
 def test_every_optimizer_parameter_is_recorded_under_its_full_name(shared_once, block, store):
     folder, results = doc_block(shared_once, block)
-    record = ran(results, f"tracekit record -o runs/{store} ")
+    record = ran(results, f"tracekit record --loss-reduction sum -o runs/{store} ")
     coverage = f"{N_PARAMETERS} of {N_PARAMETERS} optimizer parameters"
     assert coverage in record["err"].splitlines()[-1], record["err"][-1000:]
     shown = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "show", str(folder / "runs" / store)],
