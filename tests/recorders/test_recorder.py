@@ -163,7 +163,7 @@ def test_written_metadata_validates_against_schema(tmp_path):
     kind = json.load(open(tmp_path / "s" / "rank_0" / "gradients" / "zarr.json"))["attributes"]
     jsonschema.validate(kind, part(schema, "kind"))
     with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate({"tracekit": {**root["tracekit"], "format_version": 4}}, schema)
+        jsonschema.validate({"tracekit": {**root["tracekit"], "format_version": 5}}, schema)
 
 
 def _handoff(tmp_path, max_bytes, monkeypatch=None, mbps=None):
