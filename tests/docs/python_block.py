@@ -1,6 +1,7 @@
 """Run one Python block of a doc, statement by statement, in the current folder:
 `python python_block.py FILE`. A statement whose line ends with `# == VALUE` (continued on the
-comment lines right after it that start `#   `) is an expression whose repr must match VALUE, floats
+comment lines right after it that start `#   `; a long one may start on the line after the
+statement) is an expression whose repr must match VALUE, floats
 masked and `...` standing for any text (tests/docs/doc_blocks.py's rule for shown output). Prints
 one line per check; exits 1 on a mismatch, with a traceback on an exception."""
 
@@ -20,6 +21,9 @@ _SHOWN = re.compile(r"#\s*==\s*(.*)$")
 def shown_value(lines: list[str], end: int) -> str | None:
     """The `# == VALUE` of the statement ending on line `end` (1-based), continuation lines joined."""
     m = _SHOWN.search(lines[end - 1])
+    if not m and end < len(lines):  # a long value: on the comment line right after the statement
+        m = re.match(r"^\s*#\s*==\s*(.*)$", lines[end])
+        end += 1
     if not m:
         return None
     value = m.group(1)
