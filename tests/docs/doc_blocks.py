@@ -119,7 +119,7 @@ def commands(b: Block) -> list[str]:
         line = re.sub(r"(^|\s+)#\s.*$", "", line).strip()
         if line and not line.startswith("#"):
             if "installed" in b.args[1:]:
-                line = re.sub(r"^python -m pip install \S+(?: \S+)* && ", "", line, count=1)
+                line = re.sub(r"^python -m pip install [^&]*? && ", "", line, count=1)
             out.append(line)
     return out
 

@@ -116,10 +116,10 @@ def test_indented_commands_are_found():
 
 
 def test_the_install_is_dropped_only_from_installed_blocks():
-    b = blocks("X.md", "<!-- doc-test: run g installed -->\n```bash\npython -m pip install -e . && tracekit diff a b\n```\n")[0]
-    assert commands(b) == ["tracekit diff a b"]
+    b = blocks("X.md", "<!-- doc-test: run g installed -->\n```bash\npython -m pip install -e . && tracekit diff a b && tracekit show a\n```\n")[0]
+    assert commands(b) == ["tracekit diff a b && tracekit show a"]
     b.args = ["g"]
-    assert commands(b) == ["python -m pip install -e . && tracekit diff a b"]
+    assert commands(b) == ["python -m pip install -e . && tracekit diff a b && tracekit show a"]
 
 
 def test_a_sample_recording_is_the_shared_fixture_call():
