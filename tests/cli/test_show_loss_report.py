@@ -65,9 +65,46 @@ def test_show_json_matches_the_disk(divergence_runs):
     kinds = {k["kind"]: k for k in doc["kinds"]}
     assert kinds["parameters"]["steps"] == [0, 1, 2, 3, 4, 5]
     grads = {t["name"]: t for t in kinds["gradients"]["tensors"]}
-    assert grads["2.weight"] == {"name": "2.weight", "dtype": "float32", "shape": [4, 16], "numel": 64,
+    assert grads["2.weight"] == {"name": "2.weight", "dtype": "float32", "opens_as": "float32", "shape": [4, 16], "numel": 64,
                                  "bytes_per_step": 256, "ranks": 4, "shapes_differ": False}
     assert doc["finished"] is True and doc["run"]["exit_status"] == 0
+
+
+def test_show_counts_the_shared_objects_beside_the_ranks(divergence_runs):
+    """Tensor bytes live once per content in objects/, for all ranks: show says how much, so the
+    ranks' own bytes beside the store's size are not a mystery."""
+    ref, _ = divergence_runs
+    doc = json.loads(invoke("show", ref, "--json").output)
+    objects = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(os.path.join(ref, "objects")) for f in fs)
+    assert doc["bytes_shared_objects"] == objects > sum(r["bytes"] for r in doc["ranks"]) / 4
+    assert doc["bytes_shared_objects"] + sum(r["bytes"] for r in doc["ranks"]) <= doc["bytes_on_disk"]
+    assert "  of which shared objects: " in invoke("show", ref).output
+
+
+def test_show_lists_a_bfloat16_tensor_as_it_opens(tmp_path):
+    import tracekit
+
+    path = str(tmp_path / "s")
+    create_store(path, {"command": ["train.py"], "record_config": {"kinds": ["outputs"], "params": [], "ranks": None}})
+    w = RankWriter(path, 0, {"coords": {"rank": 0, "world_size": 1}, "run": {"device": "cpu"}})
+    w.write(1, "outputs", [TensorData("output", "bfloat16", (2,), np.array([0x3F80, 0x4000], np.uint16))])
+    w.complete_step(1)
+    w.close()
+    text = invoke("show", path).output
+    row = next(line.split(None, 1)[1] for line in text.splitlines() if line.strip().startswith("output "))
+    assert row.startswith("bfloat16 (opens as float32)"), text
+    assert str(tracekit.open(path)["outputs"]["output"].dtype) == "float32"  # what show says
+    # an empty selection is no filter: every parameter, every rank (it said `ranks: None`)
+    assert "    ranks: all" in text and "    params: all" in text and "None" not in text
+
+
+def test_show_gives_each_mesh_position_once():
+    from tracekit.cli.show import _mesh_cell
+
+    tp = {"dim_names": ["tp"], "coordinate": [1], "shape": [2]}
+    assert _mesh_cell([tp, dict(tp), dict(tp), dict(tp)]) == "tp=1"  # one mesh per TP module, all alike
+    assert _mesh_cell([tp, {"dim_names": ["dp", "tp"], "coordinate": [0, 1]}]) == "tp=1; dp=0,tp=1"
+    assert _mesh_cell([]) == "-"
 
 
 def test_show_env_versions_and_fallback_ops(tmp_path):
