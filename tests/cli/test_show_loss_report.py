@@ -223,3 +223,16 @@ def test_no_option_swallows_a_positional_argument(tmp_path):
     assert out.exit_code == 2 and "unexpected extra argument" in out.output
 
 
+def test_report_without_matplotlib_says_so_on_stderr(divergence_runs, tmp_path, monkeypatch):
+    """The page says its plots are missing; so does the command, where the user is looking."""
+    from tracekit.report import plots
+
+    def no_matplotlib(*a, **k):
+        raise plots.PlottingUnavailable("matplotlib is not installed (pip install 'tracekit[plot]')")
+
+    monkeypatch.setattr(plots, "_figure", no_matplotlib)
+    ref, cand = divergence_runs
+    out = CliRunner().invoke(main, ["report", ref, cand, "-o", str(tmp_path / "r.html")])
+    assert out.exit_code == 1, out.output
+    assert "report: No plots: matplotlib is not installed" in out.stderr
+    assert "No plots" not in out.stdout and "No plots: matplotlib" in (tmp_path / "r.html").read_text()
