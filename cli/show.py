@@ -175,6 +175,18 @@ def _shared_lines(summary: dict) -> list[str]:
             "ranks; not in the ranks' bytes below)"]
 
 
+_REPLAY_KEYS = ("replay_of", "replay_steps")
+
+
+def _replay_lines(run: dict) -> list[str]:
+    """A replay store (`tracekit record --replay-from`) says so up front, with what it replays."""
+    if not run.get("replay_of"):
+        return []
+    steps = run.get("replay_steps") or ":"
+    which = "every step" if steps == ":" else f"steps {steps}"
+    return [f"replay of: {run['replay_of']} ({which} restarted from that store's state; docs/REPLAY.md)"]
+
+
 def render(summary: dict) -> str:
     common, rank_table = _rank_lines(summary["ranks"])
     per_rank = bool(summary.get("environment"))
@@ -182,7 +194,8 @@ def render(summary: dict) -> str:
              f"size on disk: {human_bytes(summary['bytes_on_disk'])} ({summary['bytes_on_disk']} bytes)",
              *_shared_lines(summary),
              f"finished: {_finished(summary)}",
-             "", "run:", *_run_lines(summary["run"], skip=("versions", "env") if per_rank else ()),
+             *_replay_lines(summary["run"]),
+             "", "run:", *_run_lines(summary["run"], skip=(*_REPLAY_KEYS, *(("versions", "env") if per_rank else ()))),
              *(["", "environment (versions and numeric env vars each rank recorded):", *_environment_lines(summary)]
                if per_rank else []),
              "", f"ranks ({summary['world_size']}{'; ' + common if common else ''}):", *rank_table,

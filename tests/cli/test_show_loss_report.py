@@ -98,6 +98,18 @@ def test_show_lists_a_bfloat16_tensor_as_it_opens(tmp_path):
     assert "    ranks: all" in text and "    params: all" in text and "None" not in text
 
 
+def test_show_says_what_a_replay_store_replays(tmp_path):
+    path = str(tmp_path / "s")
+    create_store(path, {"command": ["train.py"], "replay_of": "/runs/ref", "replay_steps": "2:3"})
+    w = RankWriter(path, 0, {"coords": {"rank": 0, "world_size": 1}, "run": {"device": "cpu"}})
+    w.write(1, "loss", [TensorData("loss", "float32", (), np.array(1.0, np.float32))])
+    w.complete_step(1)
+    w.close()
+    text = invoke("show", path).output
+    assert "replay of: /runs/ref (steps 2:3 restarted from that store's state; docs/REPLAY.md)" in text
+    assert "replay_of" not in text and "replay_steps" not in text
+
+
 def test_show_gives_each_mesh_position_once():
     from tracekit.cli.show import _mesh_cell
 
