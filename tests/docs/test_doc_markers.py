@@ -143,3 +143,21 @@ def test_masks_hide_digits_never_counts_or_verdicts():
     # in order: a line shown before another must come before it
     assert missing_lines(["FAIL comparison ...", "loss ..."], out)
     assert masked("a   0.5  nan") == "a F F"
+
+
+def test_each_doc_says_where_its_stores_come_from():
+    """A doc whose blocks read a group's stores without making them names the doc that does (the
+    README's main job, say), so a reader knows which command to run first."""
+    maker: dict[str, str] = {}
+    for doc in DOCS:
+        for b in blocks(doc):
+            if b.kind == "run":
+                maker.setdefault(b.group, doc)
+    silent = []
+    for doc in DOCS:
+        text = open(os.path.join(REPO, doc)).read()
+        for group in sorted({b.group for b in blocks(doc) if b.group}):
+            source = maker[group]
+            if source != doc and os.path.splitext(os.path.basename(source))[0] not in text:
+                silent.append(f"{doc} uses the stores of group {group!r} made in {source} without naming it")
+    assert not silent, silent
