@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -56,8 +57,10 @@ def _run_part(part: str, folder: str, recorded_sample, seen: dict) -> dict:
         key = json.dumps(sample, sort_keys=True)
         n = seen[key] = seen.get(key, 0) + 1  # the same command twice: two launches, as written
         store, result = recorded_sample(**sample, tag="" if n == 1 else f"doc-again-{n}")
-        if os.path.lexists(target):
-            os.remove(target) if os.path.islink(target) else subprocess.run(["rm", "-rf", target], check=True)
+        if os.path.islink(target) or os.path.isfile(target):
+            os.remove(target)
+        elif os.path.exists(target):
+            shutil.rmtree(target)  # --force: the doc's command would replace it too
         os.makedirs(os.path.dirname(target) or folder, exist_ok=True)
         os.symlink(store, target)
         return {"rc": result.returncode, "stdout": result.stdout, "stderr": result.stderr, "shared": store}
