@@ -2,7 +2,7 @@
 
 Run: python bench/bench_trace.py [--steps 5] [--models tutorial,10m] [--dir DIR]
 
-Single process, 1 thread (as msprobe's figures in docs/peers.md were measured), medians over the
+Single process, 1 thread, medians over the
 steps. The ratios ("x untraced": wall time, "x cpu": the training thread's CPU time) divide the
 median traced step by the median untraced step *of the same process*: each tracing run records
 N untraced steps, then N traced ones, so a neighbour's load shifts both alike. Per model, side

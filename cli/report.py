@@ -35,7 +35,8 @@ def report(ref, cand, output, align, rtol, atol, rel_l2, tol, config, exact, equ
     result = write_report(ref, cand, output, align=align, rtol=rtol, atol=atol, rel_l2=rel_l2, tol=list(tol), config=config,
                           exact=exact, equal_nan=equal_nan,
                           kinds=kinds,
-                          allow_missing=allow_missing, replay=replay)
+                          allow_missing=allow_missing, replay=replay,
+                          on_note=lambda note: click.echo(f"report: {note}", err=True))
     click.echo(result.summary_line)
     click.echo(f"report: {output}")
     sys.exit(result.exit_code)

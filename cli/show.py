@@ -31,6 +31,14 @@ def _value(key: str, v) -> str:
     return str(v)
 
 
+# what an empty selection in `tracekit record`'s configuration means: no filter, so everything
+_RECORD_ALL = {"params": [], "ranks": None}
+
+
+def _record_config_value(key: str, v) -> str:
+    return "all" if key in _RECORD_ALL and v == _RECORD_ALL[key] else _value(key, v)
+
+
 def _run_lines(run: dict, skip=()) -> list[str]:
     keys = [k for k in _FIRST if k in run and k not in skip] + [k for k in run if k not in _FIRST and k not in skip]
     lines = []
@@ -38,7 +46,8 @@ def _run_lines(run: dict, skip=()) -> list[str]:
         v = run[k]
         if isinstance(v, dict):
             lines.append(f"  {k}:" + ("" if v else " (none)"))
-            lines += [f"    {kk}: {_value(kk, vv)}" for kk, vv in v.items()]
+            show = _record_config_value if k == "record_config" else _value
+            lines += [f"    {kk}: {show(kk, vv)}" for kk, vv in v.items()]
         else:
             lines.append(f"  {k}: {_value(k, v)}")
     return lines
@@ -57,6 +66,14 @@ def _steps(first, last, n) -> str:
     return f"{first}" if first == last else f"{first}-{last}" + ("" if last - first + 1 == n else f" ({n} steps)")
 
 
+def _mesh_cell(meshes: list[dict]) -> str:
+    """A rank's position in each mesh it lives in, each position once: a TP job registers one
+    mesh per parallelized module, all the same, which the row used to repeat."""
+    positions = (",".join(f"{d}={c}" for d, c in zip(m.get("dim_names") or [], m.get("coordinate") or []))
+                 for m in meshes)
+    return "; ".join(dict.fromkeys(p for p in positions if p)) or "-"
+
+
 def _rank_lines(ranks: list[dict]) -> tuple[str, list[str]]:
     """(run-wide coordinates such as dp_degree=2, the table of ranks with the coordinates that vary)."""
     coord_keys = []
@@ -70,10 +87,7 @@ def _rank_lines(ranks: list[dict]) -> tuple[str, list[str]]:
     header = ["rank", *coord_keys, "mesh", "status", "steps", "bytes"]
     rows = []
     for r in ranks:
-        meshes = r["coords"].get("meshes") or []
-        mesh = "; ".join(
-            ",".join(f"{d}={c}" for d, c in zip(m.get("dim_names") or [], m.get("coordinate") or [])) for m in meshes
-        ) or "-"
+        mesh = _mesh_cell(r["coords"].get("meshes") or [])
         rows.append([str(r["rank"]), *[str(r["coords"].get(k, "-")) for k in coord_keys], mesh, r["status"],
                      _steps(r["first_step"], r["last_step"], r["steps_completed"]), human_bytes(r["bytes"])])
     common = " ".join(f"{k}={ranks[0]['coords'][k]}" for k in constant) if ranks else ""
@@ -97,6 +111,12 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return [fmt(header), *[fmt(r) for r in rows]]
 
 
+def _dtype_cell(t: dict) -> str:
+    """The recorded dtype, and the one xarray and numpy readers get when it differs (bfloat16)."""
+    opens = t.get("opens_as", t["dtype"])
+    return t["dtype"] if opens == t["dtype"] else f"{t['dtype']} (opens as {opens})"
+
+
 def _kind_lines(kinds: list[dict]) -> list[str]:
     lines = []
     for k in kinds:
@@ -104,7 +124,7 @@ def _kind_lines(kinds: list[dict]) -> list[str]:
         span = f"steps {steps[0]}-{steps[-1]}" if steps else "no completed steps"
         per_step = sum(t["bytes_per_step"] for t in k["tensors"])
         lines.append(f"  {k['kind']}: {len(k['tensors'])} tensors, {span}, {human_bytes(per_step)} per rank and step")
-        rows = [[shown(t["name"]), t["dtype"], "x".join(map(str, t["shape"])) or "scalar",
+        rows = [[shown(t["name"]), _dtype_cell(t), "x".join(map(str, t["shape"])) or "scalar",
                  human_bytes(t["bytes_per_step"]), "shape differs over ranks" if t["shapes_differ"] else ""]
                 for t in k["tensors"]]
         lines += ["  " + line for line in _table(["tensor", "dtype", "shape", "bytes/step", ""], rows)]
@@ -172,13 +192,35 @@ def _model_lines(summary: dict) -> list[str]:
     return ["", "model (what the recording covers):", *lines] if lines else []
 
 
+def _shared_lines(summary: dict) -> list[str]:
+    shared = summary.get("bytes_shared_objects")
+    if not shared:
+        return []
+    return [f"  of which shared objects: {human_bytes(shared)} (tensor bytes, stored once per content for all "
+            "ranks; not in the ranks' bytes below)"]
+
+
+_REPLAY_KEYS = ("replay_of", "replay_steps")
+
+
+def _replay_lines(run: dict) -> list[str]:
+    """A replay store (`tracekit record --replay-from`) says so up front, with what it replays."""
+    if not run.get("replay_of"):
+        return []
+    steps = run.get("replay_steps") or ":"
+    which = "every step" if steps == ":" else f"steps {steps}"
+    return [f"replay of: {run['replay_of']} ({which} restarted from that store's state; docs/REPLAY.md)"]
+
+
 def render(summary: dict) -> str:
     common, rank_table = _rank_lines(summary["ranks"])
     per_rank = bool(summary.get("environment"))
     lines = [f"store: {summary['store']}",
              f"size on disk: {human_bytes(summary['bytes_on_disk'])} ({summary['bytes_on_disk']} bytes)",
+             *_shared_lines(summary),
              f"finished: {_finished(summary)}",
-             "", "run:", *_run_lines(summary["run"], skip=("versions", "env") if per_rank else ()),
+             *_replay_lines(summary["run"]),
+             "", "run:", *_run_lines(summary["run"], skip=(*_REPLAY_KEYS, *(("versions", "env") if per_rank else ()))),
              *(["", "environment (versions and numeric env vars each rank recorded):", *_environment_lines(summary)]
                if per_rank else []),
              *_model_lines(summary),

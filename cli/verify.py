@@ -6,15 +6,15 @@ import sys
 
 import click
 
-from tracekit.cli.common import EXIT_USAGE, emit_json, one_line_errors
+from tracekit.cli.common import EXIT_USAGE, emit_json, json_option, one_line_errors, storage_options
 
 
 @click.command()
 @click.argument("store", type=click.Path())
-@click.option("--json", "json_dest", is_flag=False, flag_value="-", default=None, metavar="[FILE]",
-              help="Print the result as JSON (to FILE if given, else stdout).")
+@json_option("the result")
+@storage_options
 @one_line_errors
-def verify(store, json_dest):
+def verify(store, as_json):
     """Check STORE: every recorded tensor's bytes against its hash, every index entry against its data.
 
     Prints one line per problem and a summary; exits 0 when the store is sound, 2 when it is damaged.
@@ -25,14 +25,13 @@ def verify(store, json_dest):
     """
     from tracekit.store.verify import verify_store
 
-    quiet = json_dest == "-"
-    result = verify_store(store, on_problem=None if quiet else lambda p: click.echo(p.line()))
-    if json_dest is not None:
+    result = verify_store(store, on_problem=None if as_json else lambda p: click.echo(p.line()))
+    if as_json:
         emit_json({"path": result.path, "format_version": result.format_version, "ok": result.ok,
                    "entries": result.entries, "objects": result.objects, "bytes_read": result.bytes_read,
                    "problems": [{"rank": p.rank, "kind": p.kind, "step": p.step, "tensor": p.tensor, "what": p.what}
-                                for p in result.problems]}, json_dest)
-    if not quiet:
+                                for p in result.problems]}, "-")
+    else:
         click.echo(result.summary())
     if not result.ok:
         sys.exit(EXIT_USAGE)

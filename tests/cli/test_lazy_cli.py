@@ -8,7 +8,7 @@ import pytest
 # Runs the tracekit command given as arguments, then reports on stderr which heavy modules it imported.
 PROBE = """
 import atexit, sys
-atexit.register(lambda: print("IMPORTED:" + ",".join(m for m in ("torch", "tracekit.compare.engine", "xarray")
+atexit.register(lambda: print("IMPORTED:" + ",".join(m for m in ("torch", "tracekit.compare.engine", "xarray", "zarr")
                                                     if m in sys.modules), file=sys.stderr))
 from tracekit.cli.main import main
 sys.argv = ["tracekit", *sys.argv[1:]]
@@ -52,7 +52,21 @@ def test_help_loads_no_engine():
     assert imported == set()  # neither torch, nor the diff engine, nor xarray
 
 
-def test_group_help_lists_every_command():
-    out, _ = probe("--help")
+def test_group_help_lists_every_command_and_imports_none():
+    out, imported = probe("--help")
     listed = {line.split()[0] for line in out.stdout.split("Commands:")[1].splitlines() if line.strip()}
     assert listed == {"diff", "export", "import", "loss", "record", "report", "show", "verify"}
+    assert imported == set()  # no command module, so neither zarr nor torch
+
+
+def test_group_help_says_what_each_command_says_of_itself():
+    """`tracekit --help` lists main.SHORT_HELP without loading the commands: each entry must be the
+    first line of that command's own help."""
+    from tracekit.cli.main import COMMANDS, SHORT_HELP, main
+
+    assert set(SHORT_HELP) == set(COMMANDS)
+    import click
+
+    ctx = click.Context(main)
+    for name in COMMANDS:
+        assert SHORT_HELP[name] == main.get_command(ctx, name).get_short_help_str(limit=1000), name

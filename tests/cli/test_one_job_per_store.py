@@ -108,6 +108,7 @@ def test_two_jobs_started_together_one_wins_and_the_store_is_consistent(tmp_path
     assert s.rank(0).attrs["run_id"] == s.meta["run_id"]
 
 
+@pytest.mark.torchrun  # launches `tracekit record` of a script: the slow tier
 def test_stale_lock_of_a_killed_launcher_is_reported_and_taken_over_with_force(tmp_path):
     store, go = str(tmp_path / "s"), str(tmp_path / "go")
     first = paused_job(store, go, steps=3)

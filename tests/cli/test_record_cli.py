@@ -35,6 +35,7 @@ def test_records_a_world_of_one_and_propagates_exit_code(tmp_path):
     assert s.run["mode"] == "tiny"
 
 
+@pytest.mark.torchrun  # launches `tracekit record` of a script: the slow tier
 def test_refuses_existing_store_without_force_and_keeps_it(tmp_path):
     store = str(tmp_path / "s")
     assert run_cli("record", "-o", store, "--", sys.executable, TINY, "--steps", "1").returncode == 0
@@ -136,6 +137,7 @@ def test_ends_with_a_one_line_summary(tmp_path):
     assert not any("the command ended" in line for line in before), result.stderr
 
 
+@pytest.mark.torchrun  # launches `tracekit record` of a script: the slow tier
 def test_says_what_it_waits_for_when_writers_outlive_the_command(tmp_path):
     """A rank killed with steps still spooled (a writer slowed to ~1 s per entry): the launcher
     says it stores them, then that it finalizes, then the summary."""

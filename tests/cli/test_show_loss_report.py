@@ -65,9 +65,58 @@ def test_show_json_matches_the_disk(divergence_runs):
     kinds = {k["kind"]: k for k in doc["kinds"]}
     assert kinds["parameters"]["steps"] == [0, 1, 2, 3, 4, 5]
     grads = {t["name"]: t for t in kinds["gradients"]["tensors"]}
-    assert grads["2.weight"] == {"name": "2.weight", "dtype": "float32", "shape": [4, 16], "numel": 64,
+    assert grads["2.weight"] == {"name": "2.weight", "dtype": "float32", "opens_as": "float32", "shape": [4, 16], "numel": 64,
                                  "bytes_per_step": 256, "ranks": 4, "shapes_differ": False}
     assert doc["finished"] is True and doc["run"]["exit_status"] == 0
+
+
+def test_show_counts_the_shared_objects_beside_the_ranks(divergence_runs):
+    """Tensor bytes live once per content in objects/, for all ranks: show says how much, so the
+    ranks' own bytes beside the store's size are not a mystery."""
+    ref, _ = divergence_runs
+    doc = json.loads(invoke("show", ref, "--json").output)
+    objects = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(os.path.join(ref, "objects")) for f in fs)
+    assert doc["bytes_shared_objects"] == objects > sum(r["bytes"] for r in doc["ranks"]) / 4
+    assert doc["bytes_shared_objects"] + sum(r["bytes"] for r in doc["ranks"]) <= doc["bytes_on_disk"]
+    assert "  of which shared objects: " in invoke("show", ref).output
+
+
+def test_show_lists_a_bfloat16_tensor_as_it_opens(tmp_path):
+    import tracekit
+
+    path = str(tmp_path / "s")
+    create_store(path, {"command": ["train.py"], "record_config": {"kinds": ["outputs"], "params": [], "ranks": None}})
+    w = RankWriter(path, 0, {"coords": {"rank": 0, "world_size": 1}, "run": {"device": "cpu"}})
+    w.write(1, "outputs", [TensorData("output", "bfloat16", (2,), np.array([0x3F80, 0x4000], np.uint16))])
+    w.complete_step(1)
+    w.close()
+    text = invoke("show", path).output
+    row = next(line.split(None, 1)[1] for line in text.splitlines() if line.strip().startswith("output "))
+    assert row.startswith("bfloat16 (opens as float32)"), text
+    assert str(tracekit.open(path)["outputs"]["output"].dtype) == "float32"  # what show says
+    # an empty selection is no filter: every parameter, every rank (it said `ranks: None`)
+    assert "    ranks: all" in text and "    params: all" in text and "None" not in text
+
+
+def test_show_says_what_a_replay_store_replays(tmp_path):
+    path = str(tmp_path / "s")
+    create_store(path, {"command": ["train.py"], "replay_of": "/runs/ref", "replay_steps": "2:3"})
+    w = RankWriter(path, 0, {"coords": {"rank": 0, "world_size": 1}, "run": {"device": "cpu"}})
+    w.write(1, "loss", [TensorData("loss", "float32", (), np.array(1.0, np.float32))])
+    w.complete_step(1)
+    w.close()
+    text = invoke("show", path).output
+    assert "replay of: /runs/ref (steps 2:3 restarted from that store's state; docs/REPLAY.md)" in text
+    assert "replay_of" not in text and "replay_steps" not in text
+
+
+def test_show_gives_each_mesh_position_once():
+    from tracekit.cli.show import _mesh_cell
+
+    tp = {"dim_names": ["tp"], "coordinate": [1], "shape": [2]}
+    assert _mesh_cell([tp, dict(tp), dict(tp), dict(tp)]) == "tp=1"  # one mesh per TP module, all alike
+    assert _mesh_cell([tp, {"dim_names": ["dp", "tp"], "coordinate": [0, 1]}]) == "tp=1; dp=0,tp=1"
+    assert _mesh_cell([]) == "-"
 
 
 def test_show_env_versions_and_fallback_ops(tmp_path):
@@ -186,3 +235,16 @@ def test_no_option_swallows_a_positional_argument(tmp_path):
     assert out.exit_code == 2 and "unexpected extra argument" in out.output
 
 
+def test_report_without_matplotlib_says_so_on_stderr(divergence_runs, tmp_path, monkeypatch):
+    """The page says its plots are missing; so does the command, where the user is looking."""
+    from tracekit.report import plots
+
+    def no_matplotlib(*a, **k):
+        raise plots.PlottingUnavailable("matplotlib is not installed (pip install 'tracekit[plot]')")
+
+    monkeypatch.setattr(plots, "_figure", no_matplotlib)
+    ref, cand = divergence_runs
+    out = CliRunner().invoke(main, ["report", ref, cand, "-o", str(tmp_path / "r.html")])
+    assert out.exit_code == 1, out.output
+    assert "report: No plots: matplotlib is not installed" in out.stderr
+    assert "No plots" not in out.stdout and "No plots: matplotlib" in (tmp_path / "r.html").read_text()

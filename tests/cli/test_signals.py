@@ -21,6 +21,9 @@ import pytest
 
 from tracekit import open_store
 
+# every test here runs `tracekit record` of a script and signals it (8-12 s each): the slow tier
+pytestmark = pytest.mark.torchrun
+
 SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "signal_train.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
 WATCHDOG_S = 240

@@ -56,6 +56,7 @@ def test_ddp_against_fsdp_traces_name_no_root_cause(recorded_sample):
     assert "missing from candidate" in result.output  # the all-reduce ddp runs and fsdp does not
 
 
+@pytest.mark.torchrun  # launches `tracekit record` of a script: the slow tier
 def test_cli_traces_modules_over_a_step_range_and_keeps_the_bytes_it_is_asked_for(tmp_path):
     """Through `tracekit record` (one process, no torchrun): --trace modules over --trace-steps 2:3,
     then --trace ops with --trace-full on the forward only, whose kept bytes are the values the

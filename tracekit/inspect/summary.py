@@ -5,8 +5,9 @@ from __future__ import annotations
 from tracekit.inspect.facts import common, differences, rank_facts
 from tracekit.store import open_store
 from tracekit.store.location import canonical
-from tracekit.store.format import RANK_PREFIX
 from tracekit.store.consistency import missing_ranks
+from tracekit.store.dtypes import storage_dtype, to_numpy_values
+from tracekit.store.format import OBJECTS_DIR, RANK_PREFIX
 
 
 def _kinds(store) -> list[dict]:
@@ -19,7 +20,8 @@ def _kinds(store) -> list[dict]:
             entry["steps"].update(view.steps(kind))
             for t in view.tensors(kind):
                 e = entry["tensors"].setdefault(
-                    t.name, {"name": t.name, "dtype": t.dtype, "shape": list(t.shape), "numel": t.numel,
+                    t.name, {"name": t.name, "dtype": t.dtype, "opens_as": opens_as(t.dtype),
+                             "shape": list(t.shape), "numel": t.numel,
                              "bytes_per_step": t.nbytes, "ranks": 0, "shapes_differ": False})
                 e["ranks"] += 1
                 if list(t.shape) != e["shape"] or t.dtype != e["dtype"]:
@@ -28,6 +30,17 @@ def _kinds(store) -> list[dict]:
     for entry in out.values():
         result.append({"kind": entry["kind"], "steps": sorted(entry["steps"]), "tensors": list(entry["tensors"].values())})
     return result
+
+
+def opens_as(logical: str) -> str:
+    """The dtype a reader gives a tensor recorded as `logical` (tracekit.open, RankView.read):
+    the store's own decoding, so bfloat16 and float8 say float32."""
+    import numpy as np
+
+    try:
+        return str(to_numpy_values(np.zeros(1, storage_dtype(logical)), logical).dtype)
+    except (TypeError, ValueError, KeyError):
+        return logical
 
 
 def run_metadata(store) -> dict:
@@ -65,7 +78,10 @@ def summarize(path) -> dict:
     store = open_store(path)
     facts = rank_facts(store)
     ranks = []
-    rank_bytes, total_bytes = store.location.sizes_under(f"{RANK_PREFIX}{r}" for r in store.ranks)
+    # format 2 and 3 keep every tensor's bytes once per content under objects/, shared by all ranks:
+    # a rank's own folder holds only its indexes, so its bytes are small beside the store's
+    rank_bytes, total_bytes = store.location.sizes_under([*(f"{RANK_PREFIX}{r}" for r in store.ranks), OBJECTS_DIR])
+    shared_bytes = rank_bytes.pop(OBJECTS_DIR)
     for r in store.ranks:
         view = store.rank(r)
         # a step listed as completed with no data in any kind is damaged metadata: not counted as
@@ -107,6 +123,7 @@ def summarize(path) -> dict:
         "kinds": _kinds(store),
         "coverage": coverage_summary(store),
         "bytes_on_disk": total_bytes,
+        "bytes_shared_objects": shared_bytes,
     }
 
 

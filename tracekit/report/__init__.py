@@ -54,13 +54,16 @@ def build_report(ref, cand, replay=None, **diff_kwargs):
     return report, render(report, ds, plots, meta, notes, extra), notes
 
 
-def write_report(ref, cand, output, replay=None, **diff_kwargs):
-    """Write the HTML report of REF vs CAND to `output`; return the DiffReport."""
+def write_report(ref, cand, output, replay=None, on_note=None, **diff_kwargs):
+    """Write the HTML report of REF vs CAND to `output`; return the DiffReport. on_note(text) is
+    told what the page says it lacks (no plots without matplotlib), for a caller to say it too."""
     output = os.fspath(output)
     parent = os.path.dirname(os.path.abspath(output))
     if not os.path.isdir(parent):
         raise UsageError(f"-o {output}: folder {parent} does not exist")
-    report, text, _notes = build_report(ref, cand, replay=replay, **diff_kwargs)
+    report, text, notes = build_report(ref, cand, replay=replay, **diff_kwargs)
+    for note in notes if on_note else ():
+        on_note(note)
     # a path with a non-UTF-8 byte (a lone surrogate in text) is shown escaped, not a crash
     data = text.encode("utf-8", errors="backslashreplace")
     try:
