@@ -23,6 +23,8 @@ from typing import Any
 
 import torch
 
+from tracekit.recorders.precision import note_forward
+
 # Outermost calls remembered before the model is known (the model, a loss module, ...).
 _MAX_CANDIDATES = 8
 
@@ -70,6 +72,8 @@ class OutermostCalls:
         def __call__(module, *args, **kwargs):
             if is_compiling():  # first, so dynamo reads nothing else (no guards on our state)
                 return original(module, *args, **kwargs)
+            if getattr(tracker._depth, "depth", 0) == 0 and (not tracker.settled or module is tracker.root):
+                note_forward(module)  # the autocast state the forward runs under (precision.py)
             if tracker.settled:
                 if module is not tracker.root:
                     return original(module, *args, **kwargs)

@@ -72,6 +72,7 @@ def summarize(path) -> dict:
             "last_step": done[-1] if done else None,
             "kinds": view.kinds,
             "bytes": rank_bytes[f"{RANK_PREFIX}{r}"],
+            "precision": ctx.to_attrs() if (ctx := view.precision) is not None else None,
         })
     return {
         "store": canonical(store.path),

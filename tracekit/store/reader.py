@@ -79,7 +79,7 @@ def _read_root_attrs(path: str, location: Location) -> dict:
 # StoreError here, not an AttributeError wherever it is first used.
 _ROOT_TYPES = {"run": dict, "ranks": dict, "record_config": dict, "command": list, "world_size": (int, type(None))}
 _RANK_TYPES = {"run": dict, "coords": dict, "completed_steps": list, "status": str, "fallback_ops": list,
-               "env": dict, "versions": dict, "config": dict}
+               "env": dict, "versions": dict, "config": dict, "precision": dict}
 
 
 def _check_types(attrs: dict, types: dict, where: str) -> None:
@@ -298,6 +298,13 @@ class RankView:
     def cause(self) -> str | None:
         """One line on why the rank did not finish (None when it did, or nothing is known)."""
         return self._final.get("cause") or self.attrs.get("cause")
+
+    @property
+    def precision(self):
+        """The rank's PrecisionContext (tracekit/store/precision.py), or None where none was recorded."""
+        from tracekit.store.precision import rank_precision
+
+        return rank_precision(self.attrs, f"{self.store.path}: rank {self.rank}")
 
     @property
     def exit_code(self) -> int | None:
