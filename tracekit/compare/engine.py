@@ -9,6 +9,7 @@ per-tensor metrics are accumulated block by block and merged in order.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import threading
@@ -28,6 +29,7 @@ from tracekit.compare.readahead import Readahead
 from tracekit.compare import pieces
 from tracekit.compare.report import DiffReport, Divergence, KindSummary, LossRow, TensorResult
 from tracekit.compare.traces import compare_store_traces
+from tracekit.compare.precision import derive as derive_precision
 from tracekit.compare.tolerances import DEFAULT_ORACLE_FACTOR, Tolerance, Tolerances, load_config, parse_tol_option
 from tracekit.store.dtypes import storage_dtype, to_numpy_values
 from tracekit.errors import UsageError
@@ -195,7 +197,7 @@ class _Engine:
 
     def new_acc(self, kind: str, dtype: str) -> Callable[[], MetricsAccumulator]:
         tol = self.tol(kind, dtype)
-        return lambda: MetricsAccumulator(tol.rtol, tol.atol, self.equal_nan, self.oracle_factor, tol.rel_l2)
+        return lambda: MetricsAccumulator(tol.rtol, tol.atol, self.equal_nan, self.oracle_factor, tol.rel_l2, tol.elementwise)
 
     def sharded_plans(self, kp: KindPair, step: int, skip: frozenset) -> dict[str, "pieces.TensorPlan"]:
         """The tensors of a (rank pair, kind, step) compared region by region from their objects
@@ -244,7 +246,7 @@ class _Engine:
         accs = {}
         for sg in u.segments:
             tol = self.tol(kind, sg.tensor.ref.dtype)
-            accs[id(sg)] = MetricsAccumulator(tol.rtol, tol.atol, self.equal_nan, self.oracle_factor, tol.rel_l2)
+            accs[id(sg)] = MetricsAccumulator(tol.rtol, tol.atol, self.equal_nan, self.oracle_factor, tol.rel_l2, tol.elementwise)
         nbytes = 0
         try:
             for side, rc, info_of in sides:
@@ -301,7 +303,8 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
          tolerances: Tolerances | None = None, kinds: list[str] | None = None, allow_missing: bool = False,
          fail_fast: bool = False, oracle=None, oracle_factor: float | None = None, details: str = "violations",
          jobs: int | None = None, progress: Callable[[int, int], None] | None = None,
-         workers: int | None = None, scheduler: str | None = None, trust_index: bool = True) -> DiffReport:
+         workers: int | None = None, scheduler: str | None = None, trust_index: bool = True,
+         precision: str = "auto") -> DiffReport:
     """Compare two stores of the same job (a reference and a candidate); return a DiffReport.
 
     ref, cand, oracle: store paths or opened RunStores. align: "rank" (default), "coords" or
@@ -322,7 +325,9 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
     read (identical stores then diff at metadata speed; the report counts them, and damage in those
     bytes is `tracekit verify`'s to find). False reads those objects back and checks them against
     their hashes too, so damage in either store is a StoreError. Bytes that are read are always
-    checked. Raises StoreError/UsageError (one-line messages) on unusable input.
+    checked. `precision`: "auto" (default) derives the tolerance defaults from the lowest precision
+    either run's recorded precision context computed in (compare/precision.py); "bf16", "fp16",
+    "tf32" or "fp32" sets it. Raises StoreError/UsageError (one-line messages) on unusable input.
     """
     t0 = time.perf_counter()
     if details not in DETAILS:
@@ -333,14 +338,17 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
     candc = load_catalog(cand, share_with=refc)  # one model and layout: equal indexes, parsed once
     orac = load_catalog(oracle, share_with=refc) if oracle is not None else None
     _check_tolerance_kinds(tolerances, refc, candc)
+    rule = derive_precision(refc, candc, precision)
+    tolerances = dataclasses.replace(tolerances, compute=rule.compute)
     plan = alignment.plan(refc, candc, orac, align, kinds)
     options = {"align": align, "exact": tolerances.exact, "equal_nan": equal_nan, "allow_missing": allow_missing,
                "fail_fast": fail_fast, "oracle_factor": oracle_factor if orac is not None else None,
-               "kinds": kinds, "details": details, "trust_index": bool(trust_index)}
+               "kinds": kinds, "details": details, "trust_index": bool(trust_index), "precision": precision}
     report = DiffReport(refc.describe(), candc.describe(), orac.describe() if orac else None, align, options,
                         structural=plan.structural, not_comparable=plan.not_comparable, ranks=plan.ranks)
     engine = _Engine(refc, candc, orac, tolerances, equal_nan, oracle_factor, trust_index=bool(trust_index))
     report.tolerances = _applied_tolerances(plan, engine)
+    report.precision = rule.to_dict()
     if not report.usable:
         report.seconds = time.perf_counter() - t0
         return report
@@ -536,7 +544,8 @@ def _applied_tolerances(plan, engine) -> list[dict]:
             if key not in seen:
                 tol = engine.tol(*key)
                 seen[key] = {"kind": kp.kind, "dtype": t.ref.dtype, "rtol": tol.rtol, "atol": tol.atol,
-                             "rel_l2": tol.rel_l2, "source": tol.source}
+                             "rel_l2": tol.rel_l2, "source": tol.source,
+                             **({} if tol.elementwise else {"elementwise": False})}
     return sorted(seen.values(), key=lambda d: (kind_order(d["kind"]), d["kind"], d["dtype"]))
 
 
@@ -567,7 +576,7 @@ def _step_results(step, pairs, partial, engine, same, summ) -> list[TensorResult
                 if t.ref.numel:
                     continue
                 # an empty tensor has no chunk to read, yet it was compared (shapes and dtypes agree)
-                parts = [(0, MetricsAccumulator(tol.rtol, tol.atol, engine.equal_nan, engine.oracle_factor, tol.rel_l2))]
+                parts = [(0, MetricsAccumulator(tol.rtol, tol.atol, engine.equal_nan, engine.oracle_factor, tol.rel_l2, tol.elementwise))]
             acc = parts[0][1]
             for _, later in parts[1:]:
                 acc.merge(later)

@@ -63,19 +63,43 @@ def _side(d: dict | None) -> str:
     return line
 
 
+def _precision_lines(precision: dict | None) -> list[str]:
+    """Both sides' precision contexts (one line per group of ranks that recorded the same), the facts
+    that differ between them, and the rule the tolerances follow (compare/precision.py)."""
+    if not precision:
+        return []
+    from tracekit.store.precision import PrecisionContext
+
+    out = []
+    for side in ("ref", "cand"):
+        groups = precision["contexts"].get(side) or []
+        for g in groups:
+            who = "" if len(groups) == 1 else f" rank(s) {', '.join(map(str, g['ranks']))}"
+            ctx = g["context"]
+            text = "; ".join(PrecisionContext.from_attrs(ctx, side).lines()) if ctx is not None else "not recorded"
+            out.append(f"precision {side}{who}: {text}")
+    if precision["differs"]:
+        out.append(f"precision differs: {', '.join(precision['differs'])}")
+    out.append(f"precision rule: {precision['rule']}")
+    return out
+
+
 def render(report: DiffReport, max_rows: int = 20) -> str:
     out = [f"reference: {_side(report.ref)}", f"candidate: {_side(report.cand)}"]
     if report.oracle:
         out.append(f"oracle:    {_side(report.oracle)}  (factor {report.options['oracle_factor']:g})")
     out.append(f"alignment: {report.align}" + ("   --exact" if report.options.get("exact") else "")
                + ("   --equal-nan" if report.options.get("equal_nan") else ""))
+    out += _precision_lines(report.precision)
     if report.tolerances:
         tols = {}
         for t in report.tolerances:
-            tols.setdefault((t["dtype"], t["rtol"], t["atol"], t.get("rel_l2", math.inf)), []).append(t["kind"])
+            tols.setdefault((t["dtype"], t["rtol"], t["atol"], t.get("rel_l2", math.inf), t.get("elementwise", True)),
+                            []).append(t["kind"])
         out.append("tolerances: " + "; ".join(
             f"{', '.join(k)} {d}: rtol={r:g} atol={a:g}" + ("" if math.isinf(n) else f" rel_l2={n:.2g}")
-            for (d, r, a, n), k in tols.items()))
+            + ("" if e else " (elementwise: NaN/Inf only)")
+            for (d, r, a, n, e), k in tols.items()))
 
     if report.structural:
         title = "Skipped (present on one side only, or mismatched)" if report.usable else "Structural problems"

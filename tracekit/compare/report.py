@@ -136,6 +136,7 @@ class DiffReport:
     align: str
     options: dict
     tolerances: list[dict] = field(default_factory=list)  # what applied, per (kind, dtype)
+    precision: dict | None = None  # the precision rule and both sides' contexts (compare/precision.py)
     ranks: list[int] = field(default_factory=list)  # candidate ranks compared
     steps: list[int] = field(default_factory=list)  # steps compared (0 = initial parameters)
     results: list[TensorResult] = field(default_factory=list)  # every comparison, or only violations
@@ -283,6 +284,7 @@ class DiffReport:
             "align": self.align,
             "options": self.options,
             "tolerances": [{**t, "rel_l2": _num(t.get("rel_l2", math.inf))} for t in self.tolerances],
+            "precision": self.precision,
             "ranks": self.ranks,
             "steps": self.steps,
             "violations": self.num_violations,
