@@ -11,10 +11,10 @@ from tracekit.cli.main import main
 from tracekit.recorders import Recorder
 
 
-def _record(store, autocast=False, steps=2, matmul=None):
+def _record(store, autocast=False, steps=2, lr=0.01):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
     with Recorder(model, opt, store=str(store)) as rec:
         for step in range(1, steps + 1):
             g = torch.Generator().manual_seed(step)
@@ -32,7 +32,8 @@ def _record(store, autocast=False, steps=2, matmul=None):
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
     d = tmp_path_factory.mktemp("precision")
-    return {"ref": _record(d / "ref"), "ref2": _record(d / "ref2"), "bf16": _record(d / "bf16", autocast=True)}
+    return {"ref": _record(d / "ref"), "ref2": _record(d / "ref2"), "bf16": _record(d / "bf16", autocast=True),
+            "bf16_lr": _record(d / "bf16_lr", autocast=True, lr=0.01 * 1.01)}
 
 
 def _tols(report):
@@ -130,3 +131,23 @@ def test_without_the_elementwise_rule_only_the_norm_and_nonfinite_elements_judge
             acc.update(ref, cand)
             results.append(not acc.result().passed)
         assert results == [elementwise_fails, norm_only_fails]
+
+
+def test_a_learning_rate_error_inside_the_bf16_bounds_is_systematic(stores):
+    report = tracekit.diff(stores["ref"], stores["bf16_lr"])
+    assert report.num_violations == 0  # every tensor inside its bf16 bounds
+    assert not report.passed and report.exit_code == 1
+    sig = report.first_divergence.signature
+    assert (sig.kind, sig.step, sig.all_ranks) == ("deltas", 1, True) and abs(sig.factor - 1.01) < 2e-3
+    assert report.summary_line.endswith("violations=0 systematic=2 first_step=1")
+    doc = report.to_dict()
+    assert doc["first_divergence"]["signature"]["text"].startswith("systematic: deltas = 1.0")
+    assert {k["kind"]: k["shape"] for k in doc["structure"]["kinds"]}["outputs"] == "rounding-like"
+    clean = tracekit.diff(stores["ref"], stores["bf16"])
+    assert clean.passed and {k: s.shape for k, s in clean.shapes.items()}["deltas"] == "rounding-like"
+    assert tracekit.diff(stores["ref"], stores["bf16_lr"], structure=False).passed  # magnitude alone cannot see it
+
+
+def test_the_accessor_carries_the_signature(stores):
+    ds = tracekit.open_diff(stores["ref"], stores["bf16_lr"])
+    assert ds.tracekit.first_divergence()["signature"].startswith("systematic: deltas")

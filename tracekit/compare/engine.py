@@ -29,6 +29,7 @@ from tracekit.compare.readahead import Readahead
 from tracekit.compare import pieces
 from tracekit.compare.report import DiffReport, Divergence, KindSummary, LossRow, TensorResult
 from tracekit.compare.traces import compare_store_traces
+from tracekit.compare import structure
 from tracekit.compare.precision import derive as derive_precision
 from tracekit.compare.tolerances import DEFAULT_ORACLE_FACTOR, Tolerance, Tolerances, load_config, parse_tol_option
 from tracekit.store.dtypes import storage_dtype, to_numpy_values
@@ -304,7 +305,7 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
          fail_fast: bool = False, oracle=None, oracle_factor: float | None = None, details: str = "violations",
          jobs: int | None = None, progress: Callable[[int, int], None] | None = None,
          workers: int | None = None, scheduler: str | None = None, trust_index: bool = True,
-         precision: str = "auto") -> DiffReport:
+         precision: str = "auto", structure: bool = True) -> DiffReport:
     """Compare two stores of the same job (a reference and a candidate); return a DiffReport.
 
     ref, cand, oracle: store paths or opened RunStores. align: "rank" (default), "coords" or
@@ -327,7 +328,9 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
     their hashes too, so damage in either store is a StoreError. Bytes that are read are always
     checked. `precision`: "auto" (default) derives the tolerance defaults from the lowest precision
     either run's recorded precision context computed in (compare/precision.py); "bf16", "fp16",
-    "tf32" or "fp32" sets it. Raises StoreError/UsageError (one-line messages) on unusable input.
+    "tf32" or "fp32" sets it. `structure` (default on): fit each step's errors against a scale
+    (compare/structure.py); a strongly structured error is a violation even inside the bounds.
+    Raises StoreError/UsageError (one-line messages) on unusable input.
     """
     t0 = time.perf_counter()
     if details not in DETAILS:
@@ -343,7 +346,8 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
     plan = alignment.plan(refc, candc, orac, align, kinds)
     options = {"align": align, "exact": tolerances.exact, "equal_nan": equal_nan, "allow_missing": allow_missing,
                "fail_fast": fail_fast, "oracle_factor": oracle_factor if orac is not None else None,
-               "kinds": kinds, "details": details, "trust_index": bool(trust_index), "precision": precision}
+               "kinds": kinds, "details": details, "trust_index": bool(trust_index), "precision": precision,
+               "structure": bool(structure)}
     report = DiffReport(refc.describe(), candc.describe(), orac.describe() if orac else None, align, options,
                         structural=plan.structural, not_comparable=plan.not_comparable, ranks=plan.ranks)
     engine = _Engine(refc, candc, orac, tolerances, equal_nan, oracle_factor, trust_index=bool(trust_index))
@@ -585,11 +589,26 @@ def _step_results(step, pairs, partial, engine, same, summ) -> list[TensorResult
     return results
 
 
+def _add_shapes(report: DiffReport, step: int, by_kind: dict[str, list[TensorResult]]) -> None:
+    """The structured-error fits of the step (compare/structure.py): a signature is a violation."""
+    for kind, rs in by_kind.items():
+        sig, max_z, differs = structure.step_signature(step, kind, rs)
+        shape = report.shapes.setdefault(kind, structure.KindShape(kind))
+        shape.max_z = max(shape.max_z, max_z)
+        shape.differs |= differs
+        if sig is not None:
+            shape.signatures.append(sig)
+            report.signatures.append(sig)
+            structure.first_steps(shape.signatures)
+
+
 def _add_step(report: DiffReport, step: int, results: list[TensorResult], details: str) -> None:
     report.steps.append(step)
     by_kind: dict[str, list[TensorResult]] = {}
     for r in results:
         by_kind.setdefault(r.kind, []).append(r)
+    if report.options.get("structure"):
+        _add_shapes(report, step, by_kind)
     for kind, rs in by_kind.items():
         # hash-decided tensors of one size and tolerance share one metrics object: each distinct
         # one is looked at once, with how many results hold it
@@ -635,10 +654,19 @@ def _over(fn, ms, name):
 
 def _first_divergence(report: DiffReport) -> Divergence | None:
     bad = report.violations
+    first_sig = min(report.signatures, key=lambda s: (s.step, kind_order(s.kind), s.kind), default=None)
     if not bad:
-        return None
+        if first_sig is None:
+            return None
+        ex = first_sig.example
+        return Divergence(first_sig.step, first_sig.kind, ex.tensor, [ex.tensor], first_sig.ranks, ex.rank, ex.ref_rank,
+                          ex.metrics.worst, ex.metrics, ex.compared_by, first_sig)
     step = min(r.step for r in bad)
     kind = min((r.kind for r in bad if r.step == step), key=lambda k: (kind_order(k), k))
+    if first_sig is not None and (first_sig.step, kind_order(first_sig.kind)) < (step, kind_order(kind)):
+        ex = first_sig.example
+        return Divergence(first_sig.step, first_sig.kind, ex.tensor, [ex.tensor], first_sig.ranks, ex.rank, ex.ref_rank,
+                          ex.metrics.worst, ex.metrics, ex.compared_by, first_sig)
     rs = [r for r in bad if r.step == step and r.kind == kind]  # already in recorded order per rank
     names = list(dict.fromkeys(r.tensor for r in sorted(rs, key=lambda r: r.rank)))
     first = names[0]
@@ -649,5 +677,6 @@ def _first_divergence(report: DiffReport) -> Divergence | None:
         return (r.metrics.nonfinite > 0, r.metrics.margin or 0.0, err)
 
     worst = max((r for r in rs if r.tensor == first), key=badness)
+    sig = next((s for s in report.signatures if s.step == step and s.kind == kind), None)
     return Divergence(step, kind, first, names, sorted({r.rank for r in rs}), worst.rank, worst.ref_rank,
-                      worst.metrics.worst, worst.metrics, worst.compared_by)
+                      worst.metrics.worst, worst.metrics, worst.compared_by, sig)

@@ -117,6 +117,9 @@ class TensorMetrics:
     norm_margin: float | None = None  # the norm rule's lhs / rhs
     compared: int = 0  # elements finite on every side
     counts: NonFinite = NonFinite()
+    # (sum ref^2, sum ref*(cand-ref), sum (cand-ref)^2) over the compared elements: what the
+    # structured-error fits of compare/structure.py pool over tensors and ranks (None: not known)
+    fit: tuple[float, float, float] | None = None
 
     @property
     def passed(self) -> bool:
@@ -632,7 +635,8 @@ class MetricsAccumulator:
                                  None, worst, oracle if self.o_n else None, self.rel_l2, False, None, None, 0, counts)
         return TensorMetrics(self.n, self.rtol, self.atol, violations, self.nonfinite, self.max_abs,
                              self.max_rel, rel_l2, cosine, worst, oracle, self.rel_l2, norm_failed,
-                             elem_margin, norm_margin, self.n_fin, counts)
+                             elem_margin, norm_margin, self.n_fin, counts,
+                             (self.ss_ref, self.dot_ref_diff, self.ss_diff))
 
     def _scaled_elementwise(self) -> tuple[int, float]:
         """(violations, elementwise margin); without the elementwise rule only NaN/Inf mismatches count."""

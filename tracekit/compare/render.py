@@ -84,6 +84,28 @@ def _precision_lines(precision: dict | None) -> list[str]:
     return out
 
 
+def _shape_lines(report: DiffReport) -> list[str]:
+    """Each kind's error shape (compare/structure.py): systematic, with each run of signatures once
+    (its strongest step), rounding-like, or identical."""
+    shapes = [s for s in report.shapes.values() if (s.differs or s.signatures) and s.shape != "not fitted"]
+    if not shapes:
+        return []
+    out = ["", "Error shape per kind (scale fit of cand - ref over each step's tensors; systematic where "
+               "|z| >= 20 and |rho| >= 0.05, docs/DIFF.md):"]
+    for shape in sorted(shapes, key=lambda s: (kind_order(s.kind), s.kind)):
+        if not shape.signatures:
+            out.append(f"  {shape.kind}: {shape.shape} (largest |z| {shape.max_z:.1f})")
+            continue
+        runs: dict[tuple, object] = {}
+        for sig in shape.signatures:
+            key = (sig.first_step, tuple(sig.ranks))
+            if key not in runs or abs(sig.z) > abs(runs[key].z):
+                runs[key] = sig
+        steps = ", ".join(str(s.step) for s in shape.signatures)
+        out += [f"  {shape.kind}: {sig.text} (steps {steps})" for sig in runs.values()]
+    return out
+
+
 def render(report: DiffReport, max_rows: int = 20) -> str:
     out = [f"reference: {_side(report.ref)}", f"candidate: {_side(report.cand)}"]
     if report.oracle:
@@ -143,6 +165,8 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
         m = d.metrics
         out += ["", f"First divergence: step {d.step}, {d.kind}, tensor {d.tensor!r}, "
                     f"rank{'s' if len(d.ranks) > 1 else ''} {ranges(d.ranks)}"]
+        if d.signature is not None:
+            out.append(f"  {d.signature.text}")
         if len(d.tensors) > 1:
             names = ", ".join(shown(t) for t in d.tensors[:8]) + (", ..." if len(d.tensors) > 8 else "")
             out.append(f"  {len(d.tensors)} {d.kind} tensors outside tolerance: {names}")
@@ -169,6 +193,7 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
                        + (f" (bound {m.rel_l2:.2g}{', outside the norm rule' if m.norm_failed else ''})" if not math.isinf(m.rel_l2) else "")
                        + f", cosine {_cos(m.cosine, 9)}, margin {_m(m.margin)}")
 
+    out += _shape_lines(report)
     out += render_root_cause(report.traces)
     bad = report.violations
     if bad:

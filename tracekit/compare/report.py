@@ -121,11 +121,13 @@ class Divergence:
     worst: WorstElement | None
     metrics: TensorMetrics
     compared_by: str = "elements"  # as TensorResult.compared_by
+    signature: object = None  # compare.structure.Signature: the error's shape here, when it has one
 
     def to_dict(self) -> dict:
         return {"step": self.step, "kind": self.kind, "tensor": self.tensor, "tensors": self.tensors,
                 "ranks": self.ranks, "rank": self.rank, "ref_rank": self.ref_rank, "compared_by": self.compared_by,
-                "worst": self.worst.to_dict() if self.worst else None, "metrics": self.metrics.to_dict()}
+                "worst": self.worst.to_dict() if self.worst else None, "metrics": self.metrics.to_dict(),
+                "signature": self.signature.to_dict() if self.signature is not None else None}
 
 
 @dataclass
@@ -137,6 +139,8 @@ class DiffReport:
     options: dict
     tolerances: list[dict] = field(default_factory=list)  # what applied, per (kind, dtype)
     precision: dict | None = None  # the precision rule and both sides' contexts (compare/precision.py)
+    signatures: list = field(default_factory=list)  # compare.structure.Signature: structured errors (violations)
+    shapes: dict = field(default_factory=dict)  # kind -> compare.structure.KindShape over the steps
     ranks: list[int] = field(default_factory=list)  # candidate ranks compared
     steps: list[int] = field(default_factory=list)  # steps compared (0 = initial parameters)
     results: list[TensorResult] = field(default_factory=list)  # every comparison, or only violations
@@ -207,7 +211,7 @@ class DiffReport:
 
     @property
     def passed(self) -> bool:
-        return self.usable and not self.nothing_compared and self.num_violations == 0
+        return self.usable and not self.nothing_compared and self.num_violations == 0 and not self.signatures
 
     @property
     def status(self) -> str:
@@ -266,7 +270,10 @@ class DiffReport:
             return f"ERROR comparison ranks={len(self.ranks)} structural_problems={len(self.structural)}"
         line = f"{self.status.upper()} comparison ranks={len(self.ranks)} steps={self.num_steps}"
         if self.status == "fail":
-            line += f" violations={self.num_violations} first_step={self.first_divergence.step}"
+            line += f" violations={self.num_violations}"
+            if self.signatures:  # structured errors: violations even where every tensor is in bounds
+                line += f" systematic={len(self.signatures)}"
+            line += f" first_step={self.first_divergence.step}"
         # a partial comparison says so: a plain PASS is for complete comparisons only
         line += "".join(f" {k}={v}" for k, v in self.missing_counts.items())
         # nor for one that judged some tensors by their summaries, not their elements
@@ -285,6 +292,8 @@ class DiffReport:
             "options": self.options,
             "tolerances": [{**t, "rel_l2": _num(t.get("rel_l2", math.inf))} for t in self.tolerances],
             "precision": self.precision,
+            "structure": {"signatures": [s.to_dict() for s in self.signatures],
+                          "kinds": [k.to_dict() for k in self.shapes.values()]} if self.shapes else None,
             "ranks": self.ranks,
             "steps": self.steps,
             "violations": self.num_violations,
