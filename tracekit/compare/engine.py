@@ -654,7 +654,7 @@ def _over(fn, ms, name):
 
 def _first_divergence(report: DiffReport) -> Divergence | None:
     bad = report.violations
-    first_sig = min(report.signatures, key=lambda s: (s.step, kind_order(s.kind), s.kind), default=None)
+    first_sig = min(report.systematic_only, key=lambda s: (s.step, kind_order(s.kind), s.kind), default=None)
     if not bad:
         if first_sig is None:
             return None

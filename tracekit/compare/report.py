@@ -214,6 +214,13 @@ class DiffReport:
         return self.usable and not self.nothing_compared and self.num_violations == 0 and not self.signatures
 
     @property
+    def systematic_only(self) -> list:
+        """Signatures where no tensor of the kind and step is outside its bounds: the violations that
+        the structure alone finds (a signature beside failing tensors only names their error's shape)."""
+        failing = {(s.step, s.kind) for s in self.summary if s.violating}
+        return [s for s in self.signatures if (s.step, s.kind) not in failing]
+
+    @property
     def status(self) -> str:
         if not self.usable or self.nothing_compared:
             return "error"
@@ -271,8 +278,8 @@ class DiffReport:
         line = f"{self.status.upper()} comparison ranks={len(self.ranks)} steps={self.num_steps}"
         if self.status == "fail":
             line += f" violations={self.num_violations}"
-            if self.signatures:  # structured errors: violations even where every tensor is in bounds
-                line += f" systematic={len(self.signatures)}"
+            if self.systematic_only:  # structured errors where every tensor is in bounds
+                line += f" systematic={len(self.systematic_only)}"
             line += f" first_step={self.first_divergence.step}"
         # a partial comparison says so: a plain PASS is for complete comparisons only
         line += "".join(f" {k}={v}" for k, v in self.missing_counts.items())
