@@ -11,7 +11,7 @@ from tracekit.cli.main import main
 from tracekit.recorders import Recorder
 
 
-def _record(store, autocast=False, steps=2, lr=0.01):
+def _record(store, autocast=False, steps=3, lr=0.01):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
     opt = torch.optim.SGD(model.parameters(), lr=lr)
@@ -139,7 +139,7 @@ def test_a_learning_rate_error_inside_the_bf16_bounds_is_systematic(stores):
     assert not report.passed and report.exit_code == 1
     sig = report.first_divergence.signature
     assert (sig.kind, sig.step, sig.all_ranks) == ("deltas", 1, True) and abs(sig.factor - 1.01) < 2e-3
-    assert report.summary_line.endswith("violations=0 systematic=2 first_step=1")
+    assert report.summary_line.endswith("violations=0 systematic=3 first_step=1")
     doc = report.to_dict()
     assert doc["first_divergence"]["signature"]["text"].startswith("systematic: deltas = 1.0")
     assert {k["kind"]: k["shape"] for k in doc["structure"]["kinds"]}["outputs"] == "rounding-like"
@@ -151,3 +151,23 @@ def test_a_learning_rate_error_inside_the_bf16_bounds_is_systematic(stores):
 def test_the_accessor_carries_the_signature(stores):
     ds = tracekit.open_diff(stores["ref"], stores["bf16_lr"])
     assert ds.tracekit.first_divergence()["signature"].startswith("systematic: deltas")
+
+
+def test_growing_errors_without_a_replay_print_the_replay_command(stores, tmp_path):
+    import shutil
+
+    report = tracekit.diff(stores["ref"], stores["bf16_lr"], precision="fp32")
+    assert not report.passed and report.drift is not None
+    errors = report.drift["errors"]
+    assert len(errors) == 3 and errors[-1] >= 2 * errors[0]
+    assert report.drift["replay_command"].startswith(f"tracekit record --replay-from {stores['ref']} -o ")
+    out = CliRunner().invoke(main, ["diff", "--precision", "fp32", stores["ref"], stores["bf16_lr"]])
+    assert "Drift or error?" in out.output and "tracekit record --replay-from" in out.output
+    # a replay store's errors are each step's own: nothing to decide
+    replay = shutil.copytree(stores["bf16_lr"], tmp_path / "replay")
+    meta = replay / "rank_0" / "zarr.json"
+    doc = json.loads(meta.read_text())
+    doc["attributes"]["replay_of"] = stores["ref"]
+    meta.write_text(json.dumps(doc))
+    assert tracekit.diff(stores["ref"], str(replay), precision="fp32").drift is None
+    assert tracekit.diff(stores["ref"], stores["bf16"]).drift is None  # a PASS

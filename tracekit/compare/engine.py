@@ -30,6 +30,7 @@ from tracekit.compare import pieces
 from tracekit.compare.report import DiffReport, Divergence, KindSummary, LossRow, TensorResult
 from tracekit.compare.traces import compare_store_traces
 from tracekit.compare import structure
+from tracekit.compare.drift import drift_note
 from tracekit.compare.precision import derive as derive_precision
 from tracekit.compare.tolerances import DEFAULT_ORACLE_FACTOR, Tolerance, Tolerances, load_config, parse_tol_option
 from tracekit.store.dtypes import storage_dtype, to_numpy_values
@@ -406,6 +407,7 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
         stepwise.close()  # stops work on the steps a fail-fast break left
     report.bytes_compared = done
     report.first_divergence = _first_divergence(report)
+    report.drift = drift_note(report, refc, candc)
     report.traces = compare_store_traces(refc, candc, _trace_rank_pairs(plan, candc, refc), tolerances)
     report.seconds = time.perf_counter() - t0
     return report

@@ -205,6 +205,12 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
         out += table(*_violation_rows(groups[:max_rows]), right={0, 4, 5, 6, 7, 8, 9})
     if report.stopped_early:
         out += ["", "Stopped after the first violating step (--fail-fast)."]
+    if report.drift:
+        dr = report.drift
+        errs = " -> ".join(_g(e) for e in dr["errors"])
+        out += ["", f"Drift or error? The {dr['kind']} errors grow over steps {ranges(dr['steps'])} ({errs}) and the "
+                    "candidate is not a replay: legitimate noise amplified by training grows too. A replay gives each "
+                    "step's own error (docs/REPLAY.md):", f"  {dr['replay_command']}"]
     if report.compared_by_summaries:
         out += ["", f"Note: compared by summaries: {report.compared_by_summaries} (step, rank, kind, tensor) comparisons "
                     "had no bytes on a side (recorded without matching --full); their min, max, mean, L2 norm and "

@@ -141,6 +141,7 @@ class DiffReport:
     precision: dict | None = None  # the precision rule and both sides' contexts (compare/precision.py)
     signatures: list = field(default_factory=list)  # compare.structure.Signature: structured errors (violations)
     shapes: dict = field(default_factory=dict)  # kind -> compare.structure.KindShape over the steps
+    drift: dict | None = None  # growing errors and no replay: the command that decides it (compare/drift.py)
     ranks: list[int] = field(default_factory=list)  # candidate ranks compared
     steps: list[int] = field(default_factory=list)  # steps compared (0 = initial parameters)
     results: list[TensorResult] = field(default_factory=list)  # every comparison, or only violations
@@ -299,6 +300,7 @@ class DiffReport:
             "options": self.options,
             "tolerances": [{**t, "rel_l2": _num(t.get("rel_l2", math.inf))} for t in self.tolerances],
             "precision": self.precision,
+            "drift": self.drift,
             "structure": {"signatures": [s.to_dict() for s in self.signatures],
                           "kinds": [k.to_dict() for k in self.shapes.values()]} if self.shapes else None,
             "ranks": self.ranks,
