@@ -198,7 +198,15 @@ def bf16_main(workdir: str, steps: int) -> None:
     faults += [("one matmul in bf16 (rank 1, step 2), fp32 run", None, ("--fault", "op=matmul_bf16:1:2"))]
     for family, x, extra in faults:
         name = f"{family.split(',')[0].split()[0]}-bf16-1e-{x}" if x else "op-matmul_bf16"
-        report = tracekit.diff(ref, rec(name, extra=extra))
+        # one rank's gradient fault leaves DDP replicas whose deltas differ: the diff of such deltas
+        # raises (check_entries, tracekit/compare/pieces.py, on the tree before issue 35 too); that
+        # family is compared without deltas until it is fixed
+        kinds = ["outputs", "loss", "gradients", "parameters"] if family.startswith("grad_scale") else None
+        try:
+            report = tracekit.diff(ref, rec(name, extra=extra), kinds=kinds)
+        except RuntimeError as e:  # a diff that breaks is reported, not a reason to lose the other rows
+            print(f"{family + (' e=1e-' + str(x) if x else ''):<46} ERROR: {e}")
+            continue
         sig = next(iter(report.signatures), None)
         if not report.passed and x is not None:
             smallest[family] = min(smallest.get(family, 1.0), 10.0 ** -x)
@@ -230,7 +238,12 @@ def bf16_main(workdir: str, steps: int) -> None:
     alarms = []
     print(f"{'legitimate pair':<46} {'align':<7} {'verdict':<36} {'largest margin':>14} {'largest |z|':>11}")
     for name, a, b, align in pairs:
-        report = tracekit.diff(a, b, align=align, allow_missing=True)
+        try:
+            report = tracekit.diff(a, b, align=align, allow_missing=True)
+        except RuntimeError as e:
+            alarms.append(f"{name} (ERROR)")
+            print(f"{name:<46} {align:<7} ERROR: {e}")
+            continue
         margins = [s.margin for s in report.summary if s.margin is not None]
         max_z = max((s.max_z for s in report.shapes.values()), default=0.0)
         if not report.passed:

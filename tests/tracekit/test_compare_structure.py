@@ -37,6 +37,7 @@ def test_noise_alone_is_rounding_like():
 def test_one_ranks_scale_is_that_ranks_only():
     sig, _, _ = step_signature(1, "gradients", _results("gradients", {1: 1e-2}))
     assert sig is not None and sig.ranks == [1] and not sig.all_ranks and "on rank 1 only" in sig.text
+    assert abs(sig.factor - 1.01) < 2e-3  # rank 1's own factor, not diluted by rank 0
 
 
 def test_copies_of_one_tensor_on_many_ranks_are_not_more_evidence():

@@ -147,6 +147,12 @@ def step_signature(step: int, kind: str, results) -> tuple[Signature | None, flo
     if not quiet:  # some ranks carry it only faintly: say every rank that shows it, not "only"
         carriers = sorted(r for r, f in per_rank.items() if abs(f.z()) >= Z_QUIET) or carriers
     carriers = carriers or sorted(per_rank)
+    if len(carriers) < len(per_rank):  # the fit of the ranks that carry it: the others would dilute k
+        fit = Fit()
+        for r in carriers:
+            f = per_rank[r]
+            fit.add((f.ss_ref, f.dot, f.ss_diff), f.n)
+        z = fit.z(len(carriers) if kind in REPLICATED_KINDS else 1)
     example = max((r for r in results if r.rank in carriers and r.metrics.fit is not None),
                   key=lambda r: r.metrics.fit[2])
     sig = Signature(step, kind, "scale", fit.factor, z, fit.rho, carriers, len(carriers) == len(per_rank), len(tensors),
