@@ -8,7 +8,7 @@ import click
 
 from tracekit.cli.common import (EXIT_USAGE, CommandError, check_writable, comparison_options, emit_json, json_option,
                                  one_line_errors, storage_options)
-from tracekit.compare.options import DEFAULT_ORACLE_FACTOR
+from tracekit.compare.options import DEFAULT_ORACLE_FACTOR, PRECISION_CHOICES
 
 
 class _Progress:
@@ -53,6 +53,13 @@ def environment_block(diffs: list[dict]) -> str:
 @click.option("--oracle", type=click.Path(), help="A float64 CPU recording of the same job: three-way verdict.")
 @click.option("--oracle-factor", type=float, default=None,
               help=f"Candidate error allowed, as a multiple of the reference's error against the oracle (default {DEFAULT_ORACLE_FACTOR:g}).")
+@click.option("--precision", type=click.Choice(PRECISION_CHOICES), default="auto", show_default=True,
+              help="The precision the tolerance defaults assume for float32 tensors: auto derives it from the lowest "
+                   "precision either run recorded computing in (autocast, FSDP2 mixed precision, TF32; docs/DIFF.md); "
+                   "bf16, fp16, tf32 or fp32 sets it.")
+@click.option("--structure/--no-structure", default=True, show_default=True,
+              help="Fit each step's errors against a scale (cand = k x ref): a strongly structured error is a "
+                   "violation even inside the bounds, unstructured error is reported as rounding-like (docs/DIFF.md).")
 @click.option("--trust-index/--check-hashes", "trust_index", default=True,
               help="Format 2: tensors whose content hashes are equal on both sides are identical; by default "
                    "(--trust-index) they are decided from the two indexes without reading their bytes, so two "
@@ -74,7 +81,7 @@ def environment_block(diffs: list[dict]) -> str:
 @one_line_errors
 @storage_options
 def diff(ref, cand, align, rtol, atol, rel_l2, tol, config, exact, equal_nan, kinds, allow_missing, fail_fast, oracle,
-         oracle_factor, trust_index, as_json, json_file, all_tensors, max_rows, jobs, quiet, workers, scheduler):
+         oracle_factor, precision, structure, trust_index, as_json, json_file, all_tensors, max_rows, jobs, quiet, workers, scheduler):
     """Compare a candidate run CAND with a reference run REF, rank by rank and step by step.
 
     \b
@@ -99,7 +106,7 @@ def diff(ref, cand, align, rtol, atol, rel_l2, tol, config, exact, equal_nan, ki
             config=config, kinds=kinds,
             allow_missing=allow_missing, fail_fast=fail_fast, oracle=oracle, oracle_factor=oracle_factor,
             details="all" if all_tensors else "violations", jobs=jobs, progress=progress, workers=workers,
-            scheduler=scheduler, trust_index=trust_index)
+            scheduler=scheduler, trust_index=trust_index, precision=precision, structure=structure)
     finally:
         progress.close()
     if json_file:

@@ -212,6 +212,27 @@ def _replay_lines(run: dict) -> list[str]:
     return [f"replay of: {run['replay_of']} ({which} restarted from that store's state; docs/REPLAY.md)"]
 
 
+def _precision_lines(ranks: list[dict]) -> list[str]:
+    """The precision context (tracekit/store/precision.py) of each group of ranks that recorded the same one."""
+    from tracekit.store.precision import PrecisionContext
+
+    groups: dict[str, list[int]] = {}
+    contexts = {}
+    for r in ranks:
+        key = repr(r.get("precision"))
+        groups.setdefault(key, []).append(r["rank"])
+        contexts[key] = r.get("precision")
+    lines = []
+    for key, members in groups.items():
+        who = "every rank" if len(groups) == 1 else f"rank(s) {_ranges(members)}"
+        if contexts[key] is None:
+            lines.append(f"  {who}: not recorded (a store from before tracekit kept it, or the rank ended first)")
+            continue
+        lines.append(f"  {who}:")
+        lines += [f"    {line}" for line in PrecisionContext.from_attrs(contexts[key], "").lines()]
+    return lines
+
+
 def render(summary: dict) -> str:
     common, rank_table = _rank_lines(summary["ranks"])
     per_rank = bool(summary.get("environment"))
@@ -228,6 +249,7 @@ def render(summary: dict) -> str:
              *[f"  rank {r}: listed when the store was finalized, but its group rank_{r}/ is missing "
                "(damaged store; see tracekit verify)" for r in summary.get("missing_ranks", [])],
              *_unwritten_lines(summary["ranks"]),
+             "", "precision (what the forward and its reductions computed in):", *_precision_lines(summary["ranks"]),
              "", "kinds:", *_kind_lines(summary["kinds"])]
     return terminal_safe("\n".join(lines))
 

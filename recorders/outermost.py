@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from tracekit.recorders.precision import note_forward
 from tracekit.recorders.roots import Call, Found, find_roots
 
 # Distinct modules whose outermost calls are remembered before the model is known (the model, a
@@ -71,6 +72,8 @@ class OutermostCalls:
         def __call__(module, *args, **kwargs):
             if is_compiling():  # first, so dynamo reads nothing else (no guards on our state)
                 return original(module, *args, **kwargs)
+            if getattr(tracker._depth, "depth", 0) == 0 and (not tracker.settled or id(module) in tracker.roots):
+                note_forward(module)  # the autocast state the forward runs under (precision.py)
             if tracker.settled:
                 prefix = tracker.roots.get(id(module))
                 if prefix is None or in_backward() != -1:  # not a root, or a recompute in backward

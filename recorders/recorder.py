@@ -41,6 +41,8 @@ from tracekit.recorders.optim_state import state_tensors
 from tracekit.recorders.replay import Replay
 from tracekit.recorders.roots import coverage_of
 from tracekit.store.coverage import KEY as COVERAGE_KEY, Coverage
+from tracekit.recorders.precision import PROBE, note_forward, precision_context
+from tracekit.store.precision import PRECISION_KEY
 
 
 def _named_parameters(model=None, params=None) -> list[tuple[str, torch.nn.Parameter]]:
@@ -169,6 +171,7 @@ class Recorder:
         # which of the optimizer's parameters are recorded, under which names (set by zero-code;
         # worked out at start() for an explicit model and optimizer)
         self.coverage: Coverage | None = None
+        self._precision_sent = False  # the precision context is in the store (recorders/precision.py)
 
     # ---- lifecycle -------------------------------------------------------------------------
     def __enter__(self) -> "Recorder":
@@ -223,6 +226,10 @@ class Recorder:
             self._tracer = Tracer(self.config.trace, self.model, self.config.trace_full)
             if not self.zero_code:  # zero-code starts inside step 1: its first whole step is step 2
                 self._trace_begin(1)
+        if not self.zero_code:  # (zero-code started after the first forward, which it has noted)
+            PROBE.reset()
+        if self.model is not None and not self.zero_code:  # zero-code notes forwards in its own wrapper
+            self._hooks.append(self.model.register_forward_pre_hook(lambda module, args: note_forward(module)))
         if self.optimizer is not None:
             self._hooks.append(self.optimizer.register_step_pre_hook(lambda *a: self.begin_step()))
             self._hooks.append(self.optimizer.register_step_post_hook(lambda *a: self.end_step()))
@@ -377,7 +384,16 @@ class Recorder:
             attrs["fallback_ops"] = fallback
         if self._replay is not None:
             attrs.update(self._replay.attrs())  # now with the steps actually replayed
+        if not self._precision_sent and self._writes:  # no forward seen: the flags at least
+            attrs.update(self._precision_attrs())
         return attrs
+
+    def _precision_attrs(self) -> dict:
+        self._precision_sent = True
+        backend = dist.get_backend() if dist.is_available() and dist.is_initialized() else None
+        devices = sorted({p.device.type for _, p in self._params})
+        device = ",".join(devices) or None
+        return {PRECISION_KEY: precision_context(self.model, device, backend).to_attrs()}
 
     # ---- the step ----------------------------------------------------------------------------
     def _active(self, step: int) -> bool:
@@ -499,6 +515,9 @@ class Recorder:
         self._drop_direct()
         if spooled and self._writes and not self._closed:
             self._handoff.seal()
+        if PROBE.seen and not self._precision_sent and self._writes and not self._closed:
+            # after the first step whose forward was seen: its autocast state is known now
+            self._handoff.put(step, [], complete=False, extra={"attrs": self._precision_attrs()})
 
     def _capture_direct(self) -> bool:
         """Capture the open step into its entry laid out at begin_step, if it has one and the step

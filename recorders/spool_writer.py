@@ -127,7 +127,9 @@ class _Writer:
         try:
             size = os.path.getsize(path)
             trace = entry.extra.get("trace")
-            if trace is not None:
+            if entry.extra.get("attrs"):  # rank metadata learnt while training (the precision context)
+                self.writer.update_attrs(**entry.extra["attrs"])
+            elif trace is not None:
                 if self.traces is None:
                     self.traces = TraceWriter(self.writer.group)
                 events = trace["events"]

@@ -14,6 +14,9 @@ BACKENDS = ("gloo", "nccl", "neuron")
 # "none" runs the compiled mode eagerly (to tell compiler problems from model problems).
 COMPILE_BACKENDS = ("aot_eager", "inductor", "neuron", "eager", "none")
 DTYPES = ("float32", "float64")
+# Low-precision compute over float32 weights: the forward under torch.autocast, or FSDP2's
+# MixedPrecisionPolicy(param_dtype=..., reduce_dtype=float32). The names of the dtypes they compute in.
+LOW_PRECISIONS = {"bf16": "bfloat16", "fp16": "float16"}
 # The compiler each device uses when --compile-backend is not given (the doc's pairing).
 DEFAULT_COMPILE_BACKEND = {"cpu": "aot_eager", "cuda": "inductor", "neuron": "neuron"}
 DEFAULT_TP = 2
@@ -33,6 +36,8 @@ class TrainConfig:
     lr: float = 0.01
     faults: Faults = field(default_factory=Faults)
     bias: bool = True  # False: the bias-free model (always so in simplefsdp_tp)
+    autocast: str | None = None  # a LOW_PRECISIONS key: the forward runs under torch.autocast
+    mixed_precision: str | None = None  # a LOW_PRECISIONS key: fsdp's MixedPrecisionPolicy param_dtype
 
     @property
     def compiled(self) -> bool:
@@ -48,6 +53,8 @@ class TrainConfig:
             "steps": self.steps,
             "dtype": self.dtype,
             "compile_backend": self.compile_backend,
+            **({"autocast": self.autocast} if self.autocast else {}),
+            **({"mixed_precision": self.mixed_precision} if self.mixed_precision else {}),
         }
 
 
@@ -68,6 +75,10 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--tp", type=int, help=f"simplefsdp_tp: tp degree (default {DEFAULT_TP})")
     parser.add_argument("--dtype", default="float32", choices=DTYPES)
     parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--autocast", choices=sorted(LOW_PRECISIONS),
+                        help="run the forward and loss under torch.autocast in this dtype (outputs cast back to float32)")
+    parser.add_argument("--mixed-precision", choices=sorted(LOW_PRECISIONS),
+                        help="fsdp: FSDP2 MixedPrecisionPolicy(param_dtype=this, reduce_dtype=float32, float32 output)")
     parser.add_argument("--no-bias", action="store_true",
                         help="train the bias-free model (simplefsdp_tp's; compare other modes with it)")
     parser.add_argument(
@@ -107,6 +118,10 @@ def _to_config(args: argparse.Namespace) -> TrainConfig:
         raise ValueError(f"--compile-backend applies to the compiled mode {COMPILED_MODES}, not {args.parallelism}")
     if args.tp is not None and args.parallelism != "simplefsdp_tp":
         raise ValueError("--tp applies to simplefsdp_tp only (tp mode shards over all ranks)")
+    if args.mixed_precision is not None and args.parallelism != "fsdp":
+        raise ValueError("--mixed-precision applies to fsdp only (FSDP2's MixedPrecisionPolicy)")
+    if (args.autocast or args.mixed_precision) and args.dtype != "float32":
+        raise ValueError("--autocast and --mixed-precision lower float32 math: use them with --dtype float32")
     tp = args.tp if args.tp is not None else DEFAULT_TP
     if compiled and tp < 1:
         raise ValueError(f"--tp must be at least 1, got {tp}")
@@ -128,4 +143,6 @@ def _to_config(args: argparse.Namespace) -> TrainConfig:
         lr=args.lr,
         faults=parse_faults(args.fault),
         bias=not args.no_bias and args.parallelism != "simplefsdp_tp",
+        autocast=args.autocast,
+        mixed_precision=args.mixed_precision,
     )

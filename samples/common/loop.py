@@ -19,7 +19,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from .config import TrainConfig
+from .config import LOW_PRECISIONS, TrainConfig
 from .data import GLOBAL_BATCH, batch_slice, global_batch
 from .errors import WorkloadError
 from .model import build_model
@@ -60,8 +60,12 @@ class Workload:
         self.op_fault = FaultSwitch(*config.faults.op) if config.faults.op else None
         if self.op_fault is not None:
             install_op_fault(model, self.op_fault)
+        if config.autocast:
+            # outputs in float32 whatever autocast computed them in: the same dtype as a float32 reference's
+            model.register_forward_hook(lambda module, args, out: out.float())
         self.parallel: ParallelModel = parallelize(
-            config.parallelism, model, runtime, tp=config.tp, compile_backend=config.compile_backend
+            config.parallelism, model, runtime, tp=config.tp, compile_backend=config.compile_backend,
+            mixed_precision=LOW_PRECISIONS.get(config.mixed_precision),
         )
         # Planted fault lr_scale: the optimizer itself runs with a wrong learning rate.
         self.optimizer = torch.optim.SGD(
@@ -99,8 +103,10 @@ class Workload:
         inputs, targets = self.batch(step)
         if self.op_fault is not None:
             self.op_fault.update(rank, step)
-        output = self.parallel.module(inputs)
-        local_loss = F.mse_loss(output, targets) * faults.local_loss_factor(rank, step)
+        with torch.autocast(self.runtime.device.type, dtype=getattr(torch, LOW_PRECISIONS.get(self.config.autocast, "bfloat16")),
+                            enabled=self.config.autocast is not None):
+            output = self.parallel.module(inputs)
+            local_loss = F.mse_loss(output, targets) * faults.local_loss_factor(rank, step)
         (local_loss / self.parallel.loss_divisor).backward()
         self._check_gradients(step)
         if faults.wants_nan_grad(rank, step):

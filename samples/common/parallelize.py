@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+import torch
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.nn.parallel import DistributedDataParallel
 
@@ -28,14 +29,18 @@ def parallelize_ddp(model: nn.Module, runtime: Runtime) -> ParallelModel:
     )
 
 
-def parallelize_fsdp(model: nn.Module, runtime: Runtime) -> ParallelModel:
+def parallelize_fsdp(model: nn.Module, runtime: Runtime, mixed_precision: str | None = None) -> ParallelModel:
     mesh = init_device_mesh(runtime.device.type, (runtime.world_size,), mesh_dim_names=("dp",))
+    policy = MixedPrecisionPolicy()  # full precision
+    if mixed_precision is not None:  # low-precision compute, float32 gradient reduction and model output
+        policy = MixedPrecisionPolicy(param_dtype=getattr(torch, mixed_precision), reduce_dtype=torch.float32,
+                                      output_dtype=torch.float32)
     # FSDP2: each Linear is its own unit (its weights gathered just for its forward/backward),
     # then the root; this must happen before the optimizer is built (parameters become DTensors).
     for layer in model:
         if isinstance(layer, nn.Linear):
-            fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
+            fully_shard(layer, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
     return ParallelModel(
         module=model,
         named_module=model,
@@ -55,13 +60,14 @@ def parallelize_tp(model: nn.Module, runtime: Runtime) -> ParallelModel:
 
 
 def parallelize(
-    mode: str, model: nn.Module, runtime: Runtime, tp: int | None, compile_backend: str | None
+    mode: str, model: nn.Module, runtime: Runtime, tp: int | None, compile_backend: str | None,
+    mixed_precision: str | None = None,
 ) -> ParallelModel:
     """Dispatch to the mode's parallelize_* (tp and compile_backend matter to simplefsdp_tp only)."""
     if mode == "ddp":
         return parallelize_ddp(model, runtime)
     if mode == "fsdp":
-        return parallelize_fsdp(model, runtime)
+        return parallelize_fsdp(model, runtime, mixed_precision)
     if mode == "tp":
         return parallelize_tp(model, runtime)
     if mode == "simplefsdp_tp":

@@ -9,6 +9,7 @@ per-tensor metrics are accumulated block by block and merged in order.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import threading
@@ -28,6 +29,9 @@ from tracekit.compare.readahead import Readahead
 from tracekit.compare import pieces
 from tracekit.compare.report import DiffReport, Divergence, KindSummary, LossRow, TensorResult
 from tracekit.compare.traces import compare_store_traces
+from tracekit.compare import structure
+from tracekit.compare.drift import drift_note
+from tracekit.compare.precision import derive as derive_precision
 from tracekit.compare.tolerances import DEFAULT_ORACLE_FACTOR, Tolerance, Tolerances, load_config, parse_tol_option
 from tracekit.store.dtypes import storage_dtype, to_numpy_values
 from tracekit.errors import UsageError
@@ -195,7 +199,7 @@ class _Engine:
 
     def new_acc(self, kind: str, dtype: str) -> Callable[[], MetricsAccumulator]:
         tol = self.tol(kind, dtype)
-        return lambda: MetricsAccumulator(tol.rtol, tol.atol, self.equal_nan, self.oracle_factor, tol.rel_l2)
+        return lambda: MetricsAccumulator(tol.rtol, tol.atol, self.equal_nan, self.oracle_factor, tol.rel_l2, tol.elementwise)
 
     def sharded_plans(self, kp: KindPair, step: int, skip: frozenset) -> dict[str, "pieces.TensorPlan"]:
         """The tensors of a (rank pair, kind, step) compared region by region from their objects
@@ -244,7 +248,7 @@ class _Engine:
         accs = {}
         for sg in u.segments:
             tol = self.tol(kind, sg.tensor.ref.dtype)
-            accs[id(sg)] = MetricsAccumulator(tol.rtol, tol.atol, self.equal_nan, self.oracle_factor, tol.rel_l2)
+            accs[id(sg)] = MetricsAccumulator(tol.rtol, tol.atol, self.equal_nan, self.oracle_factor, tol.rel_l2, tol.elementwise)
         nbytes = 0
         try:
             for side, rc, info_of in sides:
@@ -301,7 +305,8 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
          tolerances: Tolerances | None = None, kinds: list[str] | None = None, allow_missing: bool = False,
          fail_fast: bool = False, oracle=None, oracle_factor: float | None = None, details: str = "violations",
          jobs: int | None = None, progress: Callable[[int, int], None] | None = None,
-         workers: int | None = None, scheduler: str | None = None, trust_index: bool = True) -> DiffReport:
+         workers: int | None = None, scheduler: str | None = None, trust_index: bool = True,
+         precision: str = "auto", structure: bool = True) -> DiffReport:
     """Compare two stores of the same job (a reference and a candidate); return a DiffReport.
 
     ref, cand, oracle: store paths or opened RunStores. align: "rank" (default), "coords" or
@@ -322,7 +327,11 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
     read (identical stores then diff at metadata speed; the report counts them, and damage in those
     bytes is `tracekit verify`'s to find). False reads those objects back and checks them against
     their hashes too, so damage in either store is a StoreError. Bytes that are read are always
-    checked. Raises StoreError/UsageError (one-line messages) on unusable input.
+    checked. `precision`: "auto" (default) derives the tolerance defaults from the lowest precision
+    either run's recorded precision context computed in (compare/precision.py); "bf16", "fp16",
+    "tf32" or "fp32" sets it. `structure` (default on): fit each step's errors against a scale
+    (compare/structure.py); a strongly structured error is a violation even inside the bounds.
+    Raises StoreError/UsageError (one-line messages) on unusable input.
     """
     t0 = time.perf_counter()
     if details not in DETAILS:
@@ -333,14 +342,18 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
     candc = load_catalog(cand, share_with=refc)  # one model and layout: equal indexes, parsed once
     orac = load_catalog(oracle, share_with=refc) if oracle is not None else None
     _check_tolerance_kinds(tolerances, refc, candc)
+    rule = derive_precision(refc, candc, precision)
+    tolerances = dataclasses.replace(tolerances, compute=rule.compute)
     plan = alignment.plan(refc, candc, orac, align, kinds)
     options = {"align": align, "exact": tolerances.exact, "equal_nan": equal_nan, "allow_missing": allow_missing,
                "fail_fast": fail_fast, "oracle_factor": oracle_factor if orac is not None else None,
-               "kinds": kinds, "details": details, "trust_index": bool(trust_index)}
+               "kinds": kinds, "details": details, "trust_index": bool(trust_index), "precision": precision,
+               "structure": bool(structure)}
     report = DiffReport(refc.describe(), candc.describe(), orac.describe() if orac else None, align, options,
                         structural=plan.structural, not_comparable=plan.not_comparable, ranks=plan.ranks)
     engine = _Engine(refc, candc, orac, tolerances, equal_nan, oracle_factor, trust_index=bool(trust_index))
     report.tolerances = _applied_tolerances(plan, engine)
+    report.precision = rule.to_dict()
     if not report.usable:
         report.seconds = time.perf_counter() - t0
         return report
@@ -394,6 +407,7 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
         stepwise.close()  # stops work on the steps a fail-fast break left
     report.bytes_compared = done
     report.first_divergence = _first_divergence(report)
+    report.drift = drift_note(report, refc, candc)
     report.traces = compare_store_traces(refc, candc, _trace_rank_pairs(plan, candc, refc), tolerances)
     report.seconds = time.perf_counter() - t0
     return report
@@ -536,7 +550,8 @@ def _applied_tolerances(plan, engine) -> list[dict]:
             if key not in seen:
                 tol = engine.tol(*key)
                 seen[key] = {"kind": kp.kind, "dtype": t.ref.dtype, "rtol": tol.rtol, "atol": tol.atol,
-                             "rel_l2": tol.rel_l2, "source": tol.source}
+                             "rel_l2": tol.rel_l2, "source": tol.source,
+                             **({} if tol.elementwise else {"elementwise": False})}
     return sorted(seen.values(), key=lambda d: (kind_order(d["kind"]), d["kind"], d["dtype"]))
 
 
@@ -567,7 +582,7 @@ def _step_results(step, pairs, partial, engine, same, summ) -> list[TensorResult
                 if t.ref.numel:
                     continue
                 # an empty tensor has no chunk to read, yet it was compared (shapes and dtypes agree)
-                parts = [(0, MetricsAccumulator(tol.rtol, tol.atol, engine.equal_nan, engine.oracle_factor, tol.rel_l2))]
+                parts = [(0, MetricsAccumulator(tol.rtol, tol.atol, engine.equal_nan, engine.oracle_factor, tol.rel_l2, tol.elementwise))]
             acc = parts[0][1]
             for _, later in parts[1:]:
                 acc.merge(later)
@@ -576,11 +591,26 @@ def _step_results(step, pairs, partial, engine, same, summ) -> list[TensorResult
     return results
 
 
+def _add_shapes(report: DiffReport, step: int, by_kind: dict[str, list[TensorResult]]) -> None:
+    """The structured-error fits of the step (compare/structure.py): a signature is a violation."""
+    for kind, rs in by_kind.items():
+        sig, max_z, differs = structure.step_signature(step, kind, rs)
+        shape = report.shapes.setdefault(kind, structure.KindShape(kind))
+        shape.max_z = max(shape.max_z, max_z)
+        shape.differs |= differs
+        if sig is not None:
+            shape.signatures.append(sig)
+            report.signatures.append(sig)
+            structure.first_steps(shape.signatures)
+
+
 def _add_step(report: DiffReport, step: int, results: list[TensorResult], details: str) -> None:
     report.steps.append(step)
     by_kind: dict[str, list[TensorResult]] = {}
     for r in results:
         by_kind.setdefault(r.kind, []).append(r)
+    if report.options.get("structure"):
+        _add_shapes(report, step, by_kind)
     for kind, rs in by_kind.items():
         # hash-decided tensors of one size and tolerance share one metrics object: each distinct
         # one is looked at once, with how many results hold it
@@ -626,10 +656,19 @@ def _over(fn, ms, name):
 
 def _first_divergence(report: DiffReport) -> Divergence | None:
     bad = report.violations
+    first_sig = min(report.systematic_only, key=lambda s: (s.step, kind_order(s.kind), s.kind), default=None)
     if not bad:
-        return None
+        if first_sig is None:
+            return None
+        ex = first_sig.example
+        return Divergence(first_sig.step, first_sig.kind, ex.tensor, [ex.tensor], first_sig.ranks, ex.rank, ex.ref_rank,
+                          ex.metrics.worst, ex.metrics, ex.compared_by, first_sig)
     step = min(r.step for r in bad)
     kind = min((r.kind for r in bad if r.step == step), key=lambda k: (kind_order(k), k))
+    if first_sig is not None and (first_sig.step, kind_order(first_sig.kind)) < (step, kind_order(kind)):
+        ex = first_sig.example
+        return Divergence(first_sig.step, first_sig.kind, ex.tensor, [ex.tensor], first_sig.ranks, ex.rank, ex.ref_rank,
+                          ex.metrics.worst, ex.metrics, ex.compared_by, first_sig)
     rs = [r for r in bad if r.step == step and r.kind == kind]  # already in recorded order per rank
     names = list(dict.fromkeys(r.tensor for r in sorted(rs, key=lambda r: r.rank)))
     first = names[0]
@@ -640,5 +679,6 @@ def _first_divergence(report: DiffReport) -> Divergence | None:
         return (r.metrics.nonfinite > 0, r.metrics.margin or 0.0, err)
 
     worst = max((r for r in rs if r.tensor == first), key=badness)
+    sig = next((s for s in report.signatures if s.step == step and s.kind == kind), None)
     return Divergence(step, kind, first, names, sorted({r.rank for r in rs}), worst.rank, worst.ref_rank,
-                      worst.metrics.worst, worst.metrics, worst.compared_by)
+                      worst.metrics.worst, worst.metrics, worst.compared_by, sig)

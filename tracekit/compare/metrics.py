@@ -117,6 +117,9 @@ class TensorMetrics:
     norm_margin: float | None = None  # the norm rule's lhs / rhs
     compared: int = 0  # elements finite on every side
     counts: NonFinite = NonFinite()
+    # (sum ref^2, sum ref*(cand-ref), sum (cand-ref)^2) over the compared elements: what the
+    # structured-error fits of compare/structure.py pool over tensors and ranks (None: not known)
+    fit: tuple[float, float, float] | None = None
 
     @property
     def passed(self) -> bool:
@@ -253,9 +256,13 @@ class MetricsAccumulator:
     """Metrics of a flat tensor fed block by block, in order (`update(ref, cand, oracle, offset)`)."""
 
     def __init__(self, rtol: float, atol: float, equal_nan: bool = False, oracle_factor: float | None = None,
-                 rel_l2: float = math.inf):
+                 rel_l2: float = math.inf, elementwise: bool = True):
         self.rtol, self.atol, self.equal_nan = float(rtol), float(atol), bool(equal_nan)
         self.rel_l2 = float(rel_l2)
+        # False: the norm rule alone judges finite elements (the precision rule: a low-precision sum
+        # errs relative to its terms, not to its own value, so no elementwise bound follows from the
+        # compute dtype; docs/DIFF.md); NaN/Inf mismatches still count
+        self.elementwise = bool(elementwise)
         self.oracle_factor = None if oracle_factor is None else float(oracle_factor)
         self.n = 0
         self.n_fin = 0  # elements finite on every side
@@ -622,12 +629,20 @@ class MetricsAccumulator:
         norm_margin = self._norm_margin()
         norm_failed = norm_margin is not None and norm_margin > 1.0
         counts = NonFinite(*self.nan_inf)
+        violations, elem_margin = self._scaled_elementwise()
         if self.n_fin == 0:  # nothing comparable: no error is 0 and no cosine is 1
             return TensorMetrics(self.n, self.rtol, self.atol, self.violations, self.nonfinite, None, None, None,
                                  None, worst, oracle if self.o_n else None, self.rel_l2, False, None, None, 0, counts)
-        return TensorMetrics(self.n, self.rtol, self.atol, self.violations, self.nonfinite, self.max_abs,
+        return TensorMetrics(self.n, self.rtol, self.atol, violations, self.nonfinite, self.max_abs,
                              self.max_rel, rel_l2, cosine, worst, oracle, self.rel_l2, norm_failed,
-                             self.elem_margin, norm_margin, self.n_fin, counts)
+                             elem_margin, norm_margin, self.n_fin, counts,
+                             (self.ss_ref, self.dot_ref_diff, self.ss_diff))
+
+    def _scaled_elementwise(self) -> tuple[int, float]:
+        """(violations, elementwise margin); without the elementwise rule only NaN/Inf mismatches count."""
+        if self.elementwise or self.oracle_factor is not None:
+            return self.violations, self.elem_margin
+        return self.nonfinite, (self.elem_margin if self.nonfinite else 0.0)
 
     def _norm_margin(self) -> float | None:
         """lhs / rhs of the norm rule over the finite elements (None: no rule or nothing to judge)."""

@@ -63,19 +63,65 @@ def _side(d: dict | None) -> str:
     return line
 
 
+def _precision_lines(precision: dict | None) -> list[str]:
+    """Both sides' precision contexts (one line per group of ranks that recorded the same), the facts
+    that differ between them, and the rule the tolerances follow (compare/precision.py)."""
+    if not precision:
+        return []
+    from tracekit.store.precision import PrecisionContext
+
+    out = []
+    for side in ("ref", "cand"):
+        groups = precision["contexts"].get(side) or []
+        for g in groups:
+            who = "" if len(groups) == 1 else f" rank(s) {', '.join(map(str, g['ranks']))}"
+            ctx = g["context"]
+            text = "; ".join(PrecisionContext.from_attrs(ctx, side).lines()) if ctx is not None else "not recorded"
+            out.append(f"precision {side}{who}: {text}")
+    if precision["differs"]:
+        out.append(f"precision differs: {', '.join(precision['differs'])}")
+    out.append(f"precision rule: {precision['rule']}")
+    return out
+
+
+def _shape_lines(report: DiffReport) -> list[str]:
+    """Each kind's error shape (compare/structure.py): systematic, with each run of signatures once
+    (its strongest step), rounding-like, or identical."""
+    shapes = [s for s in report.shapes.values() if (s.differs or s.signatures) and s.shape != "not fitted"]
+    if not shapes:
+        return []
+    out = ["", "Error shape per kind (scale fit of cand - ref over each step's tensors; systematic where "
+               "|z| >= 20 and |rho| >= 0.05, docs/DIFF.md):"]
+    for shape in sorted(shapes, key=lambda s: (kind_order(s.kind), s.kind)):
+        if not shape.signatures:
+            out.append(f"  {shape.kind}: {shape.shape} (largest |z| {shape.max_z:.1f})")
+            continue
+        runs: dict[tuple, object] = {}
+        for sig in shape.signatures:
+            key = (sig.first_step, tuple(sig.ranks))
+            if key not in runs or abs(sig.z) > abs(runs[key].z):
+                runs[key] = sig
+        steps = ", ".join(str(s.step) for s in shape.signatures)
+        out += [f"  {shape.kind}: {sig.text} (steps {steps})" for sig in runs.values()]
+    return out
+
+
 def render(report: DiffReport, max_rows: int = 20) -> str:
     out = [f"reference: {_side(report.ref)}", f"candidate: {_side(report.cand)}"]
     if report.oracle:
         out.append(f"oracle:    {_side(report.oracle)}  (factor {report.options['oracle_factor']:g})")
     out.append(f"alignment: {report.align}" + ("   --exact" if report.options.get("exact") else "")
                + ("   --equal-nan" if report.options.get("equal_nan") else ""))
+    out += _precision_lines(report.precision)
     if report.tolerances:
         tols = {}
         for t in report.tolerances:
-            tols.setdefault((t["dtype"], t["rtol"], t["atol"], t.get("rel_l2", math.inf)), []).append(t["kind"])
+            tols.setdefault((t["dtype"], t["rtol"], t["atol"], t.get("rel_l2", math.inf), t.get("elementwise", True)),
+                            []).append(t["kind"])
         out.append("tolerances: " + "; ".join(
             f"{', '.join(k)} {d}: rtol={r:g} atol={a:g}" + ("" if math.isinf(n) else f" rel_l2={n:.2g}")
-            for (d, r, a, n), k in tols.items()))
+            + ("" if e else " (elementwise: NaN/Inf only)")
+            for (d, r, a, n, e), k in tols.items()))
 
     if report.structural:
         title = "Skipped (present on one side only, or mismatched)" if report.usable else "Structural problems"
@@ -119,6 +165,8 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
         m = d.metrics
         out += ["", f"First divergence: step {d.step}, {d.kind}, tensor {d.tensor!r}, "
                     f"rank{'s' if len(d.ranks) > 1 else ''} {ranges(d.ranks)}"]
+        if d.signature is not None:
+            out.append(f"  {d.signature.text}")
         if len(d.tensors) > 1:
             names = ", ".join(shown(t) for t in d.tensors[:8]) + (", ..." if len(d.tensors) > 8 else "")
             out.append(f"  {len(d.tensors)} {d.kind} tensors outside tolerance: {names}")
@@ -145,6 +193,7 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
                        + (f" (bound {m.rel_l2:.2g}{', outside the norm rule' if m.norm_failed else ''})" if not math.isinf(m.rel_l2) else "")
                        + f", cosine {_cos(m.cosine, 9)}, margin {_m(m.margin)}")
 
+    out += _shape_lines(report)
     out += render_root_cause(report.traces)
     bad = report.violations
     if bad:
@@ -156,6 +205,12 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
         out += table(*_violation_rows(groups[:max_rows]), right={0, 4, 5, 6, 7, 8, 9})
     if report.stopped_early:
         out += ["", "Stopped after the first violating step (--fail-fast)."]
+    if report.drift:
+        dr = report.drift
+        errs = " -> ".join(_g(e) for e in dr["errors"])
+        out += ["", f"Drift or error? The {dr['kind']} errors grow over steps {ranges(dr['steps'])} ({errs}) and the "
+                    "candidate is not a replay: legitimate noise amplified by training grows too. A replay gives each "
+                    "step's own error (docs/REPLAY.md):", f"  {dr['replay_command']}"]
     if report.compared_by_summaries:
         out += ["", f"Note: compared by summaries: {report.compared_by_summaries} (step, rank, kind, tensor) comparisons "
                     "had no bytes on a side (recorded without matching --full); their min, max, mean, L2 norm and "

@@ -121,11 +121,13 @@ class Divergence:
     worst: WorstElement | None
     metrics: TensorMetrics
     compared_by: str = "elements"  # as TensorResult.compared_by
+    signature: object = None  # compare.structure.Signature: the error's shape here, when it has one
 
     def to_dict(self) -> dict:
         return {"step": self.step, "kind": self.kind, "tensor": self.tensor, "tensors": self.tensors,
                 "ranks": self.ranks, "rank": self.rank, "ref_rank": self.ref_rank, "compared_by": self.compared_by,
-                "worst": self.worst.to_dict() if self.worst else None, "metrics": self.metrics.to_dict()}
+                "worst": self.worst.to_dict() if self.worst else None, "metrics": self.metrics.to_dict(),
+                "signature": self.signature.to_dict() if self.signature is not None else None}
 
 
 @dataclass
@@ -136,6 +138,10 @@ class DiffReport:
     align: str
     options: dict
     tolerances: list[dict] = field(default_factory=list)  # what applied, per (kind, dtype)
+    precision: dict | None = None  # the precision rule and both sides' contexts (compare/precision.py)
+    signatures: list = field(default_factory=list)  # compare.structure.Signature: structured errors (violations)
+    shapes: dict = field(default_factory=dict)  # kind -> compare.structure.KindShape over the steps
+    drift: dict | None = None  # growing errors and no replay: the command that decides it (compare/drift.py)
     ranks: list[int] = field(default_factory=list)  # candidate ranks compared
     steps: list[int] = field(default_factory=list)  # steps compared (0 = initial parameters)
     results: list[TensorResult] = field(default_factory=list)  # every comparison, or only violations
@@ -206,7 +212,14 @@ class DiffReport:
 
     @property
     def passed(self) -> bool:
-        return self.usable and not self.nothing_compared and self.num_violations == 0
+        return self.usable and not self.nothing_compared and self.num_violations == 0 and not self.signatures
+
+    @property
+    def systematic_only(self) -> list:
+        """Signatures where no tensor of the kind and step is outside its bounds: the violations that
+        the structure alone finds (a signature beside failing tensors only names their error's shape)."""
+        failing = {(s.step, s.kind) for s in self.summary if s.violating}
+        return [s for s in self.signatures if (s.step, s.kind) not in failing]
 
     @property
     def status(self) -> str:
@@ -265,7 +278,10 @@ class DiffReport:
             return f"ERROR comparison ranks={len(self.ranks)} structural_problems={len(self.structural)}"
         line = f"{self.status.upper()} comparison ranks={len(self.ranks)} steps={self.num_steps}"
         if self.status == "fail":
-            line += f" violations={self.num_violations} first_step={self.first_divergence.step}"
+            line += f" violations={self.num_violations}"
+            if self.systematic_only:  # structured errors where every tensor is in bounds
+                line += f" systematic={len(self.systematic_only)}"
+            line += f" first_step={self.first_divergence.step}"
         # a partial comparison says so: a plain PASS is for complete comparisons only
         line += "".join(f" {k}={v}" for k, v in self.missing_counts.items())
         # nor for one that judged some tensors by their summaries, not their elements
@@ -283,6 +299,10 @@ class DiffReport:
             "align": self.align,
             "options": self.options,
             "tolerances": [{**t, "rel_l2": _num(t.get("rel_l2", math.inf))} for t in self.tolerances],
+            "precision": self.precision,
+            "drift": self.drift,
+            "structure": {"signatures": [s.to_dict() for s in self.signatures],
+                          "kinds": [k.to_dict() for k in self.shapes.values()]} if self.shapes else None,
             "ranks": self.ranks,
             "steps": self.steps,
             "violations": self.num_violations,

@@ -68,6 +68,24 @@ NORM_DEFAULTS: dict[str, float] = {
 # kind of the same step carries the check (and its norm rule).
 NORM_KIND_DEFAULTS: dict[str, float] = {"delta": math.inf}  # by tolerance class (tracekit/store/kinds.py)
 
+# Unit roundoff of the dtypes a tensor can be stored or computed in (tf32: 10 mantissa bits, as
+# float16; its rows below are float16's). A float32 tensor whose computation passed through a
+# coarser dtype (the precision rule, compare/precision.py) gets that dtype's defaults.
+UNIT_ROUNDOFF: dict[str, float] = {
+    "float64": 2.0**-53, "complex128": 2.0**-53, "float32": _U32, "complex64": _U32,
+    "tf32": 2.0**-11, "float16": 2.0**-11, "bfloat16": 2.0**-8,
+}
+DTYPE_DEFAULTS["tf32"] = DTYPE_DEFAULTS["float16"]
+NORM_DEFAULTS["tf32"] = NORM_DEFAULTS["float16"]
+
+
+def defaults_dtype(stored: str, compute: str | None) -> str:
+    """The dtype whose defaults apply: the stored one, or the compute dtype where that is coarser."""
+    if compute is None or stored not in UNIT_ROUNDOFF or stored.startswith("complex"):
+        return stored
+    return compute if UNIT_ROUNDOFF[compute] > UNIT_ROUNDOFF[stored] else stored
+
+
 # The three-way verdict: a candidate element may be this many times further from the float64
 # oracle than the reference is (the dynamo accuracy minifier uses 2-3x on RMSE; we apply it per element).
 DEFAULT_ORACLE_FACTOR = 3.0
@@ -79,6 +97,7 @@ class Tolerance:
     atol: float
     source: str = "default"  # where it came from, shown in reports
     rel_l2: float = math.inf  # the norm rule's bound; inf: no norm rule
+    elementwise: bool = True  # False: finite elements are judged by the norm rule alone (precision rule)
 
 
 def _check_value(name: str, value, where: str) -> float:
@@ -110,6 +129,9 @@ class Tolerances:
     exact: bool = False
     rel_l2: float | None = None  # global norm bound (--rel-l2)
     config_rel_l2: float | None = None
+    # the precision rule (compare/precision.py): the dtype the computation passed through, whose
+    # defaults replace a finer stored dtype's; None: the stored dtype's (any float32 pair)
+    compute: str | None = None
 
     def __post_init__(self):
         if self.rtol is not None:
@@ -126,9 +148,11 @@ class Tolerances:
     def resolve(self, kind: str, dtype: str) -> Tolerance:
         if self.exact:
             return Tolerance(0.0, 0.0, "--exact", math.inf)  # equal values: no norm rule can add anything
-        builtin = KIND_DEFAULTS.get((tolerance_class(kind), dtype))
-        default = DTYPE_DEFAULTS.get(dtype, EXACT)
-        norm = NORM_KIND_DEFAULTS.get(tolerance_class(kind), NORM_DEFAULTS.get(dtype, math.inf))
+        eff = defaults_dtype(dtype, self.compute)
+        builtin = KIND_DEFAULTS.get((tolerance_class(kind), eff))
+        default = DTYPE_DEFAULTS.get(eff, EXACT)
+        norm = NORM_KIND_DEFAULTS.get(tolerance_class(kind), NORM_DEFAULTS.get(eff, math.inf))
+        label = dtype if eff == dtype else f"{eff} compute, {dtype} stored,"
 
         def three(t):
             t = tuple(t or ())
@@ -141,8 +165,8 @@ class Tolerances:
             (self.rtol, self.atol, self.rel_l2, "--rtol/--atol/--rel-l2"),
             (self.config_rtol, self.config_atol, self.config_rel_l2, "config"),
             (*three(self.config_dtypes.get(dtype)), f"config dtype.{dtype}"),
-            (*three(builtin), f"{kind} {dtype} default"),
-            (*default, norm, f"{dtype} default"),
+            (*three(builtin), f"{kind} {label} default"),
+            (*default, norm, f"{label} default"),
         ]
         rtol = next((r, src) for r, _, _, src in layers if r is not None)
         atol = next((a, src) for _, a, _, src in layers if a is not None)
@@ -155,10 +179,21 @@ class Tolerances:
             bound = max(bound, rtol[0])
         else:
             source += f", rel_l2: {rel_l2[1]}"  # a built-in rel_l2 goes without saying
-        return Tolerance(rtol[0], atol[0], source, bound)
+        # Computed in a coarser dtype than stored: a sum's rounding is relative to its terms, not to
+        # its value, so an element near zero (cancellation) can be off by far more than rtol of it.
+        # No elementwise bound follows from the dtype: the norm rule alone judges finite elements.
+        # Deltas have no norm rule: they keep the compute dtype's rtol/atol.
+        lowered = eff != dtype and rtol[1].endswith(" default") and atol[1].endswith(" default")
+        elementwise = not (lowered and not math.isinf(bound))
+        if eff != dtype and kind == "gradients" and rel_l2[1].endswith(" default"):
+            # a gradient passes through the forward's chain of low-precision ops and then the
+            # backward's, each rounding at u: twice the chain a forward output passes through
+            bound *= 2
+        return Tolerance(rtol[0], atol[0], source, bound, elementwise)
 
     def to_dict(self) -> dict:
         return {
+            "compute": self.compute,
             "exact": self.exact, "rtol": self.rtol, "atol": self.atol, "rel_l2": self.rel_l2,
             "kinds": {k: list(v) for k, v in self.kinds.items()},
             "config": {"rtol": self.config_rtol, "atol": self.config_atol, "rel_l2": self.config_rel_l2,

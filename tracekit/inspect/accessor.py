@@ -32,7 +32,8 @@ class TracekitDiffAccessor:
         in compute order, first violating tensor, its worst rank and worst element.
 
         {'step', 'rank', 'ref_rank', 'kind', 'name', 'tensor' ('kind/name'), 'index' (tuple),
-         'ref', 'cand', 'abs_err', 'ranks' (every violating rank there), 'tensors'}; None on PASS.
+         'ref', 'cand', 'abs_err', 'ranks' (every violating rank there), 'tensors', 'signature' (the
+         structured error's one line, e.g. 'systematic: deltas = 1.0100 x reference ...', or None)}; None on PASS.
         """
         self._need("first_divergence")
         fd = self._ds.attrs["first_divergence"]
@@ -42,7 +43,8 @@ class TracekitDiffAccessor:
         return {"step": fd["step"], "rank": fd["rank"], "ref_rank": fd["ref_rank"], "kind": fd["kind"],
                 "name": fd["tensor"], "tensor": f"{fd['kind']}/{fd['tensor']}",
                 "index": tuple(worst.get("index") or ()), "ref": worst.get("ref"), "cand": worst.get("cand"),
-                "abs_err": worst.get("abs_err"), "ranks": fd["ranks"], "tensors": fd["tensors"]}
+                "abs_err": worst.get("abs_err"), "ranks": fd["ranks"], "tensors": fd["tensors"],
+                "signature": (fd.get("signature") or {}).get("text")}
 
     # ---- traces: the root-cause op -------------------------------------------------------------------
     def root_cause(self) -> dict | None:

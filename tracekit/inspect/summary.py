@@ -106,6 +106,7 @@ def summarize(path) -> dict:
             "completed_without_data": empty,
             "kinds": view.kinds,
             "bytes": rank_bytes[f"{RANK_PREFIX}{r}"],
+            "precision": ctx.to_attrs() if (ctx := view.precision) is not None else None,
         })
     return {
         "store": canonical(store.path),

@@ -80,7 +80,7 @@ def _read_root_attrs(path: str, location: Location) -> dict:
 # StoreError here, not an AttributeError wherever it is first used.
 _ROOT_TYPES = {"run": dict, "ranks": dict, "record_config": dict, "command": list, "world_size": (int, type(None))}
 _RANK_TYPES = {"run": dict, "coords": dict, "completed_steps": list, "status": str, "fallback_ops": list,
-               "env": dict, "versions": dict, "config": dict, COVERAGE_KEY: dict}
+               "env": dict, "versions": dict, "config": dict, COVERAGE_KEY: dict, "precision": dict}
 
 
 def _check_types(attrs: dict, types: dict, where: str) -> None:
@@ -324,6 +324,13 @@ class RankView:
         """Why the steps in unwritten_steps were not stored (None when none were lost)."""
         cause = self._final.get("unwritten_cause") or self.attrs.get("unwritten_cause")
         return cause if isinstance(cause, str) and self.unwritten_steps else None
+
+    @property
+    def precision(self):
+        """The rank's PrecisionContext (tracekit/store/precision.py), or None where none was recorded."""
+        from tracekit.store.precision import rank_precision
+
+        return rank_precision(self.attrs, f"{self.store.path}: rank {self.rank}")
 
     @property
     def exit_code(self) -> int | None:
