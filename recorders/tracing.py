@@ -44,6 +44,11 @@ _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _OWN_DIRS = tuple(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + d for d in ("tracekit", "recorders"))
 _OWN_DIRS += (os.path.dirname(os.path.abspath(__file__)) + os.sep,)
 _COLLECTIVE_NAMESPACES = ("c10d.", "_c10d_functional.", "c10d_functional.", "_dtensor.")
+# functional collectives' waits: once one returns, the tensor it waited on holds the collective's
+# final values. And the autograd wrapper funcol puts around an output still in flight: neither
+# computes anything, nor is a collective of its own
+_WAITS = frozenset(("_c10d_functional.wait_tensor.default", "c10d_functional.wait_tensor.default"))
+_WRAPS = frozenset(("_c10d_functional._wrap_tensor_autograd.default",))
 # ops whose output shows exactly the input's values under another shape or strides: its summary
 # and hash are the input's (the output is a function of the input alone), so none is computed
 _RELABEL = frozenset(f"aten.{n}" for n in (
@@ -324,6 +329,32 @@ class _Encoder:
         return {"object": type(v).__name__}
 
 
+def _pending(t: torch.Tensor) -> dict:
+    """What a trace shows of memory a collective is still writing: no values."""
+    return {"shape": list(t.shape), "dtype": _plain_dtype(t.dtype), "device": str(t.device), "stats": None,
+            "hash": None, "pending": True}
+
+
+def _work_of(result):
+    """The c10d Work a c10d op returned (boxed), or None (functional collectives return none)."""
+    for v in tree_flatten(result)[0]:
+        if "ScriptObject" in type(v).__name__:
+            try:
+                import torch.distributed as dist
+
+                return dist.distributed_c10d.Work.unbox(v)
+            except Exception:
+                return None
+    return None
+
+
+def _completed(work) -> bool:
+    try:
+        return bool(work.is_completed())
+    except Exception:
+        return False
+
+
 def _forget(info: dict, key: int, entry: list, _ref) -> None:
     if info.get(key) is entry:
         del info[key]
@@ -346,6 +377,10 @@ class StepTrace:
         # the entry leaving with the tensor (the weakref's callback): a plain dict lookup, where
         # torch's WeakTensorKeyDictionary built a key object per lookup (~10 us, profiled)
         self._info: dict[int, list] = {}
+        # memory a collective is still writing: storage address -> its c10d Work (done when
+        # is_completed() says so), or None for a functional collective's output (done at its
+        # wait_tensor). What lies there is never summarized, hashed or kept: it reads `pending`
+        self._inflight: dict[int, object] = {}
         self._inductor = False  # the op being recorded was called from inductor's generated code
 
     def _entry(self, t: torch.Tensor) -> list:
@@ -366,6 +401,12 @@ class StepTrace:
         # fresh: an op's output. An in-place op's version bump happens above this mode, after the
         # op returns, so the cached entry of its output would still look current.
         e = self._entry(t)
+        if self._inflight and self._in_flight(t):
+            e[0] = e[1] = e[5] = None  # whatever was summarized of it before is stale once it lands
+            s = _pending(t)
+            if e[2] is not None:
+                s["producer"] = list(e[2])
+            return s
         version = t._version
         if fresh or e[0] != version or e[1] is None:
             old = e[1]
@@ -383,6 +424,32 @@ class StepTrace:
         if e[3] is not None:
             s["name"] = e[3]
         return s
+
+    def _in_flight(self, t: torch.Tensor) -> bool:
+        """Whether a collective may still be writing t's memory."""
+        if is_traceable_wrapper_subclass(t) or t.device.type == "meta":
+            return False
+        key = t.untyped_storage().data_ptr()
+        if key not in self._inflight:
+            return False
+        work = self._inflight[key]
+        if work is not None and _completed(work):
+            del self._inflight[key]
+            return False
+        return True
+
+    def _launched(self, outs, result) -> None:
+        """A collective returned: its outputs are in flight until its work completes (c10d ops,
+        which return their Work) or until a wait_tensor on them (functional collectives)."""
+        work = _work_of(result)
+        for o in outs:
+            if not is_traceable_wrapper_subclass(o) and o.device.type != "meta" and o.untyped_storage().data_ptr():
+                self._inflight[o.untyped_storage().data_ptr()] = work
+
+    def _landed(self, tensors) -> None:
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and not is_traceable_wrapper_subclass(t) and t.device.type != "meta":
+                self._inflight.pop(t.untyped_storage().data_ptr(), None)
 
     def wants_full(self, label: str) -> bool:
         return any(fnmatch.fnmatchcase(label, g) for g in self.full_globs)
@@ -408,6 +475,8 @@ class StepTrace:
             in_tensors = [a for a in tree_flatten((args, read))[0] if isinstance(a, torch.Tensor)]
             self._keep(index, "in", in_tensors, enc.inputs)
         result = run()
+        if info.waits:  # the collective's values are final from here on
+            self._landed(args)
         if isinstance(result, torch.Tensor):  # most ops: no pytree walk
             outs = [result]
         elif isinstance(result, (tuple, list)) and all(isinstance(x, torch.Tensor) for x in result):
@@ -440,6 +509,10 @@ class StepTrace:
                 # inductor, whose kernels fill its buffers unseen. A collective's tensors: its next
                 # reader summarizes what arrived (it may write in flight, without a version bump)
                 entry[0], entry[1] = (o._version, s) if uninitialized and not self._inductor else (None, None)
+            elif self._inflight and self._in_flight(o):  # funcol's wrapper of an output in flight
+                s = _pending(o)
+                entry = self._entry(o)
+                entry[0] = entry[1] = None
             else:
                 entry = self._entry(o)
                 entry[0], entry[1] = o._version, summarize(o)
@@ -447,10 +520,14 @@ class StepTrace:
                 if entry[3] is not None:
                     s["name"] = entry[3]
             outputs.append(s)
-            entry[2] = (index, k)
+            # a wait or wrapper passes the collective's values on: readers after it pair their
+            # inputs with the collective itself (which a differing result then blames)
+            passed = enc.inputs[0].get("producer") if info.passes_on and enc.inputs else None
+            entry[2] = tuple(passed) if passed else (index, k)
         if full and not collective:
             self._keep(index, "out", outs, outputs, remember=not uninitialized)
         if collective:  # it writes its tensors in flight, unseen: no summary or kept copy of them stays current
+            self._launched(outs, result)
             for t in tree_flatten((args, kwargs))[0]:
                 if isinstance(t, torch.Tensor) and not is_traceable_wrapper_subclass(t):
                     e = self._entry(t)
@@ -492,7 +569,7 @@ class StepTrace:
 class _OpInfo:
     """What the trace needs to know of an op, worked out once per op (not once per call)."""
 
-    __slots__ = ("name", "view", "collective", "uninitialized", "relabel", "func", "out_args")
+    __slots__ = ("name", "view", "collective", "uninitialized", "relabel", "func", "out_args", "waits", "passes_on")
 
     def __init__(self, name: str, view: bool, func=None):
         self.name = name
@@ -501,7 +578,9 @@ class _OpInfo:
         except Exception:
             self.out_args = frozenset()
         self.view = view
-        self.collective = name.startswith(_COLLECTIVE_NAMESPACES)
+        self.waits = name in _WAITS
+        self.passes_on = self.waits or name in _WRAPS
+        self.collective = name.startswith(_COLLECTIVE_NAMESPACES) and not self.passes_on
         self.uninitialized = name.startswith(_UNINITIALIZED)
         self.relabel = name in _RELABEL
         self.func = func  # held: the cache is keyed by its id()

@@ -33,6 +33,9 @@ class TrainConfig:
     lr: float = 0.01
     faults: Faults = field(default_factory=Faults)
     bias: bool = True  # False: the bias-free model (always so in simplefsdp_tp)
+    # each step, gather every parameter whole (DTensor.full_tensor()) and log its norm, as users'
+    # loops do: async collectives inside the traced step, outside the model
+    log_norms: bool = False
 
     @property
     def compiled(self) -> bool:
@@ -70,6 +73,8 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--lr", type=float, default=0.01)
     parser.add_argument("--no-bias", action="store_true",
                         help="train the bias-free model (simplefsdp_tp's; compare other modes with it)")
+    parser.add_argument("--log-norms", action="store_true",
+                        help="each step, gather every parameter whole (full_tensor()) and print its norm")
     parser.add_argument(
         "--fault",
         action="append",
@@ -128,4 +133,5 @@ def _to_config(args: argparse.Namespace) -> TrainConfig:
         lr=args.lr,
         faults=parse_faults(args.fault),
         bias=not args.no_bias and args.parallelism != "simplefsdp_tp",
+        log_norms=args.log_norms,
     )

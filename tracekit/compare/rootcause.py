@@ -304,6 +304,7 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
     first_out: dict[int, TensorCheck] = {}
     same: set[int] = set()  # paired events whose outputs equal the reference's bit for bit
     last_ok: dict | None = None  # the latest paired event whose inputs and outputs matched
+    via_view: set[int] = set()  # views of a tensor from before the step that differs: judged at their readers
 
     def found(kind, event, ref_event, reason, chk, seen_at=None):
         candidates.append(RootCause(rank, ref_rank, step, level, kind, event, ref_event, reason, chk, seen_at))
@@ -346,8 +347,14 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
                     after = f" after {event_label(last_ok)}" if last_ok is not None else ""
                     found("compiled", c, r, f"input {k} differs: {chk.reason}; it was computed by compiled "
                                             f"(inductor) code the trace cannot see{after}", chk, seen_at=c)
-                elif p is None:
-                    found("state", c, r, f"input {k}{_named(ct)} differs already at the start of the step: "
+                elif p is None and c.get("view") or p is not None and p[0] in via_view and c.get("view"):
+                    # a view computes nothing and may show memory nothing wrote yet (FSDP2 allocates
+                    # its unsharded parameters by resizing their storage, unseen, then copies into
+                    # views of them as out= buffers): judged where a real op reads it
+                    via_view.add(i)
+                elif p is None or p[0] in via_view:
+                    through = "" if p is None else f" (through the view {event_label(by_index[p[0]])})"
+                    found("state", c, r, f"input {k}{_named(ct)}{through} differs already at the start of the step: "
                                          f"{chk.reason}", chk, seen_at=c)
                 elif pstat == SUSPECT:
                     producer = by_index[p[0]]
