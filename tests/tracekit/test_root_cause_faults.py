@@ -27,8 +27,9 @@ FAULT_STEP = 2
 
 
 def record(path, fault=None, compiled=False, lr=0.01, steps=3, trace_steps=(FAULT_STEP, FAULT_STEP), level="ops",
-           fault_step=FAULT_STEP, replay_from=None, replay_steps=(1, None), trace_full=()):
-    """compiled: False (eager), True or "aot_eager", or "inductor"."""
+           fault_step=FAULT_STEP, replay_from=None, replay_steps=(1, None), trace_full=(), log_factor=None):
+    """compiled: False (eager), True or "aot_eager", or "inductor". log_factor: each step also
+    computes loss * log_factor for a log line, feeding nothing the diff compares."""
     model = build_model(0)
     switch = None
     if fault is not None:
@@ -51,6 +52,8 @@ def record(path, fault=None, compiled=False, lr=0.01, steps=3, trace_steps=(FAUL
             out = run(x)
             loss = F.mse_loss(out, y)
             loss.backward()
+            if log_factor is not None:
+                print(f"scaled loss {float(loss.detach() * log_factor)}", file=open(os.devnull, "w"))
             rec.observe(output=out, loss=loss)
             opt.step()
             opt.zero_grad()
@@ -105,6 +108,24 @@ def test_reduce_order_is_no_root_cause_within_tolerance(runs):
     """Rounding differences are within the default tolerances: no op is blamed for them."""
     report = tracekit.diff(runs(None), runs("reduce_order"))
     assert report.traces and report.root_cause is None
+
+
+def test_passing_verdict_names_no_root_cause_where_traces_differ(runs):
+    """The candidate's log line computes loss * 3 where the reference's computes loss * 2: the
+    traces differ (an argument), the trained values do not. A PASS never carries a root cause:
+    the difference is reported as such (text and JSON), and the JSON's root_cause is null."""
+    report = tracekit.diff(runs(None, log_factor=2.0), runs(None, log_factor=3.0))
+    assert report.passed and report.root_cause is None
+    td = report.trace_difference
+    assert (td.step, td.kind, td.event["op"], td.event["phase"]) == (FAULT_STEP, "argument", "aten.mul.Tensor", "fwd")
+    from tracekit.compare.render import render
+
+    text = render(report)
+    assert "Root cause:" not in text
+    assert "traces differ, values agree: first difference at step 2, rank 0, module (top level), aten.mul.Tensor" in text
+    doc = report.to_dict()
+    assert doc["root_cause"] is None and doc["trace_difference"]["op"] == "aten.mul.Tensor"
+    jsonschema.validate(json.loads(json.dumps(doc)), load("diff-report"))
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "aot_eager"])

@@ -145,7 +145,7 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
                        + (f" (bound {m.rel_l2:.2g}{', outside the norm rule' if m.norm_failed else ''})" if not math.isinf(m.rel_l2) else "")
                        + f", cosine {_cos(m.cosine, 9)}, margin {_m(m.margin)}")
 
-    out += render_root_cause(report.traces)
+    out += render_root_cause(report.traces, passed=report.passed)
     bad = report.violations
     if bad:
         groups = group_violations(bad)

@@ -443,8 +443,9 @@ def first_root_cause(comparisons: list[TraceComparison]) -> RootCause | None:
     return min(found, key=lambda rc: (rc.step, rc.kind in ("state", "compiled"), rc.level != "ops", rc.event.get("index", 0), rc.rank))
 
 
-def render_root_cause(comparisons: list[TraceComparison], max_chain: int = 8) -> list[str]:
-    """The human report's lines about traces: what was aligned, and the root cause."""
+def render_root_cause(comparisons: list[TraceComparison], max_chain: int = 8, passed: bool = False) -> list[str]:
+    """The human report's lines about traces: what was aligned, and the root cause. passed: the
+    verdict passes, so a difference the traces show is only that, never a root cause."""
     if not comparisons:
         return []
     steps = sorted({tc.step for tc in comparisons})
@@ -465,6 +466,10 @@ def render_root_cause(comparisons: list[TraceComparison], max_chain: int = 8) ->
         return out
     e = rc.event
     where = f"rank {rc.rank}" + (f" (ref rank {rc.ref_rank})" if rc.ref_rank != rc.rank else "")
+    if passed:
+        out.append(f"  traces differ, values agree: first difference at step {rc.step}, {where}, module "
+                   f"{e.get('module') or '(top level)'!s}, {e.get('op')} [{e.get('phase')}, call {e.get('call')}]: {rc.reason}")
+        return out
     out += ["", f"Root cause: step {rc.step}, {where}, module {e.get('module') or '(top level)'!s}, "
                 f"{e.get('op')} [{e.get('phase')}, call {e.get('call')}] ({rc.kind})"]
     out.append(f"  {rc.reason}")
