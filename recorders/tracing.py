@@ -355,6 +355,15 @@ def _completed(work) -> bool:
         return False
 
 
+def _extent(t: torch.Tensor) -> tuple[int, int]:
+    """[first byte, end byte) of the memory t's elements span."""
+    lo = t.data_ptr()
+    if t.numel() == 0:
+        return lo, lo
+    span = 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
+    return lo, lo + span * t.element_size()
+
+
 def _forget(info: dict, key: int, entry: list, _ref) -> None:
     if info.get(key) is entry:
         del info[key]
@@ -381,6 +390,9 @@ class StepTrace:
         # is_completed() says so), or None for a functional collective's output (done at its
         # wait_tensor). What lies there is never summarized, hashed or kept: it reads `pending`
         self._inflight: dict[int, object] = {}
+        # where in-place and out= ops wrote: storage address -> [(first byte, end byte, event,
+        # output position)], in execution order
+        self._written: dict[int, list] = {}
         self._inductor = False  # the op being recorded was called from inductor's generated code
 
     def _entry(self, t: torch.Tensor) -> list:
@@ -394,7 +406,7 @@ class StepTrace:
     def name_tensor(self, t: torch.Tensor, name: str) -> None:
         e = self._entry(getattr(t, "_local_tensor", t))
         e[3] = name
-        if e[2] is not None:  # the event that computed it: the chain's end names the step-level tensor
+        if e[2] is not None and e[2][1] is not None:  # the event that computed it: the chain's end names the step-level tensor
             self.events[e[2][0]]["outputs"][e[2][1]]["name"] = name
 
     def _summary(self, t: torch.Tensor, fresh: bool = False) -> dict:
@@ -411,7 +423,12 @@ class StepTrace:
         if fresh or e[0] != version or e[1] is None:
             old = e[1]
             e[0], e[1] = version, summarize(t)
-            if self._inductor and not fresh and old is not None and e[2] is not None and old.get("hash") != e[1]["hash"]:
+            written = self._last_write(t) if self._written and not fresh else None
+            if written is not None and (e[2] is None or written[0] > e[2][0]):
+                # written since its producer through another tensor on its memory (a view, an
+                # out= buffer): that write made the values readers see from here on
+                e[2] = written
+            elif self._inductor and not fresh and old is not None and e[2] is not None and old.get("hash") != e[1]["hash"]:
                 # read by inductor's code and changed since the event that produced it, by a write
                 # the mode never saw (inductor's kernels work in place on its buffers): that event
                 # is no longer its producer. Only there: in eager code every write is an op the
@@ -450,6 +467,31 @@ class StepTrace:
         for t in tensors:
             if isinstance(t, torch.Tensor) and not is_traceable_wrapper_subclass(t) and t.device.type != "meta":
                 self._inflight.pop(t.untyped_storage().data_ptr(), None)
+
+    def _wrote(self, info: "_OpInfo", index: int, args, kwargs, outs) -> None:
+        """Remember where an in-place or out= op wrote: readers of other tensors on that memory
+        (the base of a view it wrote through) take it as their producer."""
+        for pos, name in info.writes:
+            arg = args[pos] if pos < len(args) else (kwargs.get(name) if kwargs else None)
+            for w in (arg if isinstance(arg, (list, tuple)) else (arg,)):
+                if not isinstance(w, torch.Tensor) or is_traceable_wrapper_subclass(w) or w.device.type == "meta":
+                    continue
+                k = next((j for j, o in enumerate(outs) if o is w), None)
+                lo, hi = _extent(w)
+                self._written.setdefault(w.untyped_storage().data_ptr(), []).append((lo, hi, index, k))
+
+    def _last_write(self, t: torch.Tensor) -> tuple | None:
+        """(event, output position or None) of the latest seen write overlapping t's memory."""
+        if is_traceable_wrapper_subclass(t) or t.device.type == "meta":
+            return None
+        writes = self._written.get(t.untyped_storage().data_ptr())
+        if not writes:
+            return None
+        lo, hi = _extent(t)
+        for wlo, whi, index, k in reversed(writes):
+            if wlo < hi and lo < whi:
+                return (index, k)
+        return None
 
     def wants_full(self, label: str) -> bool:
         return any(fnmatch.fnmatchcase(label, g) for g in self.full_globs)
@@ -524,6 +566,8 @@ class StepTrace:
             # inputs with the collective itself (which a differing result then blames)
             passed = enc.inputs[0].get("producer") if info.passes_on and enc.inputs else None
             entry[2] = tuple(passed) if passed else (index, k)
+        if info.writes and not collective:
+            self._wrote(info, index, args, kwargs, outs)
         if full and not collective:
             self._keep(index, "out", outs, outputs, remember=not uninitialized)
         if collective:  # it writes its tensors in flight, unseen: no summary or kept copy of them stays current
@@ -569,7 +613,7 @@ class StepTrace:
 class _OpInfo:
     """What the trace needs to know of an op, worked out once per op (not once per call)."""
 
-    __slots__ = ("name", "view", "collective", "uninitialized", "relabel", "func", "out_args", "waits", "passes_on")
+    __slots__ = ("name", "view", "collective", "uninitialized", "relabel", "func", "out_args", "waits", "passes_on", "writes")
 
     def __init__(self, name: str, view: bool, func=None):
         self.name = name
@@ -577,6 +621,11 @@ class _OpInfo:
             self.out_args = frozenset(a.name for a in func._schema.arguments if a.is_out) if func is not None else frozenset()
         except Exception:
             self.out_args = frozenset()
+        try:  # (position, name) of each argument the op writes (in-place ops' self, out= buffers)
+            self.writes = tuple((i, a.name) for i, a in enumerate(func._schema.arguments)
+                                if a.alias_info is not None and a.alias_info.is_write) if func is not None else ()
+        except Exception:
+            self.writes = ()
         self.view = view
         self.waits = name in _WAITS
         self.passes_on = self.waits or name in _WRAPS

@@ -27,9 +27,11 @@ FAULT_STEP = 2
 
 
 def record(path, fault=None, compiled=False, lr=0.01, steps=3, trace_steps=(FAULT_STEP, FAULT_STEP), level="ops",
-           fault_step=FAULT_STEP, replay_from=None, replay_steps=(1, None), trace_full=(), log_factor=None):
+           fault_step=FAULT_STEP, replay_from=None, replay_steps=(1, None), trace_full=(), log_factor=None,
+           nan_grad=False):
     """compiled: False (eager), True or "aot_eager", or "inductor". log_factor: each step also
-    computes loss * log_factor for a log line, feeding nothing the diff compares."""
+    computes loss * log_factor for a log line, feeding nothing the diff compares. nan_grad: from
+    fault_step on, one element of module 0's weight gradient becomes NaN, written through a view."""
     model = build_model(0)
     switch = None
     if fault is not None:
@@ -52,6 +54,9 @@ def record(path, fault=None, compiled=False, lr=0.01, steps=3, trace_steps=(FAUL
             out = run(x)
             loss = F.mse_loss(out, y)
             loss.backward()
+            if nan_grad and step >= fault_step:
+                with torch.no_grad():
+                    model[0].weight.grad.view(-1)[5] = float("nan")
             if log_factor is not None:
                 print(f"scaled loss {float(loss.detach() * log_factor)}", file=open(os.devnull, "w"))
             rec.observe(output=out, loss=loss)
@@ -108,6 +113,16 @@ def test_reduce_order_is_no_root_cause_within_tolerance(runs):
     """Rounding differences are within the default tolerances: no op is blamed for them."""
     report = tracekit.diff(runs(None), runs("reduce_order"))
     assert report.traces and report.root_cause is None
+
+
+def test_a_nan_written_through_a_view_of_a_gradient_is_named(runs):
+    """The write (a fill_ through a view of the gradient) is what the optimizer's update reads:
+    it is named, not the backward op that computed the gradient before it."""
+    report = tracekit.diff(runs(None), runs(None, nan_grad=True))
+    rc = report.root_cause
+    assert rc is not None and rc.kind == "extra op" and rc.event["op"] in ("aten.fill_.Scalar", "aten.copy_.default")
+    assert rc.step == FAULT_STEP and rc.seen_at["phase"] == "opt" and "NaN" in rc.reason
+    assert "grad:0.weight" in {n for c in rc.chain for n in c.get("names", [])} or rc.seen_at["op"].startswith("aten.add_")
 
 
 def test_passing_verdict_names_no_root_cause_where_traces_differ(runs):
