@@ -7,9 +7,10 @@ and the c10d collectives. Each op becomes one event with its non-tensor argument
 summaries (min, max, mean, L2, NaN and Inf counts), an xxh3-64 hash of its bytes, and the event that
 produced it (the data flow the root-cause search follows).
 
-modules: forward hooks on the model's modules record each module's output, and a hook on that
-output its gradient in backward. Only the traced steps pay: hooks and the mode are installed at
-the start of the step and removed at its end.
+modules: forward hooks on the model's modules record each module's output, and a hook on each of
+its inputs that needs a gradient records, in backward, the gradient its backward computed for it
+(a module whose inputs need none, such as the first layer, has no backward event). Only the
+traced steps pay: hooks and the mode are installed at the start of the step and removed at its end.
 
 We write our own mode rather than use torch.utils._debug_mode.DebugMode (torch 2.13): DebugMode
 logs op strings with a norm or hash per tensor, but not float64 summaries, the producer of each
@@ -698,6 +699,7 @@ class Tracer:
         self._stack: list[str] = []
         self._seq_module: dict[int, tuple[str, str | None]] = {}
         self._handles: list = []
+        self._input_hooks: dict[int, tuple] = {}  # id(input) -> (weakref, hook handle): this step's backward events
         self._mode: _OpMode | None = None
 
     # ---- where an op runs -------------------------------------------------------------------
@@ -728,6 +730,7 @@ class Tracer:
         self.phase = "fwd"
         self._stack.clear()
         self._seq_module.clear()
+        self._input_hooks.clear()
         if not self._handles:
             # kept until close(): re-registering hooks each step would make torch.compile recompile
             self._install_module_hooks()
@@ -784,6 +787,20 @@ class Tracer:
             if torch.compiler.is_compiling():
                 return
             self._stack.append(path)
+            if self.level == "modules" and self.current is not None and not self.paused:
+                # the gradient of a module's inputs is what its own backward computes: its `backward`
+                # event. (The gradient of its output is computed by whatever read that output, so
+                # a fault in module 1's backward first showed as module 0's)
+                src = None
+                for t in tree_flatten(args)[0]:
+                    if isinstance(t, torch.Tensor) and t.requires_grad:
+                        src = src or _user_line()
+                        # one event per gradient: a module enclosing this one got the same input,
+                        # and the innermost module's backward is the one that computed it
+                        old = self._input_hooks.pop(id(t), None)
+                        if old is not None and old[0]() is t:
+                            old[1].remove()
+                        self._input_hooks[id(t)] = (weakref.ref(t), t.register_hook(self._grad_hook(path, src)))
         return hook
 
     def _post(self, path: str):
@@ -799,9 +816,6 @@ class Tracer:
             try:
                 src = _user_line()
                 trace.add("fwd", path, "forward", args, {}, lambda: output, src)
-                for t in tree_flatten(output)[0]:
-                    if isinstance(t, torch.Tensor) and t.requires_grad:
-                        t.register_hook(self._grad_hook(path, src))
             finally:
                 self.paused = False
         return hook

@@ -77,9 +77,9 @@ def test_cli_traces_modules_over_a_step_range_and_keeps_the_bytes_it_is_asked_fo
 
     mods = record(str(tmp_path / "modules"), "--trace", "modules", "--trace-steps", "2:3")
     assert trace_steps(mods.group, "modules") == [2, 3] and trace_steps(mods.group, "ops") == []
-    for step in (2, 3):  # the model is one Linear: its output forward, its output gradient backward
+    for step in (2, 3):  # the model is one Linear: its output forward; its input (the batch) needs no gradient
         assert [(e["phase"], e["module"], e["op"]) for e in read_events(mods.group, "modules", step)] == [
-            ("fwd", "", "forward"), ("bwd", "", "backward")]
+            ("fwd", "", "forward")]
 
     ops = record(str(tmp_path / "ops"), "--full", "outputs:*", "--trace", "ops", "--trace-steps", "3",
                  "--trace-full", "fwd:*")

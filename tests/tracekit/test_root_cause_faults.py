@@ -235,7 +235,27 @@ def test_module_level_trace_names_the_module(runs):
     assert rc is not None and (rc.level, rc.kind, rc.event["module"], rc.event["op"]) == ("modules", "op", "1", "forward")
     events = read_events(open_store(runs(None, level="modules")).rank(0).group, "modules", FAULT_STEP)
     assert [(e["phase"], e["module"]) for e in events if e["op"] == "forward"] == [("fwd", "0"), ("fwd", "1"), ("fwd", "2"), ("fwd", "")]
-    assert {e["module"] for e in events if e["op"] == "backward"} == {"", "0", "1", "2"}
+    # backward: the gradient each module's backward computed for its input (module 0's and the
+    # root's input, the batch, needs none)
+    assert [e["module"] for e in events if e["op"] == "backward"] == ["2", "1"]
+
+
+def test_module_level_trace_names_the_module_of_a_backward_only_fault(runs):
+    """Module 1's backward rounds the gradient it passes on to bfloat16 (its forward is right): the
+    module named is 1, in backward, not module 0 whose output gradient carries the error."""
+    report = tracekit.diff(runs(None, level="modules"), runs("bwd_bf16", level="modules"))
+    rc = report.root_cause
+    assert rc is not None and (rc.level, rc.kind, rc.event["module"], rc.event["op"], rc.event["phase"]) == (
+        "modules", "op", "1", "backward", "bwd")
+
+
+def test_op_level_trace_names_the_op_of_a_backward_only_fault(runs):
+    report = tracekit.diff(runs(None), runs("bwd_bf16"))
+    rc = report.root_cause
+    assert rc is not None and (rc.event["module"], rc.event["phase"]) == ("1", "bwd")
+    # the casts are extra ops: the one whose output a paired op reads is named (the cast back)
+    assert rc.kind == "extra op" and rc.event["op"] == "aten._to_copy.default"
+    assert "bfloat16" in {t["dtype"] for t in rc.event["inputs"] + rc.event["outputs"]}
 
 
 def test_unlisted_trace_step_is_ignored(runs, tmp_path):
