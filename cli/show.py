@@ -157,8 +157,18 @@ def render(summary: dict) -> str:
              *(["", "environment (versions and numeric env vars each rank recorded):", *_environment_lines(summary)]
                if per_rank else []),
              "", f"ranks ({summary['world_size']}{'; ' + common if common else ''}):", *rank_table,
-             "", "kinds:", *_kind_lines(summary["kinds"])]
+             "", "kinds:", *_kind_lines(summary["kinds"]),
+             *_trace_lines(summary.get("traces") or {})]
     return terminal_safe("\n".join(lines))
+
+
+def _trace_lines(traces: dict) -> list[str]:
+    """Which steps hold traces of which level (tracekit record --trace); nothing when none do."""
+    if not traces:
+        return []
+    from tracekit.recorders.trace_check import traced_line
+
+    return ["", traced_line(traces)]
 
 
 @click.command()

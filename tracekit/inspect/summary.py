@@ -29,6 +29,22 @@ def _kinds(store) -> list[dict]:
     return result
 
 
+def trace_steps_held(store) -> dict[str, list[int]]:
+    """Per trace level, the steps any rank holds a trace of (tracekit record --trace)."""
+    from tracekit.store.traces import LEVELS, trace_steps
+
+    out: dict[str, set[int]] = {}
+    for r in store.ranks:
+        view = store.rank(r)
+        if not view.traced:
+            continue
+        for level in LEVELS:
+            steps = trace_steps(view.group, level)
+            if steps:
+                out.setdefault(level, set()).update(steps)
+    return {level: sorted(steps) for level, steps in out.items()}
+
+
 def run_metadata(store) -> dict:
     """The run's facts, flat: root metadata over rank 0's `run`, without the per-rank completion
     table the launcher adds at the end (`ranks`, shown per rank instead), plus the ops any rank ran
@@ -86,6 +102,7 @@ def summarize(path) -> dict:
         "world_size": len(store.ranks),
         "ranks": ranks,
         "kinds": _kinds(store),
+        "traces": trace_steps_held(store),  # level -> steps traced (tracekit record --trace)
         "bytes_on_disk": total_bytes,
     }
 
@@ -103,5 +120,5 @@ def recording_summary(path) -> dict:
         kinds += [k for k in view.kinds if k not in kinds]
         statuses[view.status] = statuses.get(view.status, 0) + 1
     return {"store": canonical(store.path), "ranks": len(store.ranks), "steps": sorted(steps), "kinds": kinds,
-            "bytes": store.location.size_under(), "statuses": statuses,
+            "bytes": store.location.size_under(), "statuses": statuses, "traces": trace_steps_held(store),
             "exit_status": store.meta.get("exit_status")}
