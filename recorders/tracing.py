@@ -330,6 +330,22 @@ class _Encoder:
         return {"object": type(v).__name__}
 
 
+def _local_of(t: torch.Tensor) -> torch.Tensor | None:
+    """A DTensor's local shard, when it is a plain tensor: reading it runs no collective (ops on the
+    DTensor itself could), and the subclass's local ops, which write it, run unseen by the mode."""
+    local = getattr(t, "_local_tensor", None) if type(t).__name__ == "DTensor" else None
+    if isinstance(local, torch.Tensor) and not is_traceable_wrapper_subclass(local):
+        return local
+    return None
+
+
+def _as_local(s: dict, t: torch.Tensor) -> dict:
+    """A shard's summary as a DTensor's: shape is the shard's (other shardings never pair up)."""
+    s = dict(s)
+    s["subclass"], s["local"], s["global_shape"] = type(t).__name__, True, list(t.shape)
+    return s
+
+
 def _pending(t: torch.Tensor) -> dict:
     """What a trace shows of memory a collective is still writing: no values."""
     return {"shape": list(t.shape), "dtype": _plain_dtype(t.dtype), "device": str(t.device), "stats": None,
@@ -354,6 +370,15 @@ def _completed(work) -> bool:
         return bool(work.is_completed())
     except Exception:
         return False
+
+
+def _written_args(info: "_OpInfo", args, kwargs) -> list[torch.Tensor]:
+    """The tensors an in-place or out= op writes (its schema's written arguments)."""
+    out = []
+    for pos, name in info.writes:
+        arg = args[pos] if pos < len(args) else (kwargs.get(name) if kwargs else None)
+        out += [w for w in (arg if isinstance(arg, (list, tuple)) else (arg,)) if isinstance(w, torch.Tensor)]
+    return out
 
 
 def _extent(t: torch.Tensor) -> tuple[int, int]:
@@ -413,6 +438,9 @@ class StepTrace:
     def _summary(self, t: torch.Tensor, fresh: bool = False) -> dict:
         # fresh: an op's output. An in-place op's version bump happens above this mode, after the
         # op returns, so the cached entry of its output would still look current.
+        local = _local_of(t)
+        if local is not None:  # a DTensor: its shard's numbers, with the shard's producer and name
+            return _as_local(self._summary(local, fresh), t)
         e = self._entry(t)
         if self._inflight and self._in_flight(t):
             e[0] = e[1] = e[5] = None  # whatever was summarized of it before is stale once it lands
@@ -472,14 +500,12 @@ class StepTrace:
     def _wrote(self, info: "_OpInfo", index: int, args, kwargs, outs) -> None:
         """Remember where an in-place or out= op wrote: readers of other tensors on that memory
         (the base of a view it wrote through) take it as their producer."""
-        for pos, name in info.writes:
-            arg = args[pos] if pos < len(args) else (kwargs.get(name) if kwargs else None)
-            for w in (arg if isinstance(arg, (list, tuple)) else (arg,)):
-                if not isinstance(w, torch.Tensor) or is_traceable_wrapper_subclass(w) or w.device.type == "meta":
-                    continue
-                k = next((j for j, o in enumerate(outs) if o is w), None)
-                lo, hi = _extent(w)
-                self._written.setdefault(w.untyped_storage().data_ptr(), []).append((lo, hi, index, k))
+        for w in _written_args(info, args, kwargs):
+            if is_traceable_wrapper_subclass(w) or w.device.type == "meta":
+                continue
+            k = next((j for j, o in enumerate(outs) if o is w), None)
+            lo, hi = _extent(w)
+            self._written.setdefault(w.untyped_storage().data_ptr(), []).append((lo, hi, index, k))
 
     def _last_write(self, t: torch.Tensor) -> tuple | None:
         """(event, output position or None) of the latest seen write overlapping t's memory."""
@@ -520,6 +546,10 @@ class StepTrace:
         result = run()
         if info.waits:  # the collective's values are final from here on
             self._landed(args)
+        elif info.writes and self._inflight and not collective:
+            # an op wrote over a collective's output: the program waited for it first (else its
+            # write would race the collective's), so what lies there now is final
+            self._landed(_written_args(info, args, kwargs))
         if isinstance(result, torch.Tensor):  # most ops: no pytree walk
             outs = [result]
         elif isinstance(result, (tuple, list)) and all(isinstance(x, torch.Tensor) for x in result):
@@ -552,6 +582,11 @@ class StepTrace:
                 # inductor, whose kernels fill its buffers unseen. A collective's tensors: its next
                 # reader summarizes what arrived (it may write in flight, without a version bump)
                 entry[0], entry[1] = (o._version, s) if uninitialized and not self._inductor else (None, None)
+            elif _local_of(o) is not None:  # a DTensor: its shard (written by the subclass's local op, unseen)
+                local = _local_of(o)
+                s = _as_local(self._summary(local, fresh=True), o)
+                s.pop("producer", None)
+                entry = self._entry(local)
             elif self._inflight and self._in_flight(o):  # funcol's wrapper of an output in flight
                 s = _pending(o)
                 entry = self._entry(o)
