@@ -30,13 +30,15 @@ class _RecordCommand(click.Command):
             raise
 
 
-def summary_line(done: dict, status: int) -> str:
-    """One line: what the store holds and how the run ended."""
+def summary_line(done: dict, status: int, traced: bool = False) -> str:
+    """One line: what the store holds and how the run ended (traced: --trace was given)."""
     from tracekit.cli.show import human_bytes
+    from tracekit.recorders.trace_check import traced_line
 
     ranks = ", ".join(f"{n} {s}" for s, n in sorted(done["statuses"].items())) or "none"
+    traces = f"; {traced_line(done.get('traces') or {})}" if traced or done.get("traces") else ""
     return (f"tracekit record: {done['ranks']} rank(s), {steps_text(done['steps'])}, "
-            f"kinds {', '.join(done['kinds']) or 'none'}, {_coverage(done)}{human_bytes(done['bytes'])} in {done['store']}; "
+            f"kinds {', '.join(done['kinds']) or 'none'}, {_coverage(done)}{human_bytes(done['bytes'])} in {done['store']}{traces}; "
             f"ranks: {ranks}{_unwritten(done.get('unwritten') or {})}; exit status {status}")
 
 
@@ -104,7 +106,8 @@ def left_out_lines(done: dict) -> list[str]:
               help="Trace the chosen steps: " + "; ".join(f"{t.name}: {t.what}" for t in TRACE_TABLE)
                    + ". See docs/LOCATE.md.")
 @click.option("--trace-steps", default=None, metavar="K[:L]",
-              help="With --trace: the traced steps (default 1; zero-code recording traces from step 2).")
+              help="With --trace: the traced steps (default: the first whole step, 1 with tracekit's Recorder, "
+                   "2 zero-code, which starts inside step 1). A step asked for and not traced is an error.")
 @click.option("--trace-full", "trace_full", multiple=True, metavar="GLOB",
               help="With --trace: keep whole tensors (not only summaries) of events whose label PHASE:MODULE:OP#CALL "
                    "matches GLOB (repeatable), e.g. 'fwd:0:*'.")
@@ -128,7 +131,8 @@ def record(store, force, kinds, param_globs, full, ranks, every, queue_mb, write
     config = RecordConfig(store=store, flush_timeout=flush_timeout, kinds=parse_kinds(kinds), params=tuple(param_globs),
                           ranks=parse_ranks(ranks), every=every, queue_mb=queue_mb, writer_nice=writer_nice,
                           replay_from=replay_from, replay_steps=parse_step_range(replay_steps),
-                          trace=trace, trace_steps=parse_step_range(trace_steps or "1"), trace_full=tuple(trace_full), full=tuple(full))
+                          trace=trace, trace_steps=parse_step_range(trace_steps) if trace_steps else None,
+                          trace_full=tuple(trace_full), full=tuple(full))
     if (trace_steps or trace_full) and not trace:
         raise UsageError("--trace-steps and --trace-full need --trace modules|ops")
     if replay_steps and not replay_from:
@@ -145,7 +149,14 @@ def record(store, force, kinds, param_globs, full, ranks, every, queue_mb, write
     done = recording_summary(store)
     for line in left_out_lines(done):
         click.echo(line, err=True)
-    click.echo(summary_line(done, status), err=True)
+    click.echo(summary_line(done, status, traced=bool(trace)), err=True)
+    from tracekit.recorders.trace_check import untraced_problem
+
+    problem = untraced_problem(config, done["steps"], done["traces"])
+    if problem is not None:
+        if status == 0:  # a trace asked for and missing must not pass in CI
+            raise CommandError(problem)
+        click.echo(f"Error: {problem}", err=True)
     if not done["steps"]:
         why = (f"--ranks {ranks} matched no rank of the job" if config.ranks is not None and not done["ranks"] else
                "no rank started recording (did the command run a training script?)" if not done["ranks"] else

@@ -250,8 +250,18 @@ def render(summary: dict) -> str:
                "(damaged store; see tracekit verify)" for r in summary.get("missing_ranks", [])],
              *_unwritten_lines(summary["ranks"]),
              "", "precision (what the forward and its reductions computed in):", *_precision_lines(summary["ranks"]),
-             "", "kinds:", *_kind_lines(summary["kinds"])]
+             "", "kinds:", *_kind_lines(summary["kinds"]),
+             *_trace_lines(summary.get("traces") or {})]
     return terminal_safe("\n".join(lines))
+
+
+def _trace_lines(traces: dict) -> list[str]:
+    """Which steps hold traces of which level (tracekit record --trace); nothing when none do."""
+    if not traces:
+        return []
+    from tracekit.recorders.trace_check import traced_line
+
+    return ["", traced_line(traces)]
 
 
 @click.command()

@@ -158,6 +158,12 @@ def parse_trace_level(spec: str | None) -> str | None:
     return spec
 
 
+def first_trace_step(zero_code: bool) -> int:
+    """The first step a recorder can trace whole: zero-code recording hooks in at the first
+    optimizer step, inside step 1, so its first whole step is 2."""
+    return 2 if zero_code else 1
+
+
 def format_step_range(steps: tuple[int, int | None]) -> str:
     return f"{steps[0]}:{'' if steps[1] is None else steps[1]}"
 
@@ -175,7 +181,9 @@ class RecordConfig:
     replay_steps: tuple[int, int | None] = (1, None)  # replayed steps, inclusive (None: to the end)
     run_id: str | None = None  # the job's run id, set by `tracekit record`; ranks write only under it
     trace: str | None = None  # "modules" or "ops": trace the chosen steps at that level
-    trace_steps: tuple[int, int | None] = (1, 1)  # traced steps, inclusive
+    # traced steps, inclusive; None: the first whole step the recorder sees (step 1 with an
+    # explicit Recorder, step 2 zero-code, which starts inside step 1: see first_trace_step)
+    trace_steps: tuple[int, int | None] | None = None
     trace_full: tuple[str, ...] = ()  # fnmatch globs over event labels whose tensors are kept whole
     # tensors that keep their bytes: GLOB or KIND:GLOB (tracekit/store/keep.py); empty: all of them.
     # The others keep only their summary and hash (format 2 stores).
@@ -217,7 +225,7 @@ class RecordConfig:
             replay_steps=parse_step_range(env.get(ENV_REPLAY_STEPS)),
             run_id=env.get(ENV_RUN_ID) or None,
             trace=parse_trace_level(env.get(ENV_TRACE)),
-            trace_steps=parse_step_range(env.get(ENV_TRACE_STEPS) or "1"),
+            trace_steps=parse_step_range(env[ENV_TRACE_STEPS]) if env.get(ENV_TRACE_STEPS) else None,
             trace_full=tuple(g for g in env.get(ENV_TRACE_FULL, "").split("\n") if g),
             full=tuple(g for g in env.get(ENV_FULL, "").split("\n") if g),
             flush_timeout=parse_seconds(env.get(ENV_FLUSH_TIMEOUT, DEFAULT_FLUSH_TIMEOUT), ENV_FLUSH_TIMEOUT),
@@ -241,7 +249,8 @@ class RecordConfig:
             env[ENV_FULL] = "\n".join(self.full)
         if self.trace:
             env[ENV_TRACE] = self.trace
-            env[ENV_TRACE_STEPS] = format_step_range(self.trace_steps)
+            if self.trace_steps is not None:
+                env[ENV_TRACE_STEPS] = format_step_range(self.trace_steps)
             if self.trace_full:
                 env[ENV_TRACE_FULL] = "\n".join(self.trace_full)
         return env
@@ -252,10 +261,18 @@ class RecordConfig:
     def records_step(self, step: int) -> bool:
         return step % self.every == 0
 
+    def with_trace_default(self, zero_code: bool) -> "RecordConfig":
+        """trace_steps resolved: None becomes the first whole step this recorder sees."""
+        if self.trace is None or self.trace_steps is not None:
+            return self
+        first = first_trace_step(zero_code)
+        return replace(self, trace_steps=(first, first))
+
     def traces_step(self, step: int) -> bool:
-        lo, hi = self.trace_steps
+        lo, hi = self.trace_steps or (1, 1)
         return self.trace is not None and step >= lo and (hi is None or step <= hi)
 
     def traces_after(self, step: int) -> bool:
         """Whether any step after `step` is still to be traced."""
-        return self.trace is not None and (self.trace_steps[1] is None or self.trace_steps[1] > step)
+        hi = (self.trace_steps or (1, 1))[1]
+        return self.trace is not None and (hi is None or hi > step)

@@ -78,7 +78,7 @@ def launch(command: Sequence[str], config: RecordConfig, force: bool = False, ex
                               "ranks": config.ranks.spec() if config.ranks is not None else None,
                               "every": config.every,
                               **({"full": list(config.full)} if config.full else {}),
-                              **({"trace": config.trace, "trace_steps": format_step_range(config.trace_steps),
+                              **({"trace": config.trace, "trace_steps": format_step_range(config.trace_steps) if config.trace_steps else "first",
                                   "trace_full": list(config.trace_full)} if config.trace else {})},
             **(extra_meta or {})}
     if config.replay_from:

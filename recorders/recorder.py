@@ -220,6 +220,7 @@ class Recorder:
             # step 1 starts from the reference's initial parameters. (Zero-code starts us at the first
             # optimizer step, after step 1's backward: too late to load; its step 1 is its own.)
             self._replay.before_step(1)
+        self.config = self.config.with_trace_default(self.zero_code)
         if self.config.trace and self._writes:
             from tracekit.recorders.tracing import Tracer  # torch dispatch machinery: only when tracing
 

@@ -7,9 +7,10 @@ and the c10d collectives. Each op becomes one event with its non-tensor argument
 summaries (min, max, mean, L2, NaN and Inf counts), an xxh3-64 hash of its bytes, and the event that
 produced it (the data flow the root-cause search follows).
 
-modules: forward hooks on the model's modules record each module's output, and a hook on that
-output its gradient in backward. Only the traced steps pay: hooks and the mode are installed at
-the start of the step and removed at its end.
+modules: forward hooks on the model's modules record each module's output, and a hook on each of
+its inputs that needs a gradient records, in backward, the gradient its backward computed for it
+(a module whose inputs need none, such as the first layer, has no backward event). Only the
+traced steps pay: hooks and the mode are installed at the start of the step and removed at its end.
 
 We write our own mode rather than use torch.utils._debug_mode.DebugMode (torch 2.13): DebugMode
 logs op strings with a norm or hash per tensor, but not float64 summaries, the producer of each
@@ -44,6 +45,11 @@ _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _OWN_DIRS = tuple(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + d for d in ("tracekit", "recorders"))
 _OWN_DIRS += (os.path.dirname(os.path.abspath(__file__)) + os.sep,)
 _COLLECTIVE_NAMESPACES = ("c10d.", "_c10d_functional.", "c10d_functional.", "_dtensor.")
+# functional collectives' waits: once one returns, the tensor it waited on holds the collective's
+# final values. And the autograd wrapper funcol puts around an output still in flight: neither
+# computes anything, nor is a collective of its own
+_WAITS = frozenset(("_c10d_functional.wait_tensor.default", "c10d_functional.wait_tensor.default"))
+_WRAPS = frozenset(("_c10d_functional._wrap_tensor_autograd.default",))
 # ops whose output shows exactly the input's values under another shape or strides: its summary
 # and hash are the input's (the output is a function of the input alone), so none is computed
 _RELABEL = frozenset(f"aten.{n}" for n in (
@@ -324,6 +330,66 @@ class _Encoder:
         return {"object": type(v).__name__}
 
 
+def _local_of(t: torch.Tensor) -> torch.Tensor | None:
+    """A DTensor's local shard, when it is a plain tensor: reading it runs no collective (ops on the
+    DTensor itself could), and the subclass's local ops, which write it, run unseen by the mode."""
+    local = getattr(t, "_local_tensor", None) if type(t).__name__ == "DTensor" else None
+    if isinstance(local, torch.Tensor) and not is_traceable_wrapper_subclass(local):
+        return local
+    return None
+
+
+def _as_local(s: dict, t: torch.Tensor) -> dict:
+    """A shard's summary as a DTensor's: shape is the shard's (other shardings never pair up)."""
+    s = dict(s)
+    s["subclass"], s["local"], s["global_shape"] = type(t).__name__, True, list(t.shape)
+    return s
+
+
+def _pending(t: torch.Tensor) -> dict:
+    """What a trace shows of memory a collective is still writing: no values."""
+    return {"shape": list(t.shape), "dtype": _plain_dtype(t.dtype), "device": str(t.device), "stats": None,
+            "hash": None, "pending": True}
+
+
+def _work_of(result):
+    """The c10d Work a c10d op returned (boxed), or None (functional collectives return none)."""
+    for v in tree_flatten(result)[0]:
+        if "ScriptObject" in type(v).__name__:
+            try:
+                import torch.distributed as dist
+
+                return dist.distributed_c10d.Work.unbox(v)
+            except Exception:
+                return None
+    return None
+
+
+def _completed(work) -> bool:
+    try:
+        return bool(work.is_completed())
+    except Exception:
+        return False
+
+
+def _written_args(info: "_OpInfo", args, kwargs) -> list[torch.Tensor]:
+    """The tensors an in-place or out= op writes (its schema's written arguments)."""
+    out = []
+    for pos, name in info.writes:
+        arg = args[pos] if pos < len(args) else (kwargs.get(name) if kwargs else None)
+        out += [w for w in (arg if isinstance(arg, (list, tuple)) else (arg,)) if isinstance(w, torch.Tensor)]
+    return out
+
+
+def _extent(t: torch.Tensor) -> tuple[int, int]:
+    """[first byte, end byte) of the memory t's elements span."""
+    lo = t.data_ptr()
+    if t.numel() == 0:
+        return lo, lo
+    span = 1 + sum((n - 1) * abs(st) for n, st in zip(t.shape, t.stride()))
+    return lo, lo + span * t.element_size()
+
+
 def _forget(info: dict, key: int, entry: list, _ref) -> None:
     if info.get(key) is entry:
         del info[key]
@@ -346,6 +412,13 @@ class StepTrace:
         # the entry leaving with the tensor (the weakref's callback): a plain dict lookup, where
         # torch's WeakTensorKeyDictionary built a key object per lookup (~10 us, profiled)
         self._info: dict[int, list] = {}
+        # memory a collective is still writing: storage address -> its c10d Work (done when
+        # is_completed() says so), or None for a functional collective's output (done at its
+        # wait_tensor). What lies there is never summarized, hashed or kept: it reads `pending`
+        self._inflight: dict[int, object] = {}
+        # where in-place and out= ops wrote: storage address -> [(first byte, end byte, event,
+        # output position)], in execution order
+        self._written: dict[int, list] = {}
         self._inductor = False  # the op being recorded was called from inductor's generated code
 
     def _entry(self, t: torch.Tensor) -> list:
@@ -359,18 +432,32 @@ class StepTrace:
     def name_tensor(self, t: torch.Tensor, name: str) -> None:
         e = self._entry(getattr(t, "_local_tensor", t))
         e[3] = name
-        if e[2] is not None:  # the event that computed it: the chain's end names the step-level tensor
+        if e[2] is not None and e[2][1] is not None:  # the event that computed it: the chain's end names the step-level tensor
             self.events[e[2][0]]["outputs"][e[2][1]]["name"] = name
 
     def _summary(self, t: torch.Tensor, fresh: bool = False) -> dict:
         # fresh: an op's output. An in-place op's version bump happens above this mode, after the
         # op returns, so the cached entry of its output would still look current.
+        local = _local_of(t)
+        if local is not None:  # a DTensor: its shard's numbers, with the shard's producer and name
+            return _as_local(self._summary(local, fresh), t)
         e = self._entry(t)
+        if self._inflight and self._in_flight(t):
+            e[0] = e[1] = e[5] = None  # whatever was summarized of it before is stale once it lands
+            s = _pending(t)
+            if e[2] is not None:
+                s["producer"] = list(e[2])
+            return s
         version = t._version
         if fresh or e[0] != version or e[1] is None:
             old = e[1]
             e[0], e[1] = version, summarize(t)
-            if self._inductor and not fresh and old is not None and e[2] is not None and old.get("hash") != e[1]["hash"]:
+            written = self._last_write(t) if self._written and not fresh else None
+            if written is not None and (e[2] is None or written[0] > e[2][0]):
+                # written since its producer through another tensor on its memory (a view, an
+                # out= buffer): that write made the values readers see from here on
+                e[2] = written
+            elif self._inductor and not fresh and old is not None and e[2] is not None and old.get("hash") != e[1]["hash"]:
                 # read by inductor's code and changed since the event that produced it, by a write
                 # the mode never saw (inductor's kernels work in place on its buffers): that event
                 # is no longer its producer. Only there: in eager code every write is an op the
@@ -383,6 +470,55 @@ class StepTrace:
         if e[3] is not None:
             s["name"] = e[3]
         return s
+
+    def _in_flight(self, t: torch.Tensor) -> bool:
+        """Whether a collective may still be writing t's memory."""
+        if is_traceable_wrapper_subclass(t) or t.device.type == "meta":
+            return False
+        key = t.untyped_storage().data_ptr()
+        if key not in self._inflight:
+            return False
+        work = self._inflight[key]
+        if work is not None and _completed(work):
+            del self._inflight[key]
+            return False
+        return True
+
+    def _launched(self, outs, result) -> None:
+        """A collective returned: its outputs are in flight until its work completes (c10d ops,
+        which return their Work) or until a wait_tensor on them (functional collectives)."""
+        work = _work_of(result)
+        for o in outs:
+            if not is_traceable_wrapper_subclass(o) and o.device.type != "meta" and o.untyped_storage().data_ptr():
+                self._inflight[o.untyped_storage().data_ptr()] = work
+
+    def _landed(self, tensors) -> None:
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and not is_traceable_wrapper_subclass(t) and t.device.type != "meta":
+                self._inflight.pop(t.untyped_storage().data_ptr(), None)
+
+    def _wrote(self, info: "_OpInfo", index: int, args, kwargs, outs) -> None:
+        """Remember where an in-place or out= op wrote: readers of other tensors on that memory
+        (the base of a view it wrote through) take it as their producer."""
+        for w in _written_args(info, args, kwargs):
+            if is_traceable_wrapper_subclass(w) or w.device.type == "meta":
+                continue
+            k = next((j for j, o in enumerate(outs) if o is w), None)
+            lo, hi = _extent(w)
+            self._written.setdefault(w.untyped_storage().data_ptr(), []).append((lo, hi, index, k))
+
+    def _last_write(self, t: torch.Tensor) -> tuple | None:
+        """(event, output position or None) of the latest seen write overlapping t's memory."""
+        if is_traceable_wrapper_subclass(t) or t.device.type == "meta":
+            return None
+        writes = self._written.get(t.untyped_storage().data_ptr())
+        if not writes:
+            return None
+        lo, hi = _extent(t)
+        for wlo, whi, index, k in reversed(writes):
+            if wlo < hi and lo < whi:
+                return (index, k)
+        return None
 
     def wants_full(self, label: str) -> bool:
         return any(fnmatch.fnmatchcase(label, g) for g in self.full_globs)
@@ -408,6 +544,12 @@ class StepTrace:
             in_tensors = [a for a in tree_flatten((args, read))[0] if isinstance(a, torch.Tensor)]
             self._keep(index, "in", in_tensors, enc.inputs)
         result = run()
+        if info.waits:  # the collective's values are final from here on
+            self._landed(args)
+        elif info.writes and self._inflight and not collective:
+            # an op wrote over a collective's output: the program waited for it first (else its
+            # write would race the collective's), so what lies there now is final
+            self._landed(_written_args(info, args, kwargs))
         if isinstance(result, torch.Tensor):  # most ops: no pytree walk
             outs = [result]
         elif isinstance(result, (tuple, list)) and all(isinstance(x, torch.Tensor) for x in result):
@@ -440,6 +582,15 @@ class StepTrace:
                 # inductor, whose kernels fill its buffers unseen. A collective's tensors: its next
                 # reader summarizes what arrived (it may write in flight, without a version bump)
                 entry[0], entry[1] = (o._version, s) if uninitialized and not self._inductor else (None, None)
+            elif _local_of(o) is not None:  # a DTensor: its shard (written by the subclass's local op, unseen)
+                local = _local_of(o)
+                s = _as_local(self._summary(local, fresh=True), o)
+                s.pop("producer", None)
+                entry = self._entry(local)
+            elif self._inflight and self._in_flight(o):  # funcol's wrapper of an output in flight
+                s = _pending(o)
+                entry = self._entry(o)
+                entry[0] = entry[1] = None
             else:
                 entry = self._entry(o)
                 entry[0], entry[1] = o._version, summarize(o)
@@ -447,10 +598,16 @@ class StepTrace:
                 if entry[3] is not None:
                     s["name"] = entry[3]
             outputs.append(s)
-            entry[2] = (index, k)
+            # a wait or wrapper passes the collective's values on: readers after it pair their
+            # inputs with the collective itself (which a differing result then blames)
+            passed = enc.inputs[0].get("producer") if info.passes_on and enc.inputs else None
+            entry[2] = tuple(passed) if passed else (index, k)
+        if info.writes and not collective:
+            self._wrote(info, index, args, kwargs, outs)
         if full and not collective:
             self._keep(index, "out", outs, outputs, remember=not uninitialized)
         if collective:  # it writes its tensors in flight, unseen: no summary or kept copy of them stays current
+            self._launched(outs, result)
             for t in tree_flatten((args, kwargs))[0]:
                 if isinstance(t, torch.Tensor) and not is_traceable_wrapper_subclass(t):
                     e = self._entry(t)
@@ -492,7 +649,7 @@ class StepTrace:
 class _OpInfo:
     """What the trace needs to know of an op, worked out once per op (not once per call)."""
 
-    __slots__ = ("name", "view", "collective", "uninitialized", "relabel", "func", "out_args")
+    __slots__ = ("name", "view", "collective", "uninitialized", "relabel", "func", "out_args", "waits", "passes_on", "writes")
 
     def __init__(self, name: str, view: bool, func=None):
         self.name = name
@@ -500,8 +657,15 @@ class _OpInfo:
             self.out_args = frozenset(a.name for a in func._schema.arguments if a.is_out) if func is not None else frozenset()
         except Exception:
             self.out_args = frozenset()
+        try:  # (position, name) of each argument the op writes (in-place ops' self, out= buffers)
+            self.writes = tuple((i, a.name) for i, a in enumerate(func._schema.arguments)
+                                if a.alias_info is not None and a.alias_info.is_write) if func is not None else ()
+        except Exception:
+            self.writes = ()
         self.view = view
-        self.collective = name.startswith(_COLLECTIVE_NAMESPACES)
+        self.waits = name in _WAITS
+        self.passes_on = self.waits or name in _WRAPS
+        self.collective = name.startswith(_COLLECTIVE_NAMESPACES) and not self.passes_on
         self.uninitialized = name.startswith(_UNINITIALIZED)
         self.relabel = name in _RELABEL
         self.func = func  # held: the cache is keyed by its id()
@@ -570,6 +734,7 @@ class Tracer:
         self._stack: list[str] = []
         self._seq_module: dict[int, tuple[str, str | None]] = {}
         self._handles: list = []
+        self._input_hooks: dict[int, tuple] = {}  # id(input) -> (weakref, hook handle): this step's backward events
         self._mode: _OpMode | None = None
 
     # ---- where an op runs -------------------------------------------------------------------
@@ -600,6 +765,7 @@ class Tracer:
         self.phase = "fwd"
         self._stack.clear()
         self._seq_module.clear()
+        self._input_hooks.clear()
         if not self._handles:
             # kept until close(): re-registering hooks each step would make torch.compile recompile
             self._install_module_hooks()
@@ -656,6 +822,20 @@ class Tracer:
             if torch.compiler.is_compiling():
                 return
             self._stack.append(path)
+            if self.level == "modules" and self.current is not None and not self.paused:
+                # the gradient of a module's inputs is what its own backward computes: its `backward`
+                # event. (The gradient of its output is computed by whatever read that output, so
+                # a fault in module 1's backward first showed as module 0's)
+                src = None
+                for t in tree_flatten(args)[0]:
+                    if isinstance(t, torch.Tensor) and t.requires_grad:
+                        src = src or _user_line()
+                        # one event per gradient: a module enclosing this one got the same input,
+                        # and the innermost module's backward is the one that computed it
+                        old = self._input_hooks.pop(id(t), None)
+                        if old is not None and old[0]() is t:
+                            old[1].remove()
+                        self._input_hooks[id(t)] = (weakref.ref(t), t.register_hook(self._grad_hook(path, src)))
         return hook
 
     def _post(self, path: str):
@@ -671,9 +851,6 @@ class Tracer:
             try:
                 src = _user_line()
                 trace.add("fwd", path, "forward", args, {}, lambda: output, src)
-                for t in tree_flatten(output)[0]:
-                    if isinstance(t, torch.Tensor) and t.requires_grad:
-                        t.register_hook(self._grad_hook(path, src))
             finally:
                 self.paused = False
         return hook

@@ -38,6 +38,9 @@ class TrainConfig:
     bias: bool = True  # False: the bias-free model (always so in simplefsdp_tp)
     autocast: str | None = None  # a LOW_PRECISIONS key: the forward runs under torch.autocast
     mixed_precision: str | None = None  # a LOW_PRECISIONS key: fsdp's MixedPrecisionPolicy param_dtype
+    # each step, gather every parameter whole (DTensor.full_tensor()) and log its norm, as users'
+    # loops do: async collectives inside the traced step, outside the model
+    log_norms: bool = False
 
     @property
     def compiled(self) -> bool:
@@ -81,6 +84,8 @@ def build_parser(description: str) -> argparse.ArgumentParser:
                         help="fsdp: FSDP2 MixedPrecisionPolicy(param_dtype=this, reduce_dtype=float32, float32 output)")
     parser.add_argument("--no-bias", action="store_true",
                         help="train the bias-free model (simplefsdp_tp's; compare other modes with it)")
+    parser.add_argument("--log-norms", action="store_true",
+                        help="each step, gather every parameter whole (full_tensor()) and print its norm")
     parser.add_argument(
         "--fault",
         action="append",
@@ -88,7 +93,7 @@ def build_parser(description: str) -> argparse.ArgumentParser:
         metavar="SPEC",
         help="plant a fault (repeatable): lr_scale=F, loss_scale=RANK:STEP:F, nan_grad=RANK:STEP, "
         "reported_loss_scale=STEP:F, grad_scale=RANK:STEP:F, crash=RANK:STEP:raise|exit|kill, "
-        "op=act|matmul_bf16|reduce_order:RANK:STEP",
+        "op=act|matmul_bf16|reduce_order|roll_rows|bwd_bf16:RANK:STEP",
     )
     return parser
 
@@ -145,4 +150,5 @@ def _to_config(args: argparse.Namespace) -> TrainConfig:
         bias=not args.no_bias and args.parallelism != "simplefsdp_tp",
         autocast=args.autocast,
         mixed_precision=args.mixed_precision,
+        log_norms=args.log_norms,
     )

@@ -13,7 +13,7 @@ Specs (repeatable flag):
                              that rank is multiplied by F in that step (a one-rank, one-step
                              relative perturbation F - 1 of each gradient tensor)
   op=KIND:RANK:STEP          one op of the model is wrong on that rank from that step on; KIND is
-                             act, matmul_bf16, reduce_order or roll_rows (see op_faults.py)
+                             act, matmul_bf16, reduce_order, roll_rows or bwd_bf16 (see op_faults.py)
 """
 
 from __future__ import annotations

@@ -40,6 +40,11 @@ def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
+def full_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The whole tensor: gathered from every rank's shard if it is a DTensor."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
 @dataclass(frozen=True)
 class StepResult:
     output: torch.Tensor  # this rank's model output (ddp/fsdp/simplefsdp_tp: its batch slice)
@@ -103,6 +108,8 @@ class Workload:
         inputs, targets = self.batch(step)
         if self.op_fault is not None:
             self.op_fault.update(rank, step)
+        if self.config.log_norms:
+            self._log_norms(step)
         with torch.autocast(self.runtime.device.type, dtype=getattr(torch, LOW_PRECISIONS.get(self.config.autocast, "bfloat16")),
                             enabled=self.config.autocast is not None):
             output = self.parallel.module(inputs)
@@ -115,6 +122,13 @@ class Workload:
             self._scale_gradients(faults.grad_factor(rank, step))
         global_loss = self._global_loss(local_loss.detach()) * faults.reported_loss_factor(step)
         return StepResult(output=output, local_loss=local_loss.detach(), global_loss=global_loss)
+
+    def _log_norms(self, step: int) -> None:
+        # full_tensor(): an all-gather of each sharded parameter (async functional collectives)
+        with torch.no_grad():
+            norms = [float(full_tensor(p).norm()) for p in self.named_model.parameters()]
+        if self.runtime.rank == 0:
+            say(f"step={step} norms=" + ",".join(f"{n:.6g}" for n in norms))
 
     def _global_loss(self, local_loss: torch.Tensor) -> torch.Tensor:
         group = self.parallel.dp_group

@@ -8,6 +8,8 @@ from step STEP on, the kind of fault a device port produces. The root-cause sear
                along the reduced dimension): the same math, rounded differently
   roll_rows    module 1 (the ReLU) returns its rows rolled by one (a layout bug): every summary of its
                output (min, max, mean, L2) is unchanged, so only --trace-full bytes can place it
+  bwd_bf16     module 1 (the ReLU) is right in forward, but its backward rounds the gradient it
+               passes on to bfloat16 (a backward-only fault: the forward trace matches)
 
 The module's parameters, names and call structure stay as they are; only its forward changes.
 """
@@ -20,8 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-OP_FAULTS = ("act", "matmul_bf16", "reduce_order", "roll_rows")
-_MODULE_OF = {"act": 1, "matmul_bf16": 0, "reduce_order": 2, "roll_rows": 1}
+OP_FAULTS = ("act", "matmul_bf16", "reduce_order", "roll_rows", "bwd_bf16")
+_MODULE_OF = {"act": 1, "matmul_bf16": 0, "reduce_order": 2, "roll_rows": 1, "bwd_bf16": 1}
 
 
 class FaultSwitch:
@@ -68,7 +70,29 @@ def _roll_rows(switch: FaultSwitch, original):
     return forward
 
 
-_FORWARDS = {"act": _act, "matmul_bf16": _matmul_bf16, "reduce_order": _reduce_order, "roll_rows": _roll_rows}
+class _ReluBf16Backward(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        out = torch.relu(x)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        (out,) = ctx.saved_tensors
+        return (grad * (out > 0)).to(torch.bfloat16).to(grad.dtype)
+
+
+def _bwd_bf16(switch: FaultSwitch, original):
+    def forward(self, x):
+        if switch.on:
+            return _ReluBf16Backward.apply(x)
+        return original(x)
+    return forward
+
+
+_FORWARDS = {"act": _act, "matmul_bf16": _matmul_bf16, "reduce_order": _reduce_order, "roll_rows": _roll_rows,
+             "bwd_bf16": _bwd_bf16}
 
 
 def install_op_fault(model: nn.Sequential, switch: FaultSwitch) -> None:

@@ -78,9 +78,9 @@ def test_cli_traces_modules_over_a_step_range_and_keeps_the_bytes_it_is_asked_fo
 
     mods = record(str(tmp_path / "modules"), "--trace", "modules", "--trace-steps", "2:3")
     assert trace_steps(mods.group, "modules") == [2, 3] and trace_steps(mods.group, "ops") == []
-    for step in (2, 3):  # the model is one Linear: its output forward, its output gradient backward
+    for step in (2, 3):  # the model is one Linear: its output forward; its input (the batch) needs no gradient
         assert [(e["phase"], e["module"], e["op"]) for e in read_events(mods.group, "modules", step)] == [
-            ("fwd", "", "forward"), ("bwd", "", "backward")]
+            ("fwd", "", "forward")]
 
     ops = record(str(tmp_path / "ops"), "--full", "outputs:*", "--trace", "ops", "--trace-steps", "3",
                  "--trace-full", "fwd:*")
@@ -93,3 +93,46 @@ def test_cli_traces_modules_over_a_step_range_and_keeps_the_bytes_it_is_asked_fo
     data, dtype, shape = read_full(ops.group, "ops", 3, addmm["outputs"][0]["full"])
     assert dtype == "float32" and shape == [3, 2]
     np.testing.assert_array_equal(data.reshape(shape), ops.read("outputs", 3, "output"))
+
+
+def _record_plain(store, *args, steps=3):
+    import subprocess
+    import sys
+
+    script = os.path.join(os.path.dirname(__file__), "scripts", "plain_tiny_train.py")
+    return subprocess.run([sys.executable, "-m", "tracekit.cli.main", "record", "-o", store, *args, "--", sys.executable,
+                           script, "--steps", str(steps)], capture_output=True, text=True, timeout=120)
+
+
+def test_zero_code_default_trace_step_is_traced_and_said(tmp_path):
+    """Zero-code recording starts inside step 1: `--trace ops` alone traces step 2 (it traced
+    nothing before), and the record line and `tracekit show` say so."""
+    store = str(tmp_path / "s")
+    r = _record_plain(store, "--trace", "ops")
+    assert r.returncode == 0, r.stderr
+    assert "; traces: ops at step 2;" in r.stderr.splitlines()[-1]
+    assert trace_steps(open_store(store).rank(0).group, "ops") == [2]
+    shown = CliRunner().invoke(main, ["show", store])
+    assert shown.exit_code == 0 and "traces: ops at step 2" in shown.output.splitlines()
+
+
+def test_zero_code_step_it_cannot_trace_is_a_one_line_error(tmp_path):
+    r = _record_plain(str(tmp_path / "s"), "--trace", "ops", "--trace-steps", "1:2")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip().splitlines()[-1] == (
+        "Error: --trace-steps 1:2 asked to trace step 1, which no rank traced (zero-code recording starts inside "
+        "step 1 and traces from step 2)")
+
+
+@pytest.mark.parametrize("steps, traced, message", [
+    ((3, 5), [3], "asked to trace steps 4-5, which no rank traced (the run ended at step 3)"),
+    ((2, None), [2, 3], None),
+    (None, [], "--trace ops traced no step"),
+    (None, [2], None),
+])
+def test_trace_steps_asked_and_not_traced_are_reported(steps, traced, message):
+    from tracekit.recorders.config import RecordConfig
+    from tracekit.recorders.trace_check import untraced_problem
+
+    got = untraced_problem(RecordConfig(trace="ops", trace_steps=steps), [1, 2, 3], {"ops": traced} if traced else {})
+    assert (got is None) == (message is None) and (message is None or message in got)

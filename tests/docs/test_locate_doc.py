@@ -83,7 +83,8 @@ def test_clean_replay_names_no_root_cause(locate):
     ds = tracekit.open_diff(ref, cand)
     for r in (0, 1):
         ev = ds.tracekit.events(rank=r, step=2)
-        assert set(ev.status.values) <= {"ok", "unknown"} and (ev.status == "ok").sum() > 0
+        # suspect: a collective whose inputs match and whose output no reader saw land (read in flight)
+        assert set(ev.status.values) <= {"ok", "unknown", "suspect"} and (ev.status == "ok").sum() > 0
         # what the diff vouches for matches exactly (unknown: memory the trace cannot vouch for,
         # e.g. `empty` buffers, read before they are written)
         assert float(ev.max_stat_abs_err.where(ev.status == "ok").max()) == 0.0

@@ -65,3 +65,60 @@ def test_events_carry_non_tensor_arguments_as_values():
     cast = by_op["aten._to_copy.default"]
     assert cast["kwargs"]["dtype"] == {"dtype": "bfloat16"} and cast["outputs"][0]["dtype"] == "bfloat16"
     assert all(e["phase"] == "fwd" and e["src"] and "test_tracing.py" in e["src"] for e in trace.events)
+
+
+def test_a_write_through_a_view_becomes_the_producer_of_its_base():
+    """y[0] = nan through a view of y: the next reader of y is fed by that write (the select's
+    fill_), not by the op that computed y; a reader of a disjoint part of the same storage is not."""
+    from tracekit.recorders.tracing import Tracer
+
+    tracer = Tracer("ops", None)
+    g = torch.randn(4, 4)
+    tracer.start(1)
+    try:
+        y = g * 2
+        other = y[2:]  # rows 2-3: the write below never touches them
+        y.view(-1)[0] = float("nan")
+        y.sum()
+        other.sum()
+    finally:
+        trace = tracer.stop()
+    ops = [e["op"] for e in trace.events]
+    write = next(e for e in trace.events if e["op"].startswith(("aten.fill_", "aten.copy_")))
+    mul = ops.index("aten.mul.Tensor")
+    total, part = [e for e in trace.events if e["op"] == "aten.sum.default"]
+    assert total["inputs"][0]["producer"][0] == write["index"]
+    assert total["inputs"][0]["stats"][4] == 1  # the NaN it reads
+    assert part["inputs"][0]["producer"][0] != write["index"] and part["inputs"][0]["stats"][4] == 0
+    assert trace.events[part["inputs"][0]["producer"][0]]["index"] > mul  # the slice of y, after the mul
+
+
+def test_a_functional_collective_is_pending_until_its_wait():
+    """A one-rank gloo group: the all-gather's output reads `pending` until wait_tensor returns
+    (funcol's autograd wrapper read it in flight: its garbage made clean FSDP pairs differ);
+    readers after the wait see its values, with the collective as their producer."""
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    from tracekit.recorders.tracing import Tracer
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        tracer = Tracer("ops", None)
+        x = torch.randn(8)
+        tracer.start(1)
+        try:
+            out = funcol.all_gather_single(x, 0, dist.group.WORLD).wait()  # as DTensor's redistribute does
+            (out * 1).sum()
+        finally:
+            trace = tracer.stop()
+    finally:
+        dist.destroy_process_group()
+    by_op = {e["op"]: e for e in trace.events}
+    gather = by_op["_c10d_functional.all_gather_into_tensor.default"]
+    wait = by_op["_c10d_functional.wait_tensor.default"]
+    assert gather["outputs"][0]["pending"] and wait["inputs"][0]["pending"] and wait["inputs"][0]["stats"] is None
+    assert wait["outputs"][0]["stats"] is not None  # final once the wait returned
+    mul = by_op["aten.mul.Tensor"]
+    assert mul["inputs"][0]["producer"][0] == gather["index"]
+    assert mul["inputs"][0]["hash"] == wait["outputs"][0]["hash"]

@@ -27,8 +27,11 @@ FAULT_STEP = 2
 
 
 def record(path, fault=None, compiled=False, lr=0.01, steps=3, trace_steps=(FAULT_STEP, FAULT_STEP), level="ops",
-           fault_step=FAULT_STEP, replay_from=None, replay_steps=(1, None), trace_full=()):
-    """compiled: False (eager), True or "aot_eager", or "inductor"."""
+           fault_step=FAULT_STEP, replay_from=None, replay_steps=(1, None), trace_full=(), log_factor=None,
+           nan_grad=False):
+    """compiled: False (eager), True or "aot_eager", or "inductor". log_factor: each step also
+    computes loss * log_factor for a log line, feeding nothing the diff compares. nan_grad: from
+    fault_step on, one element of module 0's weight gradient becomes NaN, written through a view."""
     model = build_model(0)
     switch = None
     if fault is not None:
@@ -51,6 +54,11 @@ def record(path, fault=None, compiled=False, lr=0.01, steps=3, trace_steps=(FAUL
             out = run(x)
             loss = F.mse_loss(out, y)
             loss.backward()
+            if nan_grad and step >= fault_step:
+                with torch.no_grad():
+                    model[0].weight.grad.view(-1)[5] = float("nan")
+            if log_factor is not None:
+                print(f"scaled loss {float(loss.detach() * log_factor)}", file=open(os.devnull, "w"))
             rec.observe(output=out, loss=loss)
             opt.step()
             opt.zero_grad()
@@ -105,6 +113,34 @@ def test_reduce_order_is_no_root_cause_within_tolerance(runs):
     """Rounding differences are within the default tolerances: no op is blamed for them."""
     report = tracekit.diff(runs(None), runs("reduce_order"))
     assert report.traces and report.root_cause is None
+
+
+def test_a_nan_written_through_a_view_of_a_gradient_is_named(runs):
+    """The write (a fill_ through a view of the gradient) is what the optimizer's update reads:
+    it is named, not the backward op that computed the gradient before it."""
+    report = tracekit.diff(runs(None), runs(None, nan_grad=True))
+    rc = report.root_cause
+    assert rc is not None and rc.kind == "extra op" and rc.event["op"] in ("aten.fill_.Scalar", "aten.copy_.default")
+    assert rc.step == FAULT_STEP and rc.seen_at["phase"] == "opt" and "NaN" in rc.reason
+    assert "grad:0.weight" in {n for c in rc.chain for n in c.get("names", [])} or rc.seen_at["op"].startswith("aten.add_")
+
+
+def test_passing_verdict_names_no_root_cause_where_traces_differ(runs):
+    """The candidate's log line computes loss * 3 where the reference's computes loss * 2: the
+    traces differ (an argument), the trained values do not. A PASS never carries a root cause:
+    the difference is reported as such (text and JSON), and the JSON's root_cause is null."""
+    report = tracekit.diff(runs(None, log_factor=2.0), runs(None, log_factor=3.0))
+    assert report.passed and report.root_cause is None
+    td = report.trace_difference
+    assert (td.step, td.kind, td.event["op"], td.event["phase"]) == (FAULT_STEP, "argument", "aten.mul.Tensor", "fwd")
+    from tracekit.compare.render import render
+
+    text = render(report)
+    assert "Root cause:" not in text
+    assert "traces differ, values agree: first difference at step 2, rank 0, module (top level), aten.mul.Tensor" in text
+    doc = report.to_dict()
+    assert doc["root_cause"] is None and doc["trace_difference"]["op"] == "aten.mul.Tensor"
+    jsonschema.validate(json.loads(json.dumps(doc)), load("diff-report"))
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "aot_eager"])
@@ -199,7 +235,27 @@ def test_module_level_trace_names_the_module(runs):
     assert rc is not None and (rc.level, rc.kind, rc.event["module"], rc.event["op"]) == ("modules", "op", "1", "forward")
     events = read_events(open_store(runs(None, level="modules")).rank(0).group, "modules", FAULT_STEP)
     assert [(e["phase"], e["module"]) for e in events if e["op"] == "forward"] == [("fwd", "0"), ("fwd", "1"), ("fwd", "2"), ("fwd", "")]
-    assert {e["module"] for e in events if e["op"] == "backward"} == {"", "0", "1", "2"}
+    # backward: the gradient each module's backward computed for its input (module 0's and the
+    # root's input, the batch, needs none)
+    assert [e["module"] for e in events if e["op"] == "backward"] == ["2", "1"]
+
+
+def test_module_level_trace_names_the_module_of_a_backward_only_fault(runs):
+    """Module 1's backward rounds the gradient it passes on to bfloat16 (its forward is right): the
+    module named is 1, in backward, not module 0 whose output gradient carries the error."""
+    report = tracekit.diff(runs(None, level="modules"), runs("bwd_bf16", level="modules"))
+    rc = report.root_cause
+    assert rc is not None and (rc.level, rc.kind, rc.event["module"], rc.event["op"], rc.event["phase"]) == (
+        "modules", "op", "1", "backward", "bwd")
+
+
+def test_op_level_trace_names_the_op_of_a_backward_only_fault(runs):
+    report = tracekit.diff(runs(None), runs("bwd_bf16"))
+    rc = report.root_cause
+    assert rc is not None and (rc.event["module"], rc.event["phase"]) == ("1", "bwd")
+    # the casts are extra ops: the one whose output a paired op reads is named (the cast back)
+    assert rc.kind == "extra op" and rc.event["op"] == "aten._to_copy.default"
+    assert "bfloat16" in {t["dtype"] for t in rc.event["inputs"] + rc.event["outputs"]}
 
 
 def test_unlisted_trace_step_is_ignored(runs, tmp_path):
@@ -256,10 +312,12 @@ def test_trace_full_bytes_place_a_fault_summaries_cannot_see(runs):
     rc = tracekit.diff(ref, cand).root_cause
     assert rc is not None and (rc.step, rc.kind, rc.event["module"], rc.event["op"]) == (FAULT_STEP, "extra op", "1", "aten.roll.default")
     assert "elementwise" in rc.reason and rc.check.metrics["elements_beyond"] > 0
-    # the same pair through summaries only: the roll's output matches them, so the blame lands
-    # downstream (where the rolled rows meet the unrolled targets), not on module 1
+    # the same pair through summaries only: the roll's output matches them but its hash does not;
+    # where the rolled rows meet the unrolled targets the output differs, and the roll (an extra
+    # op whose not-equal values got there) is named, from summaries alone
     plain = tracekit.diff(runs(None), runs("roll_rows")).root_cause
-    assert plain is not None and (plain.event["module"], plain.event["op"]) != ("1", "aten.roll.default")
+    assert plain is not None and (plain.event["module"], plain.event["op"]) == ("1", "aten.roll.default")
+    assert "within tolerance but not equal" in plain.reason
 
 
 def test_trace_full_clean_pair_names_nothing(runs, tmp_path):

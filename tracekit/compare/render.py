@@ -194,7 +194,7 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
                        + f", cosine {_cos(m.cosine, 9)}, margin {_m(m.margin)}")
 
     out += _shape_lines(report)
-    out += render_root_cause(report.traces)
+    out += render_root_cause(report.traces, passed=report.passed)
     bad = report.violations
     if bad:
         groups = group_violations(bad)

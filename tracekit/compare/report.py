@@ -160,10 +160,18 @@ class DiffReport:
 
     @property
     def root_cause(self):
-        """The root-cause op named from the traces (tracekit.compare.rootcause.RootCause), or None."""
+        """The root-cause op named from the traces (tracekit.compare.rootcause.RootCause), or None.
+        Never under a passing verdict: the values agree, so no op is to blame (trace_difference)."""
         from tracekit.compare.rootcause import first_root_cause
 
-        return first_root_cause(self.traces)
+        return None if self.passed else first_root_cause(self.traces)
+
+    @property
+    def trace_difference(self):
+        """Under a passing verdict, the first difference the traces show (a RootCause), or None."""
+        from tracekit.compare.rootcause import first_root_cause
+
+        return first_root_cause(self.traces) if self.passed else None
 
     # ---- display: short, never every result (a report can hold thousands) -------------------
     def __repr__(self) -> str:
@@ -318,6 +326,7 @@ class DiffReport:
             "stopped_early": self.stopped_early,
             "traces": [t.to_dict() for t in self.traces],
             "root_cause": rc.to_dict() if (rc := self.root_cause) is not None else None,
+            "trace_difference": td.to_dict() if (td := self.trace_difference) is not None else None,
             "stats": {"bytes_compared": self.bytes_compared, "identical_by_hash": self.identical_by_hash,
                       "bytes_identical_by_hash": self.bytes_identical_by_hash,
                       "compared_by_summaries": self.compared_by_summaries,

@@ -1,8 +1,8 @@
 """The root-cause op: where, inside one traced step, the candidate first computes differently.
 
-Two traces of the same step (tracekit record --trace ops|modules) are aligned event by event on
-(phase, module path, op, call index within that module and op): robust to an extra or missing op,
-which only shifts the call indices of its own op in its own module. Unpaired events are reported
+Two traces of the same step (tracekit record --trace ops|modules) are aligned event by event
+within each (phase, module path) unit, their op sequences matched in call order
+(compare/trace_alignment.py): an extra or missing op leaves the rest of its unit paired. Unpaired events are reported
 (`extra` in the candidate, `missing` from it), never a failure by themselves.
 
 Then the candidate's events are walked in execution order, following the data flow each event
@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 
 from tracekit.store.kinds import TRACE_BY_NAME
 from tracekit.compare.tolerances import Tolerances
+from tracekit.compare.trace_alignment import pair_events
 
 OK, BAD, UNKNOWN, SUSPECT = "ok", "bad", "unknown", "suspect"
 CHAIN_LIMIT = 200  # events kept in a chain (the JSON says how many there were)
@@ -79,7 +80,7 @@ def compare_tensor_refs(ref: dict, cand: dict, rtol: float, atol: float) -> Tens
         return TensorCheck(OK, "bitwise equal", {"max_stat_abs_err": 0.0, "rel_l2_err": 0.0})
     # hashes of one algorithm that differ: the bytes differ (else: no hash to go by, summaries decide)
     bytes_differ = rh is not None and ch is not None and ":" in rh and rh.split(":")[0] == ch.split(":")[0]
-    if ref.get("subclass") or cand.get("subclass"):
+    if (ref.get("subclass") or cand.get("subclass")) and (rs is None or cs is None):
         return TensorCheck(UNKNOWN, "a tensor subclass (DTensor): judged through the local ops it runs")
     if rs is None or cs is None:
         status = BAD if (dtype_differs or rtol == atol == 0.0) else UNKNOWN
@@ -272,12 +273,7 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
     ref_full, cand_full: key -> numpy values of a tensor kept whole (--trace-full), or None; where
     both sides kept a tensor's bytes, it is judged elementwise instead of by its summaries."""
     tolerances = tolerances or Tolerances()
-    by_key = {event_key(e): e for e in ref_events}
-    pairs: dict[int, dict] = {}
-    for c in cand_events:
-        r = by_key.get(event_key(c))
-        if r is not None:
-            pairs[c["index"]] = r
+    pairs = pair_events(ref_events, cand_events)
     paired_ref = {id(r) for r in pairs.values()}
     extra = [c for c in cand_events if c["index"] not in pairs]
     missing = [r for r in ref_events if id(r) not in paired_ref]
@@ -304,6 +300,8 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
     first_out: dict[int, TensorCheck] = {}
     same: set[int] = set()  # paired events whose outputs equal the reference's bit for bit
     last_ok: dict | None = None  # the latest paired event whose inputs and outputs matched
+    near_origin: dict[int, int] = {}  # event -> the unpaired op whose not-equal values it carries on
+    via_view: set[int] = set()  # views of a tensor from before the step that differs: judged at their readers
 
     def found(kind, event, ref_event, reason, chk, seen_at=None):
         candidates.append(RootCause(rank, ref_rank, step, level, kind, event, ref_event, reason, chk, seen_at))
@@ -334,6 +332,7 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
             not_comparable += 1
             continue
         in_states = []
+        near: list[tuple[int, int]] = []  # (input, unpaired origin) read within tolerance but not equal
         for k, (rt, ct) in enumerate(zip(rin, inputs)):
             chk = check(rt, ct)
             p = ct.get("producer")
@@ -346,8 +345,14 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
                     after = f" after {event_label(last_ok)}" if last_ok is not None else ""
                     found("compiled", c, r, f"input {k} differs: {chk.reason}; it was computed by compiled "
                                             f"(inductor) code the trace cannot see{after}", chk, seen_at=c)
-                elif p is None:
-                    found("state", c, r, f"input {k}{_named(ct)} differs already at the start of the step: "
+                elif p is None and c.get("view") or p is not None and p[0] in via_view and c.get("view"):
+                    # a view computes nothing and may show memory nothing wrote yet (FSDP2 allocates
+                    # its unsharded parameters by resizing their storage, unseen, then copies into
+                    # views of them as out= buffers): judged where a real op reads it
+                    via_view.add(i)
+                elif p is None or p[0] in via_view:
+                    through = "" if p is None else f" (through the view {event_label(by_index[p[0]])})"
+                    found("state", c, r, f"input {k}{_named(ct)}{through} differs already at the start of the step: "
                                          f"{chk.reason}", chk, seen_at=c)
                 elif pstat == SUSPECT:
                     producer = by_index[p[0]]
@@ -355,8 +360,13 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
                     found(kind, producer, pairs.get(p[0]), f"its output differs where {event_label(c)} reads it as "
                                                              f"input {k}: {chk.reason}", chk, seen_at=c)
                     status[p[0]] = BAD
+            elif chk.status == OK and p is not None and chk.reason != "bitwise equal" and (
+                    pstat == SUSPECT or p[0] in near_origin):
+                # within tolerance, not equal, and made by an unpaired op or a collective (or
+                # carried from one): if this event's output then differs, that op is to blame
+                near.append((k, p[0] if pstat == SUSPECT else near_origin[p[0]]))
             elif chk.status == OK and pstat == SUSPECT:
-                status[p[0]] = OK  # what it produced matches: the unpaired op did no harm
+                status[p[0]] = OK  # what it produced matches bit for bit: the unpaired op did no harm
             in_states.append(chk.status)
         out_checks = [check(rt, ct) for rt, ct in zip(r.get("outputs", []), c.get("outputs", []))]
         out_states = [ch.status for ch in out_checks]
@@ -379,9 +389,18 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
             # a view computes nothing: it shows memory its input's summary did not cover (a window
             # of a larger buffer, allocated but not yet written): no verdict on what it shows
             out_states = [UNKNOWN if st == BAD else st for st in out_states]
+        elif inputs_ok and BAD in out_states and near:
+            k, (kin, origin) = out_states.index(BAD), near[0]
+            producer = by_index[origin]
+            found("collective" if producer.get("group") is not None else "extra op", producer, pairs.get(origin),
+                  f"its output reaches {event_label(c)} as input {kin} within tolerance but not equal, and that "
+                  f"event's output {k} then differs: {out_checks[k].reason}", out_checks[k], seen_at=c)
+            status[origin] = BAD
         elif inputs_ok and BAD in out_states:
             k = out_states.index(BAD)
             found("op", c, r, f"inputs match, output {k} does not: {out_checks[k].reason}", out_checks[k])
+        if near and out_states and all(s == OK for s in out_states):
+            near_origin[i] = near[0][1]  # carries the unpaired op's not-equal values on
         if BAD in out_states:
             status[i] = BAD
         elif out_states and all(s == OK for s in out_states):
@@ -436,8 +455,9 @@ def first_root_cause(comparisons: list[TraceComparison]) -> RootCause | None:
     return min(found, key=lambda rc: (rc.step, rc.kind in ("state", "compiled"), rc.level != "ops", rc.event.get("index", 0), rc.rank))
 
 
-def render_root_cause(comparisons: list[TraceComparison], max_chain: int = 8) -> list[str]:
-    """The human report's lines about traces: what was aligned, and the root cause."""
+def render_root_cause(comparisons: list[TraceComparison], max_chain: int = 8, passed: bool = False) -> list[str]:
+    """The human report's lines about traces: what was aligned, and the root cause. passed: the
+    verdict passes, so a difference the traces show is only that, never a root cause."""
     if not comparisons:
         return []
     steps = sorted({tc.step for tc in comparisons})
@@ -458,6 +478,10 @@ def render_root_cause(comparisons: list[TraceComparison], max_chain: int = 8) ->
         return out
     e = rc.event
     where = f"rank {rc.rank}" + (f" (ref rank {rc.ref_rank})" if rc.ref_rank != rc.rank else "")
+    if passed:
+        out.append(f"  traces differ, values agree: first difference at step {rc.step}, {where}, module "
+                   f"{e.get('module') or '(top level)'!s}, {e.get('op')} [{e.get('phase')}, call {e.get('call')}]: {rc.reason}")
+        return out
     out += ["", f"Root cause: step {rc.step}, {where}, module {e.get('module') or '(top level)'!s}, "
                 f"{e.get('op')} [{e.get('phase')}, call {e.get('call')}] ({rc.kind})"]
     out.append(f"  {rc.reason}")

@@ -44,6 +44,8 @@ def _report_attrs(report, ref, cand, diff_kwargs) -> dict:
         "tolerances": report.tolerances,
         "first_divergence": fd.to_dict() if fd is not None else None,
         "root_cause": rc.to_dict() if (rc := report.root_cause) is not None else None,
+        # under a passing verdict: the first difference the traces show (never a root cause)
+        "trace_difference": td.to_dict() if (td := report.trace_difference) is not None else None,
         # per (rank, step, level) both stores traced: alignment counts and each event's status
         "traces": [{**t.to_dict(), "events": t.events} for t in report.traces],
     }

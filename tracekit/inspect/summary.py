@@ -43,6 +43,22 @@ def opens_as(logical: str) -> str:
         return logical
 
 
+def trace_steps_held(store) -> dict[str, list[int]]:
+    """Per trace level, the steps any rank holds a trace of (tracekit record --trace)."""
+    from tracekit.store.traces import LEVELS, trace_steps
+
+    out: dict[str, set[int]] = {}
+    for r in store.ranks:
+        view = store.rank(r)
+        if not view.traced:
+            continue
+        for level in LEVELS:
+            steps = trace_steps(view.group, level)
+            if steps:
+                out.setdefault(level, set()).update(steps)
+    return {level: sorted(steps) for level, steps in out.items()}
+
+
 def run_metadata(store) -> dict:
     """The run's facts, flat: root metadata over rank 0's `run`, without the per-rank completion
     table the launcher adds at the end (`ranks`, shown per rank instead), plus the ops any rank ran
@@ -123,6 +139,7 @@ def summarize(path) -> dict:
         "missing_ranks": missing_ranks(store),  # listed at finalization, their groups gone: damage
         "kinds": _kinds(store),
         "coverage": coverage_summary(store),
+        "traces": trace_steps_held(store),  # level -> steps traced (tracekit record --trace)
         "bytes_on_disk": total_bytes,
         "bytes_shared_objects": shared_bytes,
     }
@@ -149,5 +166,6 @@ def recording_summary(path) -> dict:
             unwritten[r] = {"steps": view.unwritten_steps, "cause": view.unwritten_cause}
     return {"store": canonical(store.path), "ranks": len(store.ranks), "steps": sorted(steps), "kinds": kinds,
             "bytes": store.location.size_under(), "statuses": statuses, "coverage": coverage_summary(store), "unwritten": unwritten,
+            "traces": trace_steps_held(store),
             "replayed_steps": sorted(replayed) if replayed is not None else None,
             "exit_status": store.meta.get("exit_status")}

@@ -58,7 +58,7 @@ def section(report, plots) -> str:
 
     if not report.traces:
         return ""
-    text = "\n".join(render_root_cause(report.traces)).strip()
+    text = "\n".join(render_root_cause(report.traces, passed=report.passed)).strip()
     rc = first_root_cause(report.traces)
     tc = next((t for t in report.traces if rc is not None and (t.rank, t.step, t.level) == (rc.rank, rc.step, rc.level)),
               report.traces[0])

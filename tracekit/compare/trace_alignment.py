@@ -1,0 +1,40 @@
+"""Which candidate event is which reference event, inside one traced step.
+
+Events pair within their unit, (phase, module path), in call order: the two units' op sequences
+are aligned as sequences (difflib's longest matching blocks), so an extra op, a missing one, or a
+fused kernel's different op list leaves the rest of the unit paired. (Pairing on the call index
+of each op within its unit, as before, shifted every later call of the same op after one extra
+call: an extra `view` paired the next views with the wrong tensors, whose shapes then hid the
+fault.) Units that only one side has stay unpaired, and say so.
+"""
+
+from __future__ import annotations
+
+from difflib import SequenceMatcher
+
+
+def unit_of(e: dict) -> tuple:
+    return (e.get("phase"), e.get("module"))
+
+
+def pair_events(ref_events: list[dict], cand_events: list[dict]) -> dict[int, dict]:
+    """candidate event index -> its reference event, for the events both sides share."""
+    ref_units: dict[tuple, list[dict]] = {}
+    cand_units: dict[tuple, list[dict]] = {}
+    for e in ref_events:
+        ref_units.setdefault(unit_of(e), []).append(e)
+    for e in cand_events:
+        cand_units.setdefault(unit_of(e), []).append(e)
+    pairs: dict[int, dict] = {}
+    for unit, cs in cand_units.items():
+        rs = ref_units.get(unit)
+        if not rs:
+            continue
+        ops_r, ops_c = [e.get("op") for e in rs], [e.get("op") for e in cs]
+        if ops_r == ops_c:  # the usual case: the same ops in the same order
+            pairs.update((c["index"], r) for r, c in zip(rs, cs))
+            continue
+        for a, b, n in SequenceMatcher(None, ops_r, ops_c, autojunk=False).get_matching_blocks():
+            for k in range(n):
+                pairs[cs[b + k]["index"]] = rs[a + k]
+    return pairs
