@@ -31,8 +31,13 @@ def test_one_rank_one_step_gradient_perturbation_fails_in_gradients(recorded_sam
     # every gradient tensor of rank 1, each judged on its own, is caught by the norm rule
     assert {r.tensor for r in at_step} == {"0.weight", "0.bias", "2.weight", "2.bias"}
     assert all(r.rank == 1 and r.metrics.norm_failed and r.metrics.margin > 1 for r in at_step)
-    # the elementwise rule alone (torch's float32 atol 1e-5 exceeds these gradients) passes it
-    assert tracekit.diff(ref, cand, kinds=["gradients"], rel_l2=float("inf")).passed
+    # the elementwise rule alone (torch's float32 atol 1e-5 exceeds these gradients) passes it ...
+    assert tracekit.diff(ref, cand, kinds=["gradients"], rel_l2=float("inf"), structure=False).passed
+    # ... and the scale fit alone catches it: rank 1's gradients are 1.0001 x the reference's
+    by_shape = tracekit.diff(ref, cand, kinds=["gradients"], rel_l2=float("inf"))
+    assert not by_shape.passed and not by_shape.violations
+    sig = by_shape.first_divergence.signature
+    assert (sig.step, sig.kind, sig.ranks) == (2, "gradients", [1]) and abs(sig.factor - 1.0001) < 2e-5
     code, lines = cli_diff("--kinds", "gradients", ref, cand)
     assert code == 1 and lines[-1].endswith(" first_step=2")
 

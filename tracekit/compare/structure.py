@@ -7,7 +7,8 @@ scale. The fit's significance is z = rho * sqrt(n): rho the correlation of d wit
 n the elements pooled. Rounding noise is uncorrelated with the values it perturbs, so z stays of
 order one to a few; a scale error gives rho near 1 even far below the magnitude bound.
 
-A fit is a signature (a violation, even inside the bounds) when |z| >= Z_MIN and |rho| >= RHO_MIN:
+A fit is a signature (a violation, even inside the bounds) when |z| >= Z_MIN and |rho| >= RHO_MIN
+and the scale is at least SCALE_FLOOR away from 1:
 z alone would grow with n for the faintest systematic correlation of rounding with the values,
 rho alone would flag a few elements. Replicated kinds (gradients, deltas: the same full tensor on
 every data-parallel rank) pool one rank's worth of elements over all ranks, so that copies of one
@@ -24,6 +25,10 @@ from tracekit.store.kinds import REPLICATED_KINDS
 
 Z_MIN = 20.0
 RHO_MIN = 0.05
+# A scale closer to 1 than a few float32 roundings is no evidence of a bug: float32 values cannot
+# even carry a uniform rescale that small, so such a fit is rounding that happens to correlate with
+# the values (seen: fsdp vs hsdp, gradients differing by 1e-8 relative, z = -182 at rho = -0.07).
+SCALE_FLOOR = 8 * 2.0 ** -24
 Z_QUIET = 5.0  # a rank below this carries no sign of the fit (for "one rank only")
 # What a scale of each kind usually is (the message names it); other kinds are not fitted:
 # parameters are not proportional to their error (an lr error scales the update: see deltas), a
@@ -60,7 +65,8 @@ class Fit:
         return 1.0 + (self.dot / self.ss_ref if self.ss_ref > 0 else 0.0)
 
     def significant(self, copies: int = 1) -> bool:
-        return abs(self.z(copies)) >= Z_MIN and abs(self.rho) >= RHO_MIN
+        return (abs(self.z(copies)) >= Z_MIN and abs(self.rho) >= RHO_MIN
+                and abs(self.factor - 1.0) >= SCALE_FLOOR)
 
 
 @dataclass
