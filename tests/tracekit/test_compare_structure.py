@@ -53,3 +53,17 @@ def test_copies_of_one_tensor_on_many_ranks_are_not_more_evidence():
 def test_kinds_without_a_scale_meaning_are_not_fitted():
     sig, max_z, differs = step_signature(1, "parameters", _results("parameters", {0: 1e-2, 1: 1e-2}))
     assert sig is None and max_z == 0.0
+
+
+def test_a_scale_within_a_few_float32_roundings_of_one_is_never_a_signature():
+    # errors far below float32's resolution that correlate with the values (seen between two
+    # layouts' gradients, 1e-8 relative): strongly significant, but no value can carry such a scale
+    from tracekit.compare.structure import SCALE_FLOOR, Fit
+
+    ref = REF["w0"].astype(np.float64)
+    for k_minus_1, systematic in ((SCALE_FLOOR / 10, False), (SCALE_FLOOR * 10, True)):
+        diff = k_minus_1 * ref + 0.3 * k_minus_1 * np.abs(ref) * np.random.default_rng(7).standard_normal(ref.size)
+        fit = Fit()
+        fit.add((float(ref @ ref), float(ref @ diff), float(diff @ diff)), ref.size)
+        assert abs(fit.z()) > 20 and abs(fit.rho) > 0.05  # significant by z and rho alike
+        assert fit.significant() is systematic
