@@ -251,7 +251,8 @@ def render(summary: dict) -> str:
              *_unwritten_lines(summary["ranks"]),
              "", "precision (what the forward and its reductions computed in):", *_precision_lines(summary["ranks"]),
              "", "kinds:", *_kind_lines(summary["kinds"]),
-             *_trace_lines(summary.get("traces") or {})]
+             *_trace_lines(summary.get("traces") or {}),
+             *_trace_damage_lines(summary.get("trace_damage") or [])]
     return terminal_safe("\n".join(lines))
 
 
@@ -262,6 +263,13 @@ def _trace_lines(traces: dict) -> list[str]:
     from tracekit.recorders.trace_check import traced_line
 
     return ["", traced_line(traces)]
+
+
+def _trace_damage_lines(damage: list) -> list[str]:
+    """The ranks whose trace step lists could not be read: show names them and goes on."""
+    return ([""] if damage else []) + [
+        f"rank {d['rank']} traces: {d['problem'].removeprefix('traces: ')} (damaged store; see tracekit verify)"
+        for d in damage]
 
 
 @click.command()

@@ -43,9 +43,12 @@ def opens_as(logical: str) -> str:
         return logical
 
 
-def trace_steps_held(store) -> dict[str, list[int]]:
-    """Per trace level, the steps any rank holds a trace of (tracekit record --trace)."""
-    from tracekit.store.traces import LEVELS, trace_steps
+def trace_steps_held(store, damage: list | None = None) -> dict[str, list[int]]:
+    """Per trace level, the steps any rank holds a trace of (tracekit record --trace), read from
+    the step lists' metadata only (store/traces.listed_trace_steps). Damaged trace metadata is a
+    StoreError, or, given `damage`, appended there as {"rank", "problem"} and that rank skipped."""
+    from tracekit.errors import StoreError
+    from tracekit.store.traces import LEVELS, listed_trace_steps
 
     out: dict[str, set[int]] = {}
     for r in store.ranks:
@@ -53,7 +56,13 @@ def trace_steps_held(store) -> dict[str, list[int]]:
         if not view.traced:
             continue
         for level in LEVELS:
-            steps = trace_steps(view.group, level)
+            try:
+                steps = listed_trace_steps(view.group, level)
+            except StoreError as e:
+                if damage is None:
+                    raise
+                damage.append({"rank": r, "problem": str(e)})
+                break
             if steps:
                 out.setdefault(level, set()).update(steps)
     return {level: sorted(steps) for level, steps in out.items()}
@@ -124,6 +133,7 @@ def summarize(path) -> dict:
             "bytes": rank_bytes[f"{RANK_PREFIX}{r}"],
             "precision": ctx.to_attrs() if (ctx := view.precision) is not None else None,
         })
+    trace_damage: list[dict] = []  # show names a rank whose trace step lists are damaged, and goes on
     return {
         "store": canonical(store.path),
         "finished": store.finished,  # a launcher finalized it: end time and exit status known
@@ -139,7 +149,8 @@ def summarize(path) -> dict:
         "missing_ranks": missing_ranks(store),  # listed at finalization, their groups gone: damage
         "kinds": _kinds(store),
         "coverage": coverage_summary(store),
-        "traces": trace_steps_held(store),  # level -> steps traced (tracekit record --trace)
+        "traces": trace_steps_held(store, trace_damage),  # level -> steps traced (tracekit record --trace)
+        "trace_damage": trace_damage,  # {rank, problem}: a rank whose trace step lists are unreadable
         "bytes_on_disk": total_bytes,
         "bytes_shared_objects": shared_bytes,
     }

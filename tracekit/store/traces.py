@@ -124,6 +124,48 @@ def trace_steps(rank_group: zarr.Group, level: str) -> list[int]:
     return sorted(steps)
 
 
+def _irregular_metadata(rank_group: zarr.Group, level: str) -> str | None:
+    """The first of the metadata files a step list is read from (the traces group's and the
+    level's zarr.json) that exists but is not a regular file; the folders below are not looked at."""
+    root = getattr(rank_group.store, "root", None)
+    if root is None:
+        return None
+    base = os.path.join(os.fspath(root), rank_group.path, TRACES_GROUP)
+    for here in (base, os.path.join(base, "zarr.json"), os.path.join(base, level), os.path.join(base, level, "zarr.json")):
+        if not os.path.lexists(here):
+            return None
+        if not (os.path.isdir(here) if not here.endswith("zarr.json") else os.path.isfile(here)):
+            return os.path.relpath(here, os.fspath(root))
+    return None
+
+
+def listed_trace_steps(rank_group: zarr.Group, level: str) -> list[int]:
+    """Like `trace_steps`, reading only the metadata the step list lives in: damage further down
+    (a step's arrays, its chunks) is not looked for, so a summary of a store whose trace arrays
+    are damaged still lists its traced steps (tracekit verify finds that damage). Damaged
+    metadata on the way is a StoreError, never a read that blocks."""
+    odd = _irregular_metadata(rank_group, level)
+    if odd is not None:
+        raise StoreError(f"traces: {odd} is not a regular file")
+    try:
+        root = rank_group[TRACES_GROUP]
+    except KeyError:
+        return []
+    except Exception as e:  # unparsable metadata
+        raise StoreError(f"traces: unreadable metadata ({e.__class__.__name__})") from None
+    if not isinstance(root, zarr.Group):
+        return []
+    try:
+        if level not in root:
+            return []
+        steps = root[level].attrs.get("steps", [])
+    except Exception as e:  # unparsable metadata, or a level that is an array
+        raise StoreError(f"trace of {level}: unreadable metadata ({e.__class__.__name__})") from None
+    if not isinstance(steps, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in steps):
+        raise StoreError(f"trace of {level}: damaged step list {steps!r}")
+    return sorted(steps)
+
+
 def trace_levels(rank_group: zarr.Group) -> list[str]:
     return [lv for lv in LEVELS if trace_steps(rank_group, lv)]
 
