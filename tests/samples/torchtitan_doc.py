@@ -16,9 +16,11 @@ DOC = os.path.join(REPO, "docs", "TORCHTITAN.md")
 
 
 def block(name: str) -> list[str]:
-    """The lines of the doc's `<!-- torchtitan:NAME -->` bash block, comments and blanks dropped."""
+    """The lines of the doc's `<!-- torchtitan:NAME -->` bash block, comments and blanks dropped
+    (a `<!-- doc-test: ... -->` marker may stand between the name and the fence)."""
     text = open(DOC).read()
-    body = re.search(rf"<!-- torchtitan:{name} -->\n```bash\n(.*?)\n```", text, re.S).group(1)
+    body = re.search(rf"<!-- torchtitan:{name} -->\n(?:<!-- doc-test:[^\n]*-->\n)?```bash\n(.*?)\n```",
+                     text, re.S).group(1)
     return [line for line in body.splitlines() if line.strip() and not line.lstrip().startswith("#")]
 
 
