@@ -113,8 +113,13 @@ def _traces(rank_group: zarr.Group) -> zarr.Group | None:
 def trace_steps(rank_group: zarr.Group, level: str) -> list[int]:
     """The completely written traced steps of one rank at one level (empty: none)."""
     root = _traces(rank_group)
+    return [] if root is None else _level_steps(root, level)
+
+
+def _level_steps(root: zarr.Group, level: str) -> list[int]:
+    """The step list of one level of a traces group, checked (empty: the level is absent)."""
     try:
-        if root is None or level not in root:
+        if level not in root:
             return []
         steps = root[level].attrs.get("steps", [])
     except Exception as e:  # unparsable metadata, or a level that is an array
@@ -155,15 +160,7 @@ def listed_trace_steps(rank_group: zarr.Group, level: str) -> list[int]:
         raise StoreError(f"traces: unreadable metadata ({e.__class__.__name__})") from None
     if not isinstance(root, zarr.Group):
         return []
-    try:
-        if level not in root:
-            return []
-        steps = root[level].attrs.get("steps", [])
-    except Exception as e:  # unparsable metadata, or a level that is an array
-        raise StoreError(f"trace of {level}: unreadable metadata ({e.__class__.__name__})") from None
-    if not isinstance(steps, list) or not all(isinstance(s, int) and not isinstance(s, bool) for s in steps):
-        raise StoreError(f"trace of {level}: damaged step list {steps!r}")
-    return sorted(steps)
+    return _level_steps(root, level)
 
 
 def trace_levels(rank_group: zarr.Group) -> list[str]:
