@@ -54,10 +54,8 @@ def _run_lines(run: dict, skip=()) -> list[str]:
 
 
 def steps_text(steps: list[int]) -> str:
-    if not steps:
-        return "no steps"
-    span = f"{steps[0]}-{steps[-1]}" if len(steps) > 1 else f"{steps[0]}"
-    return f"steps {span}" + ("" if len(steps) == steps[-1] - steps[0] + 1 else f" ({len(steps)} steps)")
+    """'steps 1-8', 'steps 1-8 (6 steps)' with gaps, 'no steps': a sorted step list in a sentence."""
+    return f"steps {_steps(steps[0], steps[-1], len(steps))}" if steps else "no steps"
 
 
 def _steps(first, last, n) -> str:
