@@ -5,7 +5,7 @@ Run: python bench/bench_handoff.py [--params 1,10,25] [--steps 5] [--dir DIR]
 For a model of P million float32 parameters in 200 tensors, one recorded step hands over
 parameters, gradients and deltas (3 x 4P MB). Measured in one run, per step:
   - clone: the in-loop copy the recorder has always taken of those tensors (torch clone);
-  - hand-off: writing them into the spool and sealing the entry (recorders/handoff.py), the work
+  - hand-off: writing them into the spool and sealing the entry (tracekit/writer/handoff.py), the work
     the training thread now does before the step counts as safe, for a spool in /dev/shm and one
     in the store's folder (a disk's page cache, where /dev/shm is too small);
   - drain: how long the writer process then takes to put the steps into the store (background);
@@ -23,7 +23,7 @@ import time
 
 import torch
 
-from tracekit.recorders.handoff import Handoff
+from tracekit.writer.handoff import Handoff
 from tracekit.store import create_store
 from tracekit.store.tensors import from_torch
 

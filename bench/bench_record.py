@@ -26,7 +26,7 @@ store's bytes and write rate, and the raw disk write speed for the same bytes. V
              store format 3, a step's small tensors packed into a few files (docs/FORMAT.md, Packs)
   beside     the same with the writer processes at the ranks' priority (--writer-nice 0), for
              comparison: by default they run at nice 19 and take the cores training leaves idle
-             (recorders/priority.py)
+             (tracekit/writer/priority.py)
   objects    the same into a format 2 store: every tensor its own file, for comparison
   summaries  --full matching no tensor: summaries and hashes only
   gather     the former path (every rank gathers whole tensors), for comparison
@@ -157,7 +157,7 @@ def worker(args) -> None:
     # what starting a writer process costs (its imports), once per rank and recording: part of
     # the writer CPU above, spread over few steps here
     child0 = _cpu(resource.RUSAGE_CHILDREN)
-    subprocess.run([sys.executable, "-c", "import tracekit.recorders.spool_writer"], check=True)
+    subprocess.run([sys.executable, "-c", "import tracekit.writer.spool_writer"], check=True)
     writer_start = _cpu(resource.RUSAGE_CHILDREN) - child0
     load1 = os.getloadavg()
     gathered = [None] * world
@@ -343,7 +343,7 @@ _ORIGINAL: dict = {}
 
 
 def _untime_recorder_phases() -> None:
-    from tracekit.recorders.handoff import Handoff
+    from tracekit.writer.handoff import Handoff
     from tracekit.recorders.recorder import Recorder
 
     for (cls, meth), orig in _ORIGINAL.items():
@@ -357,7 +357,7 @@ def _time_recorder_phases() -> dict:
     own, and only the entry's hand-over (link, rename, any wait for room) is timed apart."""
     import collections
 
-    from tracekit.recorders.handoff import Handoff
+    from tracekit.writer.handoff import Handoff
     from tracekit.recorders.recorder import Recorder
 
     totals = collections.Counter()
@@ -438,7 +438,7 @@ def main() -> None:
     if args.variants is None:
         args.variants = "pieces,beside,summaries,gather" if args.params == 10 else "pieces,summaries"
     if args.queue_mb is None:
-        from tracekit.recorders.config import DEFAULT_QUEUE_MB
+        from tracekit.launch.config import DEFAULT_QUEUE_MB
 
         args.queue_mb = DEFAULT_QUEUE_MB
     if args.worker:

@@ -3,7 +3,7 @@
 Run: OMP_NUM_THREADS=1 python bench/bench_writer.py [--dir DIR] [--steps N] [--summaries-only]
                                                      [--profile] [--format 3|2|1] [--params 10|100]
 
-Feeds tracekit.store.RankWriter what the writer process (recorders/spool_writer.py) gets from one
+Feeds tracekit.store.RankWriter what the writer process (tracekit/writer/spool_writer.py) gets from one
 rank of bench/bench_record.py --params 10 (or 100) with 2 FSDP ranks: parameters, gradients and
 deltas, 200 pieces each (100 x Linear(316) halves; Linear(1000) at 100M), plus the output and the loss; each step changes every
 tensor's bytes, as training does. The step goes through a spool entry (written with write_entry,
@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from bench_record import SHAPES, create_cost  # this folder's: its model, and what creating a file costs
 
-    from tracekit.recorders.spool import read_entry, write_entry
+    from tracekit.writer.spool import read_entry, write_entry
     from tracekit.store.hashing import tensor_hash
     from tracekit.store.summaries import summarize
     from tracekit.store.writer import RankWriter, create_store

@@ -32,7 +32,7 @@ def process_time(code: str, env: dict, repeats: int) -> float:
 
 
 def startup_costs(repeats: int) -> None:
-    from tracekit.recorders.bootstrap_env import bootstrap_env
+    from tracekit.launch.bootstrap_env import bootstrap_env
 
     plain = {k: v for k, v in os.environ.items() if not k.startswith("TRACEKIT_")}
     armed = {**plain, **bootstrap_env(plain), "TRACEKIT_STORE": "/nonexistent", "RANK": "0"}

@@ -258,7 +258,7 @@ def _trace_lines(traces: dict) -> list[str]:
     """Which steps hold traces of which level (tracekit record --trace); nothing when none do."""
     if not traces:
         return []
-    from tracekit.recorders.trace_check import traced_line
+    from tracekit.launch.trace_check import traced_line
 
     return ["", traced_line(traces)]
 

@@ -4,7 +4,7 @@ Names are imported on first use: `tracekit record` (the launcher) needs the conf
 recorder, and must not import torch for it.
 """
 
-_LAZY = {"RecordConfig": "tracekit.recorders.config", "Recorder": "tracekit.recorders.recorder"}
+_LAZY = {"RecordConfig": "tracekit.launch.config", "Recorder": "tracekit.recorders.recorder"}
 
 __all__ = ["RecordConfig", "Recorder"]
 

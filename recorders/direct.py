@@ -13,7 +13,7 @@ mapped spool file (a Handoff slab, reused from step to step):
   the staged output and loss copied; then the entry is handed over (durable on return).
 
 A tensor whose bytes are not kept (--full names others) is hashed and summarized here, on the
-training thread, and travels as a digest record (recorders/spool.py) instead of its bytes: a
+training thread, and travels as a digest record (tracekit/writer/spool.py) instead of its bytes: a
 pass over the tensor in place of a copy into the spool, and the writer process then reads
 nothing (it would hash and summarize the copy). A delta of that kind is computed block by block
 into a small buffer and hashed and summarized while the block is in the CPU's cache, so it is
@@ -34,7 +34,7 @@ import torch
 
 from tracekit.recorders.coords import is_dtensor
 from tracekit.recorders.materialize import local_piece
-from tracekit.recorders.spool import DIGEST_RECORD, digest_record, entry_head, layout
+from tracekit.writer.spool import DIGEST_RECORD, digest_record, entry_head, layout
 from tracekit.store import TensorData
 from tracekit.store.dtypes import storage_dtype
 from tracekit.store.hashing import identity

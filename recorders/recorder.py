@@ -25,11 +25,11 @@ from tracekit.store import TensorData, create_store, holds_pieces, is_store
 from tracekit.store.location import canonical
 from tracekit.store.kinds import INITIAL_STEP
 from tracekit.store.ownership import new_run_id
-from tracekit.recorders.parent_death import die_with_parent
+from tracekit.launch.parent_death import die_with_parent
 from tracekit.environment import numeric_env, package_versions, run_environment
 from tracekit.recorders import outcome
-from tracekit.recorders.handoff import Handoff, WriterFailed
-from tracekit.recorders.config import RecordConfig
+from tracekit.writer.handoff import Handoff, WriterFailed
+from tracekit.launch.config import RecordConfig
 from tracekit.recorders.coords import detect_coords
 from tracekit.recorders.direct import DirectCapture
 from tracekit.recorders.materialize import (canonical_name, flatten_output, full_cpu, gather_full_cpu, local_cpu, minus_piece, select,

@@ -23,7 +23,7 @@ from tracekit.errors import TracekitError, UsageError
 from tracekit.store import RunStore, open_store
 from tracekit.store.location import canonical, same_store
 from tracekit.store.kinds import INITIAL_STEP
-from tracekit.recorders.config import RecordConfig, format_step_range
+from tracekit.launch.config import RecordConfig, format_step_range
 from tracekit.recorders.coords import is_dtensor
 from tracekit.recorders.optim_state import param_groups_of, state_tensors
 

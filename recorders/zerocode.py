@@ -43,8 +43,8 @@ from tracekit.recorders import outcome
 
 from tracekit.errors import TracekitError
 from tracekit.recorders import recorder as recorder_module
-from tracekit.recorders.bootstrap_env import ENV_LAUNCHER_PID, ENV_LOSS_REDUCTION, ENV_MODEL, ENV_OPTIMIZER, ENV_STRICT
-from tracekit.recorders.config import RecordConfig
+from tracekit.launch.bootstrap_env import ENV_LAUNCHER_PID, ENV_LOSS_REDUCTION, ENV_MODEL, ENV_OPTIMIZER, ENV_STRICT
+from tracekit.launch.config import RecordConfig
 from tracekit.recorders.step_loss import StepLoss
 from tracekit.store.global_loss import derivation_attrs
 from tracekit.recorders.outermost import OutermostCalls

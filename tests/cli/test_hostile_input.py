@@ -109,7 +109,7 @@ def test_a_store_inside_a_store_is_refused(tmp_path, inside):
 
 
 def test_a_huge_rank_range_costs_its_two_ends():
-    from tracekit.recorders.config import RecordConfig, parse_ranks
+    from tracekit.launch.config import RecordConfig, parse_ranks
 
     ranks = parse_ranks("0-99999999999999,3")
     assert ranks.ranges == ((0, 99999999999999),) and 99999999999999 in ranks and 10**14 not in ranks

@@ -51,7 +51,7 @@ def test_strict_makes_a_left_out_parameter_an_error(tmp_path):
 
 
 def test_model_option_reaches_the_workers_and_needs_zero_code(tmp_path):
-    from tracekit.recorders.bootstrap_env import bootstrap_env
+    from tracekit.launch.bootstrap_env import bootstrap_env
 
     assert bootstrap_env(model="Llama3Model")["TRACEKIT_MODEL"] == "Llama3Model"  # zerocode.py reads it
     assert "TRACEKIT_MODEL" not in bootstrap_env()

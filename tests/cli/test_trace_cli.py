@@ -131,8 +131,8 @@ def test_zero_code_step_it_cannot_trace_is_a_one_line_error(tmp_path):
     (None, [2], None),
 ])
 def test_trace_steps_asked_and_not_traced_are_reported(steps, traced, message):
-    from tracekit.recorders.config import RecordConfig
-    from tracekit.recorders.trace_check import untraced_problem
+    from tracekit.launch.config import RecordConfig
+    from tracekit.launch.trace_check import untraced_problem
 
     got = untraced_problem(RecordConfig(trace="ops", trace_steps=steps), [1, 2, 3], {"ops": traced} if traced else {})
     assert (got is None) == (message is None) and (message is None or message in got)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from tracekit import open_store
-from tracekit.recorders import bootstrap_env as be
+from tracekit.launch import bootstrap_env as be
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SITECUSTOMIZE = os.path.join(be.BOOTSTRAP_DIR, "sitecustomize.py")

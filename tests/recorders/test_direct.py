@@ -10,11 +10,11 @@ import torch
 
 from tracekit import open_store
 from tracekit.recorders import Recorder
-from tracekit.recorders import handoff as handoff_module
-from tracekit.recorders.config import RecordConfig
+from tracekit.writer import handoff as handoff_module
+from tracekit.launch.config import RecordConfig
 from tracekit.recorders.direct import DirectCapture
-from tracekit.recorders.handoff import Handoff, Slab
-from tracekit.recorders.spool import DIGEST_RECORD, read_entry, write_entry
+from tracekit.writer.handoff import Handoff, Slab
+from tracekit.writer.spool import DIGEST_RECORD, read_entry, write_entry
 from tracekit.store import create_store
 from tracekit.store.keep import parse_full
 from tracekit.store.tensors import from_torch
@@ -235,7 +235,7 @@ def test_a_full_spool_filesystem_is_a_one_line_writer_failure(tmp_path, monkeypa
     (a write through a mapping there would be a SIGBUS: slabs are mapped only once their pages exist)."""
     import errno
 
-    from tracekit.recorders.handoff import WriterFailed
+    from tracekit.writer.handoff import WriterFailed
 
     w = torch.nn.Parameter(torch.randn(4, 3))
     rec = Recorder(params={"w": w}, store=str(tmp_path / "s")).start()

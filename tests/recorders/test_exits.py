@@ -1,6 +1,6 @@
 """The launcher's reading of torchrun's failure report, and the final status it gives a rank."""
 
-from tracekit.recorders.exits import worker_exits
+from tracekit.launch.exits import worker_exits
 from tracekit.store.status import final_rank_status
 
 # torchrun 2.x's report when rank 1 was SIGKILLed and torchrun then stopped rank 0 (trimmed)

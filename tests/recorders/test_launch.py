@@ -1,4 +1,4 @@
-"""The launcher's wait for the ranks' writer processes (recorders/launch.py wait_for_writers):
+"""The launcher's wait for the ranks' writer processes (tracekit/launch/launcher.py wait_for_writers):
 bounded whatever a writer does."""
 
 import signal
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from tracekit.recorders import launch
-from tracekit.recorders.spool_writer import LOCK
+from tracekit.launch import launcher as launch
+from tracekit.writer.spool_writer import LOCK
 
 # a stand-in writer: holds its spool's lock for its life and writes its pid there, as the writer does
 HOLDER = """

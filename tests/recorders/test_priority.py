@@ -1,4 +1,4 @@
-"""The writer process yields the cores to training (recorders/priority.py): it runs at the nice value
+"""The writer process yields the cores to training (tracekit/writer/priority.py): it runs at the nice value
 asked for while the rank trains, and goes back to where it started once the rank is done."""
 
 import json
@@ -12,10 +12,10 @@ import pytest
 
 from tracekit import open_store
 from tracekit.errors import UsageError
-from tracekit.recorders.config import DEFAULT_WRITER_NICE, RecordConfig
-from tracekit.recorders.handoff import Handoff, _writer_env
-from tracekit.recorders.spool_writer import ATTRS
-from tracekit.recorders.spool import PART, STEP, entry_name, write_entry
+from tracekit.launch.config import DEFAULT_WRITER_NICE, RecordConfig
+from tracekit.writer.handoff import Handoff, _writer_env
+from tracekit.writer.spool_writer import ATTRS
+from tracekit.writer.spool import PART, STEP, entry_name, write_entry
 from tracekit.store import TensorData, create_store
 
 OURS = os.getpriority(os.PRIO_PROCESS, 0)
@@ -37,7 +37,7 @@ def test_the_writer_runs_at_the_nice_value_asked_for_and_never_above_its_rank(tm
 
 LOWER_THEN_RESTORE = """
 import os, threading
-from tracekit.recorders import priority
+from tracekit.writer import priority
 before = priority.lower(19)
 seen = {}
 go = threading.Event()
@@ -63,7 +63,7 @@ def test_lower_reaches_every_later_thread_and_restore_puts_each_back_where_permi
 
 
 def test_lower_never_raises_the_priority_of_a_process_already_niced_further():
-    code = "import os; from tracekit.recorders import priority; os.nice(15); print(priority.lower(3), os.getpriority(os.PRIO_PROCESS, 0))"
+    code = "import os; from tracekit.writer import priority; os.nice(15); print(priority.lower(3), os.getpriority(os.PRIO_PROCESS, 0))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == [str(min(OURS + 15, 19))] * 2
 
@@ -124,7 +124,7 @@ def test_a_writer_that_hears_of_the_close_mid_batch_drains_the_rest_of_it_at_its
     # ~1 KB/s: the small entry takes about a second, the big one over an hour (cut short below)
     env = dict(_writer_env(), TRACEKIT_WRITE_MBPS="0.001")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "tracekit.recorders.spool_writer", "--spool", str(spool), "--store", store,
+        [sys.executable, "-m", "tracekit.writer.spool_writer", "--spool", str(spool), "--store", store,
          "--rank", "0", "--rank-pid", str(os.getpid()), "--nice", str(DEFAULT_WRITER_NICE)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
     try:

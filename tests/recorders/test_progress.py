@@ -1,13 +1,13 @@
-"""What `tracekit record` says while it waits after training (recorders/progress.py), without
+"""What `tracekit record` says while it waits after training (tracekit/launch/progress.py), without
 processes: a rank's writer is busy while someone holds its spool's lock, as the writer does for
 its whole life."""
 
 import fcntl
 import os
 
-from tracekit.recorders import progress
-from tracekit.recorders.spool_gc import LAUNCHER_LOCK
-from tracekit.recorders.spool_writer import LOCK
+from tracekit.launch import progress
+from tracekit.writer.spool_gc import LAUNCHER_LOCK
+from tracekit.writer.spool_writer import LOCK
 
 
 def _rank_folder(spools, name, entries, held):

@@ -9,7 +9,7 @@ import torch
 
 from tracekit import open_store
 from tracekit.recorders import RecordConfig, Recorder
-from tracekit.recorders.handoff import Handoff, WriterFailed
+from tracekit.writer.handoff import Handoff, WriterFailed
 from tracekit.schemas import load, part
 from tracekit.store import create_store, finalize_store
 from tracekit.store.tensors import from_torch

@@ -9,7 +9,7 @@ from tracekit import open_store
 from tracekit.schemas import load, part
 from tracekit.errors import UsageError
 from tracekit.recorders import RecordConfig, Recorder
-from tracekit.recorders.config import parse_kinds, parse_step_range
+from tracekit.launch.config import parse_kinds, parse_step_range
 from tracekit.recorders.replay import ReplayError
 
 KINDS = parse_kinds("+optimizer_state")
@@ -216,7 +216,7 @@ def test_zero_code_replay_restarts_steps_from_the_second_on(tmp_path, monkeypatc
     """The zero-code bootstrap starts the recorder at the first optimizer step, after step 1's
     backward: step 1 is the run's own, every later step restarts from the reference."""
     from tracekit.recorders import recorder as recorder_module, zerocode
-    from tracekit.recorders.config import ENV_KINDS, ENV_REPLAY_FROM, ENV_REPLAY_STEPS, ENV_STORE
+    from tracekit.launch.config import ENV_KINDS, ENV_REPLAY_FROM, ENV_REPLAY_STEPS, ENV_STORE
 
     ref = _run(tmp_path / "ref")
     free = _run(tmp_path / "free", autocast=True)

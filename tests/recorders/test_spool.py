@@ -1,9 +1,9 @@
-"""The spool entry format (recorders/spool.py): what a rank hands its writer process."""
+"""The spool entry format (tracekit/writer/spool.py): what a rank hands its writer process."""
 
 import numpy as np
 import pytest
 
-from tracekit.recorders.spool import read_entry, write_entry
+from tracekit.writer.spool import read_entry, write_entry
 from tracekit.store import TensorData
 from tracekit.store.shards import Shard
 
@@ -30,7 +30,7 @@ def test_a_piece_travels_with_its_layout_in_the_header_and_its_name_unchanged(tm
 def test_a_truncated_entry_is_refused(tmp_path):
     path = tmp_path / "1.part"
     size = write_entry(str(path), 1, True, [("loss", TensorData("loss", "float32", (4,), np.ones(4, np.float32)))])
-    from tracekit.recorders.spool import ALIGN
+    from tracekit.writer.spool import ALIGN
 
     with open(path, "r+b") as f:
         f.truncate(size - ALIGN + 8)  # the padding after the 16 bytes of data, and 8 of them
@@ -43,7 +43,7 @@ def _entry_with_layout(path, layout: dict) -> None:
     import json
     import struct
 
-    from tracekit.recorders.spool import ALIGN, MAGIC
+    from tracekit.writer.spool import ALIGN, MAGIC
 
     write_entry(str(path), 1, True, [("parameters", TensorData(
         "w", "float32", (2, 3), np.zeros((2, 3), np.float32), Shard((5, 3), (2, 0), (2, 3), (0, 1))))])
@@ -97,7 +97,7 @@ def test_an_entry_reads_the_same_mapped_at_once_or_page_by_page(tmp_path, popula
 
 
 def test_a_digested_tensor_travels_as_its_record_and_kept_bytes_stay_page_aligned(tmp_path):
-    from tracekit.recorders.spool import ALIGN, DIGEST_RECORD, read_entry as read
+    from tracekit.writer.spool import ALIGN, DIGEST_RECORD, read_entry as read
     from tracekit.store.summaries import summarize
 
     kept = np.arange(1000, dtype=np.float32)

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from tracekit import open_store
-from tracekit.recorders import spool, spool_gc
-from tracekit.recorders.handoff import Handoff
-from tracekit.recorders.spool_writer import LOCK
+from tracekit.writer import spool, spool_gc
+from tracekit.writer.handoff import Handoff
+from tracekit.writer.spool_writer import LOCK
 from tracekit.store import TensorData, create_store
 
 HOLD = ("import fcntl, sys\n"

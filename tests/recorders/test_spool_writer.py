@@ -1,4 +1,4 @@
-"""The writer process (recorders/spool_writer.py) stops when told, whatever it is doing."""
+"""The writer process (tracekit/writer/spool_writer.py) stops when told, whatever it is doing."""
 
 import os
 import signal
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from tracekit import open_store
-from tracekit.recorders.handoff import Handoff
+from tracekit.writer.handoff import Handoff
 from tracekit.store import TensorData, create_store
 
 BOUND_S = 60  # an idle writer stops at once; far more than that is a writer that never stops

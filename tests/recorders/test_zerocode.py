@@ -9,7 +9,7 @@ import torch
 from tracekit import open_store
 from tracekit.recorders import Recorder
 from tracekit.recorders import recorder as recorder_module
-from tracekit.recorders.handoff import WriterFailed
+from tracekit.writer.handoff import WriterFailed
 from tracekit.recorders.outermost import OutermostCalls
 from tracekit.recorders.zerocode import ZeroCode
 from tracekit.store import create_store, finalize_store, is_store

@@ -143,7 +143,7 @@ def test_a_rank_writer_writes_a_large_spooled_tensor_directly(tmp_path, opens):
 
 
 def test_spooled_tensors_sit_at_page_boundaries(tmp_path):
-    from tracekit.recorders.spool import read_entry, write_entry
+    from tracekit.writer.spool import read_entry, write_entry
     from tracekit.store import TensorData
 
     path = tmp_path / "e.step"

@@ -206,7 +206,7 @@ def test_full_patterns():
 
 
 def test_full_travels_through_the_environment():
-    from tracekit.recorders.config import RecordConfig
+    from tracekit.launch.config import RecordConfig
 
     cfg = RecordConfig(store="/tmp/x", full=("loss:*,parameters:*",))
     assert cfg.full == ("loss:*", "parameters:*")

@@ -22,7 +22,7 @@ def finalize_store(path, exit_status: int, worker_exits: dict[int, int] | None =
     """Record end time, exit status and per-rank completion in the root metadata; return them.
 
     Per rank: its final status (a rank that never closed its recording becomes `killed` or `died`,
-    see tracekit.recorders.exits), a one-line cause, and its exit code where `worker_exits`
+    see tracekit.launch.exits), a one-line cause, and its exit code where `worker_exits`
     (the launcher's {rank: exit code}, negative for a signal) knows it.
     `losses`: per rank whose writer process the launcher had to kill, what it left unstored
     ({"unwritten_steps", "unwritten_cause"}) and the rank's own word on how it ended

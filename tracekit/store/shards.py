@@ -8,7 +8,7 @@ pieces of those ranks at the same step (tracekit/store/objects.py), so every rea
 full tensor per rank and step.
 
 A piece travels to the store writer as a TensorData whose `shard` field is its Shard (through the
-rank's spool hand-off too: recorders/spool.py keeps it in the entry's header, as to_spool()).
+rank's spool hand-off too: tracekit/writer/spool.py keeps it in the entry's header, as to_spool()).
 """
 
 from __future__ import annotations

@@ -1,14 +1,14 @@
 """After `tracekit record --trace`: were the steps asked for traced? (The record line and its exit.)
 
 A recorder can only trace a whole step: zero-code recording hooks in at the first optimizer step,
-inside step 1, so it traces from step 2 (recorders/config.py, first_trace_step). A step asked for
+inside step 1, so it traces from step 2 (tracekit/launch/config.py, first_trace_step). A step asked for
 that no rank traced (step 1 zero-code, a step beyond the run's end) must not go unsaid: a run
 whose trace is missing would otherwise pass in CI and `tracekit diff` would compare nothing.
 """
 
 from __future__ import annotations
 
-from tracekit.recorders.config import RecordConfig, first_trace_step
+from tracekit.launch.config import RecordConfig, first_trace_step
 
 
 def _span(steps: list[int]) -> str:

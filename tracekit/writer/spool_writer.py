@@ -32,8 +32,8 @@ import sys
 import time
 
 from tracekit.errors import TracekitError
-from tracekit.recorders import priority
-from tracekit.recorders.spool import TRACE_EVENTS, TRACE_EVENTS_MARSHAL, entries, read_entry, spooled_steps
+from tracekit.writer import priority
+from tracekit.writer.spool import TRACE_EVENTS, TRACE_EVENTS_MARSHAL, entries, read_entry, spooled_steps
 from tracekit.store import RankWriter
 from tracekit.store.ownership import ENV_RUN_ID
 from tracekit.store.traces import TraceWriter

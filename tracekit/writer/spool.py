@@ -10,7 +10,7 @@ A file only ever gets a .prov or .step name by a rename, after its last byte is 
 that exists always holds a whole entry: the rename is the marker written last.
 
 A rank may also fill an entry in place in a file of its own, `slab-<n>` (no entry name: ignored by
-everyone else; recorders/handoff.py Slab), and hand it over by linking it as <seq>.part, then the
+everyone else; tracekit/writer/handoff.py Slab), and hand it over by linking it as <seq>.part, then the
 same rename. The writer process unlinks the entry's name before it says `done <seq>` and never
 reads the entry again after that, so the rank then reuses the slab, its pages already allocated,
 for a later entry (a reused slab's padding may hold old bytes; nothing reads padding). The bytes live in

@@ -2,7 +2,7 @@
 
 Like ddtrace-run: settings travel in environment variables and the command is run as a child whose
 exit status becomes ours. Signals sent to the launcher are forwarded to the child. Each recording
-rank hands its steps to a writer process that outlives it (recorders/handoff.py); their spools live
+rank hands its steps to a writer process that outlives it (tracekit/writer/handoff.py); their spools live
 in one folder we create, and the store is finalized only once every writer has finished.
 
 --flush-timeout bounds how long that takes after a forwarded signal (or after the command ends):
@@ -30,12 +30,13 @@ from tracekit.store.finalize import mark_writers_outlived
 from tracekit.store.ownership import ENV_RUN_ID, JobClaim, ObjectClaim, new_run_id
 from tracekit.store.writer import check_target
 from tracekit.store.location import canonical, child_env, resolve
-from tracekit.recorders.config import DEFAULT_FLUSH_TIMEOUT, RecordConfig, format_step_range, parse_seconds
-from tracekit.recorders.spool import ENV_SPOOL, read_ended, spool_root, spooled_steps
-from tracekit.recorders.spool_writer import ATTRS, LOCK
-from tracekit.recorders.exits import StderrTail, worker_exits
-from tracekit.recorders.parent_death import die_with_parent
-from tracekit.recorders import progress, spool_gc
+from tracekit.launch.config import DEFAULT_FLUSH_TIMEOUT, RecordConfig, format_step_range, parse_seconds
+from tracekit.writer.spool import ENV_SPOOL, read_ended, spool_root, spooled_steps
+from tracekit.writer.spool_writer import ATTRS, LOCK
+from tracekit.launch.exits import StderrTail, worker_exits
+from tracekit.launch.parent_death import die_with_parent
+from tracekit.launch import progress
+from tracekit.writer import spool_gc
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 ENDING_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)  # start the flush clock

@@ -11,7 +11,7 @@ from tracekit.errors import UsageError
 from tracekit.store.keep import parse_full
 from tracekit.store.kinds import DEFAULT_KINDS, KINDS, TRACE_LEVELS
 from tracekit.store.ownership import ENV_RUN_ID
-from tracekit.recorders.priority import MAX_NICE
+from tracekit.writer.priority import MAX_NICE
 
 ENV_STORE = "TRACEKIT_STORE"
 ENV_KINDS = "TRACEKIT_KINDS"
@@ -30,7 +30,7 @@ ENV_FLUSH_TIMEOUT = "TRACEKIT_FLUSH_TIMEOUT"  # seconds a rank waits for its wri
 
 RECORDABLE_KINDS = KINDS  # every registered kind
 DEFAULT_QUEUE_MB = 1024
-DEFAULT_WRITER_NICE = MAX_NICE  # the writer yields the cores to training (recorders/priority.py)
+DEFAULT_WRITER_NICE = MAX_NICE  # the writer yields the cores to training (tracekit/writer/priority.py)
 DEFAULT_FLUSH_TIMEOUT = 60.0
 
 

@@ -1,7 +1,7 @@
 """Spool folders that tell whether their owner lives, and the removal of those whose owner died.
 
 A spool folder is removed by its owner when it ends: a rank's by its writer process
-(recorders/spool_writer.py), `tracekit record`'s by the launcher (recorders/launch.py). A SIGKILL
+(tracekit/writer/spool_writer.py), `tracekit record`'s by the launcher (tracekit/launch/launcher.py). A SIGKILL
 (a scheduler ending every process of a job, the OOM killer) skips that, and the folder, with any
 steps still in it, would hold /dev/shm memory until reboot. So every folder holds a lock file
 that its owner keeps locked (flock) for its life, and a recording that starts removes the folders
@@ -27,8 +27,8 @@ import stat
 import tempfile
 import time
 
-from tracekit.recorders import spool
-from tracekit.recorders.spool_writer import LOCK as RANK_LOCK
+from tracekit.writer import spool
+from tracekit.writer.spool_writer import LOCK as RANK_LOCK
 
 LAUNCHER_PREFIX = "tracekit-spool-"  # + mkdtemp's 8 characters: `tracekit record`'s folder of rank spools
 LAUNCHER_LOCK = "launcher.lock"  # held by the launcher for its life

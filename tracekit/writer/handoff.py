@@ -1,8 +1,8 @@
 """The rank's side of the hand-off: spool each step, so a writer process that outlives us stores it.
 
-A step's tensors are written into a spool file (recorders/spool.py) on the training thread when
+A step's tensors are written into a spool file (tracekit/writer/spool.py) on the training thread when
 the step ends; once that returns, the step survives any death of this process. The writer process
-(recorders/spool_writer.py) writes the spool into the store in the background.
+(tracekit/writer/spool_writer.py) writes the spool into the store in the background.
 
 Memory stays bounded by `max_bytes` (--queue-mb): at most that many bytes of sealed entries wait in
 the spool (one entry larger than the cap is still admitted alone), plus the open step's capture.
@@ -26,9 +26,9 @@ import numpy as np
 
 import tracekit
 from tracekit.errors import TracekitError
-from tracekit.recorders import spool_gc
-from tracekit.recorders.spool import ENV_SPOOL, PART, PROV, STEP, TRACE_EVENTS, TRACE_EVENTS_MARSHAL, entry_name, note_ended, spool_root, write_entry
-from tracekit.recorders.spool_writer import ATTRS, LOCK
+from tracekit.writer import spool_gc
+from tracekit.writer.spool import ENV_SPOOL, PART, PROV, STEP, TRACE_EVENTS, TRACE_EVENTS_MARSHAL, entry_name, note_ended, spool_root, write_entry
+from tracekit.writer.spool_writer import ATTRS, LOCK
 from tracekit.store import TensorData
 from tracekit.store.location import canonical, child_env
 
@@ -154,7 +154,7 @@ class Handoff:
             with open(os.path.join(self.spool, ATTRS), "w") as f:
                 json.dump(attrs, f)
             self._proc = subprocess.Popen(
-                [sys.executable, "-m", "tracekit.recorders.spool_writer", "--spool", self.spool,
+                [sys.executable, "-m", "tracekit.writer.spool_writer", "--spool", self.spool,
                  "--store", canonical(store), "--rank", str(rank), "--rank-pid", str(os.getpid()),
                  "--lock-fd", str(lock), "--nice", str(nice)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_writer_env(), start_new_session=True,

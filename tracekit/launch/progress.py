@@ -12,9 +12,9 @@ import fcntl
 import os
 import sys
 
-from tracekit.recorders.spool import PROV, STEP, entry_seq
-from tracekit.recorders.spool_gc import LAUNCHER_LOCK
-from tracekit.recorders.spool_writer import LOCK
+from tracekit.writer.spool import PROV, STEP, entry_seq
+from tracekit.writer.spool_gc import LAUNCHER_LOCK
+from tracekit.writer.spool_writer import LOCK
 
 PREFIX = "tracekit record: "
 
