@@ -9,11 +9,8 @@ from tracekit.cli.common import CommandError, one_line_errors, storage_options
 from tracekit.errors import UsageError
 from tracekit.inspect.coverage import count_phrase, from_summary, left_out_line
 from tracekit.store.kinds import TRACE_LEVELS, TRACE_TABLE
-from tracekit.launch.config import (RECORDABLE_KINDS, DEFAULT_FLUSH_TIMEOUT, DEFAULT_QUEUE_MB, DEFAULT_WRITER_NICE, RecordConfig, parse_kinds, parse_ranks,
-                                       parse_seconds, parse_step_range)
-from tracekit.launch.bootstrap_env import bootstrap_env
-from tracekit.launch.launcher import launch
-from tracekit.writer.priority import MAX_NICE
+from tracekit.launch import (RECORDABLE_KINDS, DEFAULT_FLUSH_TIMEOUT, DEFAULT_QUEUE_MB, DEFAULT_WRITER_NICE, MAX_NICE, RecordConfig,
+                             parse_kinds, parse_ranks, parse_seconds, parse_step_range, record_job)
 
 
 class _RecordCommand(click.Command):
@@ -33,7 +30,7 @@ class _RecordCommand(click.Command):
 def summary_line(done: dict, status: int, traced: bool = False) -> str:
     """One line: what the store holds and how the run ended (traced: --trace was given)."""
     from tracekit.cli.show import human_bytes
-    from tracekit.launch.trace_check import traced_line
+    from tracekit.launch import traced_line
 
     ranks = ", ".join(f"{n} {s}" for s, n in sorted(done["statuses"].items())) or "none"
     traces = f"; {traced_line(done.get('traces') or {})}" if traced or done.get("traces") else ""
@@ -140,17 +137,15 @@ def record(store, force, kinds, param_globs, full, ranks, every, queue_mb, write
     if model_name and not zero_code:
         raise UsageError("--model names the model zero-code recording follows; with --no-zero-code, the script's "
                          "Recorder(model, ...) names it")
-    env = bootstrap_env(strict=strict, optimizer=optimizer_name, model=model_name,
-                        loss_reduction=loss_reduction) if zero_code else None
-    status = launch(list(command), config, force=force, env_updates=env, extra_meta={"zero_code": zero_code},
-                    flush_timeout=flush_timeout)
+    status = record_job(list(command), config, force=force, zero_code=zero_code, strict=strict, optimizer=optimizer_name,
+                        model=model_name, loss_reduction=loss_reduction, flush_timeout=flush_timeout)
     from tracekit.inspect.summary import recording_summary
 
     done = recording_summary(store)
     for line in left_out_lines(done):
         click.echo(line, err=True)
     click.echo(summary_line(done, status, traced=bool(trace)), err=True)
-    from tracekit.launch.trace_check import untraced_problem
+    from tracekit.launch import untraced_problem
 
     problem = untraced_problem(config, done["steps"], done["traces"])
     if problem is not None:

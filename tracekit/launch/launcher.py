@@ -30,11 +30,13 @@ from tracekit.store.finalize import mark_writers_outlived
 from tracekit.store.ownership import ENV_RUN_ID, JobClaim, ObjectClaim, new_run_id
 from tracekit.store.writer import check_target
 from tracekit.store.location import canonical, child_env, resolve
+from tracekit.launch.bootstrap_env import bootstrap_env
 from tracekit.launch.config import DEFAULT_FLUSH_TIMEOUT, RecordConfig, format_step_range, parse_seconds
 from tracekit.writer.spool import ENV_SPOOL, read_ended, spool_root, spooled_steps
 from tracekit.writer.spool_writer import ATTRS, LOCK
 from tracekit.launch.exits import StderrTail, worker_exits
 from tracekit.launch.parent_death import die_with_parent
+from tracekit.launch.replay_check import check_reference
 from tracekit.launch import progress
 from tracekit.writer import spool_gc
 
@@ -64,6 +66,16 @@ def worker_env(config: RecordConfig, base: dict | None = None) -> dict[str, str]
     return env
 
 
+def record_job(command: Sequence[str], config: RecordConfig, force: bool = False, zero_code: bool = True,
+               strict: bool = False, optimizer: str | None = None, model: str | None = None,
+               loss_reduction: str | None = None, flush_timeout: float = DEFAULT_FLUSH_TIMEOUT) -> int:
+    """`tracekit record`'s entry point: run `command` recorded into config.store, with the zero-code
+    bootstrap on its PYTHONPATH unless `zero_code` is off; returns the command's exit status."""
+    env = bootstrap_env(strict=strict, optimizer=optimizer, model=model, loss_reduction=loss_reduction) if zero_code else None
+    return launch(command, config, force=force, env_updates=env, extra_meta={"zero_code": zero_code},
+                  flush_timeout=flush_timeout)
+
+
 def launch(command: Sequence[str], config: RecordConfig, force: bool = False, extra_meta: dict | None = None,
            env_updates: dict | None = None, flush_timeout: float = DEFAULT_FLUSH_TIMEOUT) -> int:
     """Run `command` recorded into config.store; returns the command's exit status."""
@@ -83,8 +95,6 @@ def launch(command: Sequence[str], config: RecordConfig, force: bool = False, ex
                                   "trace_full": list(config.trace_full)} if config.trace else {})},
             **(extra_meta or {})}
     if config.replay_from:
-        from tracekit.recorders.replay import check_reference  # imports torch: only when replaying
-
         meta.update(check_reference(config.replay_from, store, config.replay_steps), replay_steps=format_step_range(config.replay_steps))
     location = resolve(store)
     # Object stores have no file locks: there a conditional create of a claim object stands in
