@@ -4,6 +4,10 @@ Names are imported on first use: `tracekit record` (the launcher) needs the conf
 recorder, and must not import torch for it.
 """
 
+if __name__ != "tracekit.recorders":  # the checkout's folder imported as itself: a second copy of every module
+    raise ImportError(f"{__name__!r} is tracekit's recorders/ folder imported by its path; it ships as "
+                      "tracekit.recorders: import tracekit.recorders (pip install -e . from a checkout)")
+
 _LAZY = {"RecordConfig": "tracekit.launch.config", "Recorder": "tracekit.recorders.recorder"}
 
 __all__ = ["RecordConfig", "Recorder"]

@@ -98,3 +98,17 @@ def test_editable_install_exposes_nothing_else(editable, name, tmp_path):
     if name.startswith("tracekit."):
         out = _run(editable, f"import {name}", REPO)
         assert out.returncode == 1 and "ModuleNotFoundError" in out.stderr, out.stderr[-2000:]
+
+
+@pytest.mark.parametrize("folder", ["cli", "recorders"])
+def test_checkout_folders_are_no_second_identity(folder):
+    """From a checkout (cwd on sys.path), `import recorders` would load a second copy of the same
+    files beside tracekit.recorders, with its own module state; it fails and names the real one."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    bare = subprocess.run([sys.executable, "-c", f"import {folder}"], cwd=REPO, capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert bare.returncode == 1 and "ImportError" in bare.stderr, bare.stderr[-2000:]
+    assert f"import tracekit.{folder}" in bare.stderr.splitlines()[-1]
+    shipped = subprocess.run([sys.executable, "-c", f"import tracekit.{folder}"], cwd=REPO, capture_output=True,
+                             text=True, env=env, timeout=120)
+    assert shipped.returncode == 0, shipped.stderr[-2000:]

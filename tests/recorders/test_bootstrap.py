@@ -89,9 +89,8 @@ def test_launcher_env_prepends_the_bootstrap_and_names_match_the_bootstrap():
     assert env["PYTHONPATH"].split(os.pathsep) == [be.BOOTSTRAP_DIR, "/a", "/b"]
     assert env[be.ENV_STRICT] == "1" and env[be.ENV_OPTIMIZER] == "Adam" and env[be.ENV_BOOTSTRAP] == "1"
     assert env[be.ENV_LAUNCHER_PID] == str(os.getpid())
-    assert os.path.isdir(os.path.join(env[be.ENV_IMPORT_ROOT], "tracekit"))
     text = open(SITECUSTOMIZE).read()  # the bootstrap spells the names out (it cannot import tracekit)
-    for name in (be.ENV_BOOTSTRAP, be.ENV_STRICT, be.ENV_IMPORT_ROOT):
+    for name in (be.ENV_BOOTSTRAP, be.ENV_STRICT):
         assert f'"{name}"' in text
     assert os.listdir(be.BOOTSTRAP_DIR) in (["sitecustomize.py"], ["sitecustomize.py", "__pycache__"],
                                            ["__pycache__", "sitecustomize.py"])
@@ -134,7 +133,7 @@ def test_instrumentation_failure_is_reported_once_and_the_job_goes_on(tmp_path):
     not_a_store = tmp_path / "file"
     not_a_store.write_text("a file where the store should be")
     env = clean_env(PYTHONPATH=be.BOOTSTRAP_DIR, TRACEKIT_BOOTSTRAP="1", TRACEKIT_STORE=str(not_a_store),
-                    TRACEKIT_IMPORT_ROOT=REPO, TRACEKIT_LAUNCHER_PID=str(os.getpid()))
+                    TRACEKIT_LAUNCHER_PID=str(os.getpid()))
     result = run_python([str(script)], env, cwd=str(tmp_path))
     assert result.returncode == 0 and "trained" in result.stdout, result.stderr
     assert result.stderr.count("tracekit: zero-code recording failed on rank 0") == 1, result.stderr

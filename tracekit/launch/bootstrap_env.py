@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import os
 
-import tracekit
 from tracekit.errors import TracekitError
 
 # Read by bootstrap/sitecustomize.py (which spells the names out: it cannot import tracekit) and
 # by zerocode.py.
 ENV_BOOTSTRAP = "TRACEKIT_BOOTSTRAP"  # "1": record zero-code
 ENV_STRICT = "TRACEKIT_STRICT"  # "1": an instrumentation failure fails the job
-ENV_IMPORT_ROOT = "TRACEKIT_IMPORT_ROOT"  # the folder holding the tracekit package
 ENV_LAUNCHER_PID = "TRACEKIT_LAUNCHER_PID"  # its own child (no torchrun) records as a world of one
 ENV_OPTIMIZER = "TRACEKIT_OPTIMIZER"  # class name of the training optimizer, when the guess is wrong
 ENV_MODEL = "TRACEKIT_MODEL"  # class name or attribute path of the root model, when the guess cannot decide
@@ -37,7 +35,6 @@ def bootstrap_env(base: dict | None = None, strict: bool = False, optimizer: str
         "PYTHONPATH": os.pathsep.join(path),
         ENV_BOOTSTRAP: "1",
         ENV_STRICT: "1" if strict else "0",
-        ENV_IMPORT_ROOT: os.path.dirname(os.path.dirname(os.path.abspath(tracekit.__file__))),
         ENV_LAUNCHER_PID: str(os.getpid()),
     }
     if optimizer:

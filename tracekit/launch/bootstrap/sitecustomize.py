@@ -26,8 +26,6 @@ def _is_torchrun_agent(argv):
 
 def _start_zero_code():
     try:
-        if os.environ.get("TRACEKIT_IMPORT_ROOT") and importlib.util.find_spec("tracekit") is None:
-            sys.path.append(os.environ["TRACEKIT_IMPORT_ROOT"])  # a source checkout: lowest priority
         from tracekit.recorders import zerocode
     except Exception as error:
         if os.environ.get("TRACEKIT_STRICT") == "1":
