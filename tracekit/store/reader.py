@@ -1134,10 +1134,11 @@ class RunStore:
         info.update({k: v for k, v in self.meta.items() if v is not None})
         return info
 
-    @property
+    @cached_property
     def io_root(self):
-        """What tracekit/store/io.py reads objects under: the folder, or the URL's Location."""
-        return self.path if self.location.is_local else self.location
+        """What tracekit/store/io.py reads objects under: the ByteStore of the folder (as the user gave
+        it: messages name it) or of the URL's Location."""
+        return io.byte_store(self.path if self.location.is_local else self.location)
 
     def ensure_verified(self, digest: bytes, info: "TensorInfo", where: str, loc: Located) -> bool:
         """Check the bytes at `loc` against their hash `digest` once per open store; StoreError

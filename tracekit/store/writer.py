@@ -264,7 +264,7 @@ class _ObjectKindWriter:
 
     def __init__(self, group: zarr.Group, kind: str, store_root, full: Sequence[str] = (),
                  packs: PackSpec | None = None, sealed_to: int | None = None):
-        """store_root: where tracekit/store/io.py writes objects (a folder, or a URL's Location);
+        """store_root: where tracekit/store/io.py writes objects (a folder, a URL's Location, or their ByteStore);
         packs: how small tensors are packed (format 3, store/packs.py), None: each its own object;
         sealed_to: the rank each row is sealed to (format 4, summaries.row_identity), None: unsealed."""
         self.group = group
@@ -273,7 +273,7 @@ class _ObjectKindWriter:
         self.group_meta = NodeMeta(group)  # the only writer of the kind's metadata from here on
         self.full = tuple(full)
         self.kind = kind
-        self.root = store_root
+        self.root = io.byte_store(store_root)  # chosen once: local folder or object store
         self.index: list[dict] | None = None
         self.hash_array: zarr.Array | None = None
         self.finite_array: zarr.Array | None = None
@@ -282,7 +282,7 @@ class _ObjectKindWriter:
         self.steps: list[int] = []
         self.objects_written = 0  # new objects; the rest were already in the store (dedup)
         self.present: set[str] = set()  # object keys this writer knows are stored (asked once)
-        self.direct = io.direct_writes(store_root)  # large objects around the page cache (io.Direct)
+        self.direct = self.root.direct_writes()  # large objects around the page cache (io.Direct)
         self._digests = DigestCache()  # per tensor: a frozen one is hashed, and its summary reused
 
     def _create(self, tensors: Sequence[TensorData], shards) -> None:
@@ -323,7 +323,7 @@ class _ObjectKindWriter:
         previous = self._previous
         # locally each object is written as soon as it is hashed and summarized, while its bytes are
         # still in the CPU's cache (after the loop they would be copied from memory once more)
-        local = io.is_local(self.root)
+        local = not self.root.batch_writes
         # The loop runs for every tensor of every step (600 per step for a 10M-parameter FSDP rank):
         # what does not change between steps is looked up, not recomputed.
         for i, t, sh, ident, numel, entry in zip(range(n), tensors, shards, self._idents, self._numels, self.index):
@@ -452,8 +452,7 @@ def add_kind(store_path, rank: int, kind: str, rows: Sequence[tuple[int, Sequenc
     group = root[rank_group_name(rank)]
     if kind in group:
         raise StoreError(f"{store_path}: rank {rank} already holds {kind}")
-    io_root = location.path if location.is_local else location
-    writer = _new_kind_writer(group, kind, version, io_root, (), rank)  # a few scalars: their bytes always kept
+    writer = _new_kind_writer(group, kind, version, io.byte_store(location), (), rank)  # a few scalars: their bytes always kept
     for step, tensors in rows:
         if version == 1:
             writer.append(step, tensors)
@@ -488,7 +487,7 @@ class RankWriter:
         self.rank = int(rank)
         self.location = location
         self.store_path = location.path if location.is_local else str(location)
-        self.io_root = location.path if location.is_local else location  # what store/io.py writes objects under
+        self.io_root = io.byte_store(location)  # what store/io.py writes objects under
         # Held while the group is open: the launcher finalizes only once every writer let go (local stores).
         self._claim = WriterClaim(location.path if location.is_local else None)
         try:
