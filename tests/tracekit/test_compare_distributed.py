@@ -129,3 +129,25 @@ def test_cli_scheduler_flag_and_an_unreachable_scheduler(stores, cluster):
     assert plain.output.splitlines()[-1] == dask.output.splitlines()[-1]
     with pytest.raises(UsageError, match="cannot connect"):
         tracekit.diff(ref, cand, scheduler="tcp://127.0.0.1:9")
+
+
+def test_the_dask_executor_never_imports_the_engine_back():
+    """The engine chooses its executor (threads here, Dask workers) and hands the Dask one the task
+    its workers run: compare/distributed.py loads without the engine."""
+    import subprocess
+    import sys
+
+    code = ("import sys, tracekit.compare.distributed as d\n"
+            "print('tracekit.compare.engine' in sys.modules, callable(d.DaskExecutor.compare_steps))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "True"]
+    # nor later, inside a function run on a worker (it used to import the engine's _Engine there)
+    import ast
+
+    import tracekit.compare.distributed as d
+
+    tree = ast.parse(open(d.__file__).read())
+    imported = ({n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+                | {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names})
+    assert "distributed" in imported and not [m for m in imported if m and m.endswith("engine")]

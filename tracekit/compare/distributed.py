@@ -1,4 +1,5 @@
-"""The diff on dask.distributed: the same units of work, dispatched to worker processes.
+"""The diff on dask.distributed (an Executor, compare/executors.py): the same units of work,
+dispatched to worker processes.
 
 Work is split by (rank pair, kind, step range): one task compares every unit of one KindPair over
 a run of consecutive steps. A worker opens the stores itself (from their Location: a folder all
@@ -22,7 +23,6 @@ from tracekit.errors import UsageError
 
 # Tasks per worker: enough to even out uneven pairs, few enough that scheduling costs little.
 TASKS_PER_WORKER = 4
-_STATE: dict[str, tuple] = {}  # per worker process: spec token -> (engine, plan), the last few diffs
 
 
 @dataclass(frozen=True)
@@ -47,33 +47,6 @@ class DiffSpec:
                    tolerances, equal_nan, oracle_factor, trust_index)
 
 
-def _worker_state(spec: DiffSpec):
-    state = _STATE.get(spec.token)
-    if state is None:
-        from tracekit.compare import alignment
-        from tracekit.compare.catalog import load_catalog
-        from tracekit.compare.engine import _Engine
-
-        refc, candc = load_catalog(spec.ref), load_catalog(spec.cand)
-        orac = load_catalog(spec.oracle) if spec.oracle is not None else None
-        plan = alignment.plan(refc, candc, orac, spec.align, spec.kinds)
-        state = (_Engine(refc, candc, orac, spec.tolerances, spec.equal_nan, spec.oracle_factor,
-                         trust_index=spec.trust_index), plan)
-        while len(_STATE) >= 4:
-            _STATE.pop(next(iter(_STATE)))
-        _STATE[spec.token] = state
-    return state
-
-
-def run_task(spec: DiffSpec, pair_index: int, steps: list[int]) -> dict[int, tuple[list, int]]:
-    """On a worker: {step: ([(tensor, start, metrics)], bytes read)} of one pair over `steps`."""
-    from tracekit.compare.engine import step_parts
-
-    engine, plan = _worker_state(spec)
-    kp = plan.pairs[pair_index]
-    return {step: step_parts(engine, kp, step) for step in steps if step in kp.steps}
-
-
 def step_ranges(steps: list[int], n_pairs: int, slots: int) -> list[list[int]]:
     """Consecutive runs of steps, so that about TASKS_PER_WORKER tasks per slot exist in all."""
     per_range = max(1, -(-len(steps) * n_pairs // max(1, slots * TASKS_PER_WORKER)))
@@ -96,36 +69,44 @@ def _client(workers: int | None, scheduler: str | None):
     return Client(cluster), cluster
 
 
-def compare_steps(spec: DiffSpec, plan, steps: list[int], workers: int | None, scheduler: str | None,
-                  tick: Callable[[int], None]):
-    """Yields (step, {(id(pair), tensor): [(start, metrics)]}) in step order, like the one-process engine."""
-    client, cluster = _client(workers, scheduler)
-    futures = []
-    try:
-        pairs = [(i, kp) for i, kp in enumerate(plan.pairs) if kp.tensors]
-        slots = sum(client.nthreads().values()) or 1
-        ranges = step_ranges(steps, len(pairs), slots)
-        by_range = []
-        for rng in ranges:
-            batch = [(kp, client.submit(run_task, spec, i, rng, pure=False, key=f"tracekit-diff-{spec.token}-{i}-{rng[0]}"))
-                     for i, kp in pairs if set(rng) & set(kp.steps)]
-            futures += [f for _, f in batch]
-            by_range.append((rng, batch))
-        for rng, batch in by_range:
-            done = [(kp, f.result()) for kp, f in batch]
-            for step in rng:
-                partial: dict[tuple[int, str], list] = {}
-                nbytes = 0
-                for kp, result in done:
-                    parts, n = result.get(step, ([], 0))
-                    for name, start, acc in parts:
-                        partial.setdefault((id(kp), name), []).append((start, acc))
-                    nbytes += n
-                tick(nbytes)
-                yield step, partial
-    finally:
-        for f in futures:
-            f.cancel()
-        client.close()
-        if cluster is not None:
-            cluster.close()
+class DaskExecutor:
+    """Runs `task(spec, pair_index, steps)` -> {step: ([(tensor, start, metrics)], bytes read)} on
+    Dask workers: a local cluster of `workers` processes, or the one at `scheduler`. The task is
+    the engine's (engine.worker_task), handed in, so this module never imports the engine."""
+
+    def __init__(self, spec: DiffSpec, task: Callable, workers: int | None, scheduler: str | None):
+        self.spec, self.task, self.workers, self.scheduler = spec, task, workers, scheduler
+
+    def compare_steps(self, plan, steps: list[int], tick: Callable[[int], None]):
+        """Yields (step, {(id(pair), tensor): [(start, metrics)]}) in step order, like the one-process engine."""
+        spec = self.spec
+        client, cluster = _client(self.workers, self.scheduler)
+        futures = []
+        try:
+            pairs = [(i, kp) for i, kp in enumerate(plan.pairs) if kp.tensors]
+            slots = sum(client.nthreads().values()) or 1
+            ranges = step_ranges(steps, len(pairs), slots)
+            by_range = []
+            for rng in ranges:
+                batch = [(kp, client.submit(self.task, spec, i, rng, pure=False, key=f"tracekit-diff-{spec.token}-{i}-{rng[0]}"))
+                         for i, kp in pairs if set(rng) & set(kp.steps)]
+                futures += [f for _, f in batch]
+                by_range.append((rng, batch))
+            for rng, batch in by_range:
+                done = [(kp, f.result()) for kp, f in batch]
+                for step in rng:
+                    partial: dict[tuple[int, str], list] = {}
+                    nbytes = 0
+                    for kp, result in done:
+                        parts, n = result.get(step, ([], 0))
+                        for name, start, acc in parts:
+                            partial.setdefault((id(kp), name), []).append((start, acc))
+                        nbytes += n
+                    tick(nbytes)
+                    yield step, partial
+        finally:
+            for f in futures:
+                f.cancel()
+            client.close()
+            if cluster is not None:
+                cluster.close()

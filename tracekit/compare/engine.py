@@ -31,6 +31,7 @@ from tracekit.compare.report import DiffReport, Divergence, KindSummary, LossRow
 from tracekit.compare.traces import compare_store_traces
 from tracekit.compare import structure
 from tracekit.compare.drift import drift_note
+from tracekit.compare.executors import Executor
 from tracekit.compare.precision import derive as derive_precision
 from tracekit.compare.tolerances import DEFAULT_ORACLE_FACTOR, Tolerance, Tolerances, load_config, parse_tol_option
 from tracekit.store.dtypes import storage_dtype, to_numpy_values
@@ -384,13 +385,15 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
         if progress is not None:
             progress(done, total)
 
+    executor: Executor
     if distributed:
-        from tracekit.compare.distributed import DiffSpec, compare_steps
+        from tracekit.compare.distributed import DaskExecutor, DiffSpec
 
         spec = DiffSpec.of(refc, candc, orac, align, kinds, tolerances, equal_nan, oracle_factor, engine.trust_index)
-        stepwise = compare_steps(spec, plan, steps, workers, scheduler, tick)
+        executor = DaskExecutor(spec, worker_task, workers, scheduler)
     else:
-        stepwise = _compare_steps_here(engine, plan, steps, jobs, tick, same, unread)
+        executor = ThreadExecutor(engine, jobs, same, unread)
+    stepwise = executor.compare_steps(plan, steps, tick)
     try:
         for step, partial in stepwise:
             pairs = [kp for kp in plan.pairs if step in kp.steps and kp.tensors]
@@ -437,6 +440,42 @@ def step_parts(engine: "_Engine", kp: KindPair, step: int) -> tuple[list[tuple[s
             parts.append((t.name, 0, pieces.merged(accs, new_acc)))
             nbytes += plan.nbytes
     return parts, nbytes
+
+
+class ThreadExecutor:
+    """The Executor (compare/executors.py) of this process: a thread pool of `jobs` threads; the
+    tensors in unread[(id(pair), step)] (equal content hashes, same[...], or no bytes) are not read."""
+
+    def __init__(self, engine: "_Engine", jobs: int | None, same: dict, unread: dict):
+        self.engine, self.jobs, self.same, self.unread = engine, jobs, same, unread
+
+    def compare_steps(self, plan, steps: list[int], tick):
+        return _compare_steps_here(self.engine, plan, steps, self.jobs, tick, self.same, self.unread)
+
+
+_WORKER_STATE: dict[str, tuple] = {}  # per Dask worker process: spec token -> (engine, plan), the last few diffs
+
+
+def _worker_state(spec):
+    state = _WORKER_STATE.get(spec.token)
+    if state is None:
+        refc, candc = load_catalog(spec.ref), load_catalog(spec.cand)
+        orac = load_catalog(spec.oracle) if spec.oracle is not None else None
+        plan = alignment.plan(refc, candc, orac, spec.align, spec.kinds)
+        state = (_Engine(refc, candc, orac, spec.tolerances, spec.equal_nan, spec.oracle_factor,
+                         trust_index=spec.trust_index), plan)
+        while len(_WORKER_STATE) >= 4:
+            _WORKER_STATE.pop(next(iter(_WORKER_STATE)))
+        _WORKER_STATE[spec.token] = state
+    return state
+
+
+def worker_task(spec, pair_index: int, steps: list[int]) -> dict[int, tuple[list, int]]:
+    """On a Dask worker (compare/distributed.py's DaskExecutor runs it): {step: ([(tensor, start,
+    metrics)], bytes read)} of one pair over `steps`, the engine rebuilt from the DiffSpec `spec`."""
+    engine, plan = _worker_state(spec)
+    kp = plan.pairs[pair_index]
+    return {step: step_parts(engine, kp, step) for step in steps if step in kp.steps}
 
 
 def _compare_steps_here(engine: "_Engine", plan, steps: list[int], jobs: int | None, tick, same: dict, unread: dict):
