@@ -198,12 +198,8 @@ def bf16_main(workdir: str, steps: int) -> None:
     faults += [("one matmul in bf16 (rank 1, step 2), fp32 run", None, ("--fault", "op=matmul_bf16:1:2"))]
     for family, x, extra in faults:
         name = f"{family.split(',')[0].split()[0]}-bf16-1e-{x}" if x else "op-matmul_bf16"
-        # one rank's gradient fault leaves DDP replicas whose deltas differ: the diff of such deltas
-        # raises (check_entries, tracekit/compare/pieces.py, on the tree before issue 35 too); that
-        # family is compared without deltas until it is fixed
-        kinds = ["outputs", "loss", "gradients", "parameters"] if family.startswith("grad_scale") else None
         try:
-            report = tracekit.diff(ref, rec(name, extra=extra), kinds=kinds)
+            report = tracekit.diff(ref, rec(name, extra=extra))
         except RuntimeError as e:  # a diff that breaks is reported, not a reason to lose the other rows
             print(f"{family + (' e=1e-' + str(x) if x else ''):<46} ERROR: {e}")
             continue
