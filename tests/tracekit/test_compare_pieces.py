@@ -187,3 +187,31 @@ def test_streamed_objects_are_checked_before_their_metrics_count(tmp_path, lie, 
     rank = "1" if lie == "finite flag" or sharded else "[01]"
     with pytest.raises(StoreError, match=rf"^damaged store: .*rank {rank} parameters step 1 tensor w"):
         tracekit.diff(r, c)
+
+
+def test_equal_replicas_in_packs_that_differ_are_each_verified(tmp_path):
+    """DDP replicas after a one-rank fault: tensor "a" is equal on both ranks, "b" is not, so each
+    rank packs "a" beside a different "b" and its equal bytes lie in two packs. Each rank pair
+    reads and verifies its own pack (the diff raised `check_entries before the region's objects
+    were read` when the second pair reused the first's comparison)."""
+    from tracekit.testing import tensor_bytes, write_store
+
+    rng = np.random.default_rng(3)
+    a = rng.standard_normal(16).astype(np.float32)
+    b = [rng.standard_normal(16).astype(np.float32) for _ in range(RANKS)]
+
+    def store(name, scale):
+        return write_store(str(tmp_path / name), {r: {1: {"deltas": {"a": a * np.float32(scale), "b": b[r]}}}
+                                                  for r in range(RANKS)})
+
+    ref, cand = store("r", 1.0), store("c", 1.5)
+    assert tensor_bytes(cand, 0, "deltas", 1, "a")[0] != tensor_bytes(cand, 1, "deltas", 1, "a")[0]  # two packs
+    report = tracekit.diff(ref, cand, kinds=["deltas"], tol={"deltas": (1e-3, 0)})
+    assert {(r.rank, r.tensor) for r in report.violations} == {(0, "a"), (1, "a")}
+    # the second rank's pack is read too: damage there is found, not hidden behind rank 0's copy
+    path, base, length = tensor_bytes(cand, 1, "deltas", 1, "a")
+    with open(path, "r+b") as f:
+        f.seek(base)
+        f.write(b"\x00" * 4)
+    with pytest.raises(tracekit.StoreError, match="damaged store"):
+        tracekit.diff(ref, cand, kinds=["deltas"])

@@ -26,6 +26,7 @@ from tracekit.compare.by_summary import compare_summaries
 from tracekit.compare.catalog import StoreCatalog, load_catalog
 from tracekit.compare.metrics import MetricsAccumulator, identical_metrics
 from tracekit.compare.readahead import Readahead
+from tracekit.compare.reduction import ReductionLengths
 from tracekit.compare import pieces
 from tracekit.compare.report import DiffReport, Divergence, KindSummary, LossRow, TensorResult
 from tracekit.compare.traces import compare_store_traces
@@ -189,17 +190,20 @@ class _Engine:
         self.tolerances = tolerances
         self.equal_nan = equal_nan
         self.oracle_factor = oracle_factor if oracle is not None else None
-        self._tol_cache: dict[tuple[str, str], Tolerance] = {}
+        self._tol_cache: dict[tuple[str, str, int | None], Tolerance] = {}
+        self.reductions = ReductionLengths(ref, cand)  # each tensor's reduction length, for its norm bound
         self._local = threading.local()  # each worker thread reuses its own read buffers
 
-    def tol(self, kind: str, dtype: str) -> Tolerance:
-        t = self._tol_cache.get((kind, dtype))
+    def tol(self, kind: str, dtype: str, tensor: str) -> Tolerance:
+        red = self.reductions.of(kind, tensor)
+        key = (kind, dtype, red.n if red is not None else None)
+        t = self._tol_cache.get(key)
         if t is None:
-            t = self._tol_cache[(kind, dtype)] = self.tolerances.resolve(kind, dtype)
+            t = self._tol_cache[key] = self.tolerances.resolve(*key)
         return t
 
-    def new_acc(self, kind: str, dtype: str) -> Callable[[], MetricsAccumulator]:
-        tol = self.tol(kind, dtype)
+    def new_acc(self, kind: str, dtype: str, tensor: str) -> Callable[[], MetricsAccumulator]:
+        tol = self.tol(kind, dtype, tensor)
         return lambda: MetricsAccumulator(tol.rtol, tol.atol, self.equal_nan, self.oracle_factor, tol.rel_l2, tol.elementwise)
 
     def sharded_plans(self, kp: KindPair, step: int, skip: frozenset) -> dict[str, "pieces.TensorPlan"]:
@@ -248,7 +252,7 @@ class _Engine:
         readers: dict[tuple[str, str], RowReader] = {}
         accs = {}
         for sg in u.segments:
-            tol = self.tol(kind, sg.tensor.ref.dtype)
+            tol = self.tol(kind, sg.tensor.ref.dtype, sg.tensor.name)
             accs[id(sg)] = MetricsAccumulator(tol.rtol, tol.atol, self.equal_nan, self.oracle_factor, tol.rel_l2, tol.elementwise)
         nbytes = 0
         try:
@@ -432,7 +436,7 @@ def step_parts(engine: "_Engine", kp: KindPair, step: int) -> tuple[list[tuple[s
     for t in kp.tensors:
         plan = plans.get(t.name)
         if plan is not None:
-            new_acc = engine.new_acc(kp.kind, t.ref.dtype)
+            new_acc = engine.new_acc(kp.kind, t.ref.dtype, t.name)
             if plan.shared:
                 accs = [pieces.compare_shared_region(plan, i, new_acc) for i in range(len(plan.regions))]
             else:
@@ -517,7 +521,7 @@ def _compare_steps_here(engine: "_Engine", plan, steps: list[int], jobs: int | N
                     tp = plans[id(kp)].get(t.name)
                     if tp is None:
                         continue
-                    new_acc = engine.new_acc(kp.kind, t.ref.dtype)
+                    new_acc = engine.new_acc(kp.kind, t.ref.dtype, t.name)
                     if tp.shared:
                         for i in range(len(tp.regions)):
                             if tp.key(i) not in regions:
@@ -552,7 +556,7 @@ def _compare_steps_here(engine: "_Engine", plan, steps: list[int], jobs: int | N
                             pieces.check_entries(tp)  # this pair's own index entries (flags)
                         else:
                             accs = wholes[(id(kp), t.name)].result()
-                        partial[(id(kp), t.name)] = [(0, pieces.merged(accs, engine.new_acc(kp.kind, t.ref.dtype)))]
+                        partial[(id(kp), t.name)] = [(0, pieces.merged(accs, engine.new_acc(kp.kind, t.ref.dtype, t.name)))]
                         tick(tp.nbytes)
                 for f in checks:
                     f.result()
@@ -585,12 +589,14 @@ def _applied_tolerances(plan, engine) -> list[dict]:
     seen = {}
     for kp in plan.pairs:
         for t in kp.tensors:
-            key = (kp.kind, t.ref.dtype)
+            tol = engine.tol(kp.kind, t.ref.dtype, t.name)
+            key = (kp.kind, t.ref.dtype, tol.terms)
             if key not in seen:
-                tol = engine.tol(*key)
+                red = engine.reductions.of(kp.kind, t.name)
                 seen[key] = {"kind": kp.kind, "dtype": t.ref.dtype, "rtol": tol.rtol, "atol": tol.atol,
                              "rel_l2": tol.rel_l2, "source": tol.source,
-                             **({} if tol.elementwise else {"elementwise": False})}
+                             **({} if tol.elementwise else {"elementwise": False}),
+                             **({} if red is None else {"terms": red.n, "terms_from": red.why})}
     return sorted(seen.values(), key=lambda d: (kind_order(d["kind"]), d["kind"], d["dtype"]))
 
 
@@ -603,7 +609,7 @@ def _step_results(step, pairs, partial, engine, same, summ) -> list[TensorResult
         engine.cand.ranks[kp.rank].view.check_summaries(kp.kind, step)
         by_hash, by_summaries = same[id(kp)], summ[id(kp)]
         for t in kp.tensors:
-            tol = engine.tol(kp.kind, t.ref.dtype)
+            tol = engine.tol(kp.kind, t.ref.dtype, t.name)
             if t.name in by_hash:
                 results.append(TensorResult(step, kp.kind, kp.rank, kp.ref_rank, t.name, t.ref.dtype, t.ref.shape,
                                             identical_metrics(t.ref.numel, tol.rtol, tol.atol, tol.rel_l2), tol.source, kp.oracle_rank,

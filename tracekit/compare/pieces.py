@@ -56,9 +56,14 @@ class TensorPlan:
         return all(s.pieces is not None for s in self.sides)
 
     def key(self, i: int) -> tuple:
-        """What a shared region's comparison depends on: equal keys give equal metrics."""
+        """What a shared region's comparison depends on: equal keys give equal metrics. The place of
+        each side's bytes is part of it: a comparison verifies the places it reads (Verified is
+        keyed by hash and place), and each rank pair's check_entries looks up its own places. Equal
+        bytes at two places (a DDP replica's tensor packed beside tensors that differ between the
+        ranks, so in each rank's own pack) are therefore compared at each, not once."""
         region = self.regions[i]
-        return (self.kind, self.shape, region) + tuple((s.pieces[region].digest, s.info.dtype) for s in self.sides)
+        return (self.kind, self.shape, region) + tuple(
+            (s.pieces[region].digest, s.pieces[region].loc, s.info.dtype) for s in self.sides)
 
     @property
     def nbytes(self) -> int:

@@ -147,7 +147,7 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
     rows = [[str(step), *(cells[step].get(k, "-") for k in kinds)] for step in sorted(cells)]
     out += table(["step", *kinds], rows, right={0})
     out += ["", "Margin per kind (worst tensor over all steps: error / bound, at most 1 passes):"]
-    out += table(*_margin_rows(report, kinds), right={1, 2})
+    out += table(*_margin_rows(report, kinds), right={1, 2, 3})
     nonfinite = [s for s in report.summary if s.ref_nonfinite or s.cand_nonfinite]
     if nonfinite:
         out += ["", "NaN/Inf elements (n/a marks metrics with no element finite on both sides):"]
@@ -260,14 +260,17 @@ def _violation_rows(groups: list[tuple[list[int], TensorResult]]):
 
 
 def _margin_rows(report: DiffReport, kinds: list[str]):
-    """Per kind, the summary row with the largest margin: how close the worst tensor came to its bound."""
+    """Per kind, the summary row with the largest margin: how close the worst tensor came to its
+    bound, and the reduction length its norm bound was derived with (docs/DIFF.md)."""
     rows = []
     for kind in kinds:
+        terms = sorted({t["terms"] for t in report.tolerances if t["kind"] == kind and "terms" in t})
+        n = ", ".join(map(str, terms)) or "-"
         rs = [s for s in report.summary if s.kind == kind and s.margin is not None]
         if not rs:
-            rows.append([kind, "n/a", "-", "nothing comparable"])
+            rows.append([kind, "n/a", "-", n, "nothing comparable"])
             continue
         s = max(rs, key=lambda s: s.margin)
         rank, tensor = s.margin_at
-        rows.append([kind, _m(s.margin), str(s.step), f"{s.margin_rule} rule, {tensor!r} rank {rank}"])
-    return ["kind", "margin", "step", "worst tensor"], rows
+        rows.append([kind, _m(s.margin), str(s.step), n, f"{s.margin_rule} rule, {tensor!r} rank {rank}"])
+    return ["kind", "margin", "step", "terms", "worst tensor"], rows
