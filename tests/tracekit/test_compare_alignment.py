@@ -83,7 +83,7 @@ def test_structural_problems_are_listed_and_allow_missing_compares_the_rest(tmp_
                 "deltas": {"a": np.ones(3, f)}}},
         1: {1: {"loss": {"loss": f(1)}}}})
     cand = write_store(tmp_path / "cand", {
-        0: {1: {"loss": {"loss": f(1)}, "gradients": {"a": np.ones(3, f), "b": np.ones(3, f), "c": np.ones(2, np.float64),
+        0: {1: {"loss": {"loss": f(1)}, "gradients": {"a": np.ones(3, f), "b": np.ones(3, f), "c": np.ones(2, np.int64),
                                                       "e": np.ones(1, f)}}}})
     report = tracekit.diff(ref, cand)
     assert report.status == "error" and report.exit_code == 2
@@ -91,7 +91,7 @@ def test_structural_problems_are_listed_and_allow_missing_compares_the_rest(tmp_
     assert found == {("missing_rank", "cand", None), ("missing_kind", "cand", None), ("missing_tensor", "cand", "d"),
                      ("missing_tensor", "ref", "e"), ("shape_mismatch", None, "b"), ("dtype_mismatch", None, "c")}
     msgs = " | ".join(p.message for p in report.structural)
-    assert "cand lacks rank 1" in msgs and "dtype float32 in ref, float64 in cand" in msgs
+    assert "cand lacks rank 1" in msgs and "dtype float32 in ref, int64 in cand" in msgs
     common = tracekit.diff(ref, cand, allow_missing=True, details="all")
     assert common.status == "pass"
     assert {(r.kind, r.tensor) for r in common.results} == {("loss", "loss"), ("gradients", "a")}
@@ -129,3 +129,29 @@ def test_oracle_three_way_verdict(tmp_path):
     short = write_store(tmp_path / "short", {0: {2: {"parameters": {"w": x}}}})
     bad = tracekit.diff(ref, far, oracle=short)
     assert bad.status == "error" and any(p.side == "oracle" for p in bad.structural)
+
+
+def test_floats_stored_in_other_widths_are_compared_under_the_coarser_widths_bounds(tmp_path):
+    """An accelerator's bfloat16 output against a CPU reference's float32 one: a pair to compare, not a
+    structural problem; the bounds are bfloat16's, so a 10% error fails and bfloat16 rounding passes."""
+    import torch
+
+    x = torch.randn(64, 32, generator=torch.Generator().manual_seed(0))
+    f = np.float32
+
+    def pair(name, cand_output):
+        ref = write_store(tmp_path / name / "ref", {0: {1: {"loss": {"loss": f(1)}, "outputs": {"output": x}}}})
+        cand = write_store(tmp_path / name / "cand", {0: {1: {"loss": {"loss": f(1)}, "outputs": {"output": cand_output}}}})
+        return tracekit.diff(ref, cand, details="all")
+
+    rounded = pair("rounded", x.to(torch.bfloat16))
+    assert rounded.status == "pass" and not rounded.structural
+    assert [p.problem for p in rounded.mixed_dtypes] == ["dtype_differs"]
+    assert "float32 in ref, bfloat16 in cand" in rounded.mixed_dtypes[0].message
+    assert {r.dtype for r in rounded.results if r.kind == "outputs"} == {"bfloat16"}
+    assert rounded.to_dict()["mixed_dtypes"][0]["tensor"] == "output"
+    scaled = pair("scaled", (x * 1.1).to(torch.bfloat16))
+    assert scaled.status == "fail" and scaled.first_divergence.kind == "outputs"
+    # a float64 reference against float32 is the same case, judged under float32's bounds
+    wide = pair("wide", x.double().float().numpy().astype(np.float64))
+    assert wide.status == "pass"

@@ -32,6 +32,24 @@ class TensorPair:
     cand: TensorInfo
     oracle: TensorInfo | None = None
 
+    @property
+    def dtype(self) -> str:
+        """The dtype the pair is judged in: both sides' when equal; for floats stored in different
+        widths (a float32 reference, a bfloat16 candidate), the coarser one's bounds apply."""
+        return coarser_float(self.ref.dtype, self.cand.dtype)
+
+
+# Floating dtypes from finest to coarsest. Two sides that store one tensor in different float widths
+# are compared as values (each decoded to numpy exactly), under the coarser width's bounds: the
+# accelerator's bfloat16 output against the CPU reference's float32 one is the case this is for.
+FLOAT_WIDTHS = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
+
+
+def coarser_float(a: str, b: str) -> str:
+    if a == b or a not in FLOAT_WIDTHS or b not in FLOAT_WIDTHS:
+        return a
+    return max(a, b, key=FLOAT_WIDTHS.index)
+
 
 @dataclass
 class KindPair:
@@ -77,6 +95,7 @@ class Plan:
     structural: list[StructuralProblem]
     not_comparable: list[NotComparable]
     ranks: list[int]  # candidate ranks compared
+    mixed_dtypes: list[StructuralProblem] = field(default_factory=list)  # float tensors stored in other widths
 
 
 def ranges(values) -> str:
@@ -118,8 +137,14 @@ class _Problems:
             kinds = sorted(kinds, key=lambda k: (kind_order(k), k))
             out.append(StructuralProblem(problem, side, _message(problem, side, list(rks), kinds, list(steps), tensor, detail),
                                          list(rks), kinds, list(steps), tensor))
-        order = ["missing_rank", "missing_kind", "missing_steps", "missing_tensor", "shape_mismatch", "dtype_mismatch"]
+        order = ["missing_rank", "missing_kind", "missing_steps", "missing_tensor", "shape_mismatch", "dtype_mismatch",
+                 "dtype_differs"]
         return sorted(out, key=lambda p: (order.index(p.problem), p.side or "", p.ranks, p.steps))
+
+    def split(self) -> tuple[list[StructuralProblem], list[StructuralProblem]]:
+        """(the structural problems, the float tensors compared across storage widths: not problems)."""
+        grouped = self.grouped()
+        return [p for p in grouped if p.problem != "dtype_differs"], [p for p in grouped if p.problem == "dtype_differs"]
 
 
 def _message(problem, side, ranks, kinds, steps, tensor, detail) -> str:
@@ -183,7 +208,10 @@ def _pair_tensors(kind, ref_rc, cand_rc, oracle_rc, problems, cand_rank):
         if rt.shape != ct.shape:
             problems.add("shape_mismatch", None, cand_rank, kind, name, detail=f"shape {rt.shape} in ref, {ct.shape} in cand")
             continue
-        if rt.dtype != ct.dtype:
+        if rt.dtype != ct.dtype and rt.dtype in FLOAT_WIDTHS and ct.dtype in FLOAT_WIDTHS:
+            problems.add("dtype_differs", None, cand_rank, kind, name,
+                         detail=f"{rt.dtype} in ref, {ct.dtype} in cand: compared as values under {coarser_float(rt.dtype, ct.dtype)} bounds")
+        elif rt.dtype != ct.dtype:
             problems.add("dtype_mismatch", None, cand_rank, kind, name, detail=f"dtype {rt.dtype} in ref, {ct.dtype} in cand")
             continue
         ot = None
@@ -261,7 +289,8 @@ def plan(ref: StoreCatalog, cand: StoreCatalog, oracle: StoreCatalog | None = No
                 if kp is not None:
                     pairs.append(kp)
         ranks = sorted(c.rank for _, c, _ in rank_pairs)
-    return Plan(align, pairs, problems.grouped(), not_comparable, ranks)
+    structural, mixed = problems.split()
+    return Plan(align, pairs, structural, not_comparable, ranks, mixed)
 
 
 def _rank_pairs(ref, cand, oracle, align, problems):

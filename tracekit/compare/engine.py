@@ -252,7 +252,7 @@ class _Engine:
         readers: dict[tuple[str, str], RowReader] = {}
         accs = {}
         for sg in u.segments:
-            tol = self.tol(kind, sg.tensor.ref.dtype, sg.tensor.name)
+            tol = self.tol(kind, sg.tensor.dtype, sg.tensor.name)
             accs[id(sg)] = MetricsAccumulator(tol.rtol, tol.atol, self.equal_nan, self.oracle_factor, tol.rel_l2, tol.elementwise)
         nbytes = 0
         try:
@@ -355,7 +355,8 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
                "kinds": kinds, "details": details, "trust_index": bool(trust_index), "precision": precision,
                "structure": bool(structure)}
     report = DiffReport(refc.describe(), candc.describe(), orac.describe() if orac else None, align, options,
-                        structural=plan.structural, not_comparable=plan.not_comparable, ranks=plan.ranks)
+                        structural=plan.structural, not_comparable=plan.not_comparable, ranks=plan.ranks,
+                        mixed_dtypes=plan.mixed_dtypes)
     engine = _Engine(refc, candc, orac, tolerances, equal_nan, oracle_factor, trust_index=bool(trust_index))
     report.tolerances = _applied_tolerances(plan, engine)
     report.precision = rule.to_dict()
@@ -436,7 +437,7 @@ def step_parts(engine: "_Engine", kp: KindPair, step: int) -> tuple[list[tuple[s
     for t in kp.tensors:
         plan = plans.get(t.name)
         if plan is not None:
-            new_acc = engine.new_acc(kp.kind, t.ref.dtype, t.name)
+            new_acc = engine.new_acc(kp.kind, t.dtype, t.name)
             if plan.shared:
                 accs = [pieces.compare_shared_region(plan, i, new_acc) for i in range(len(plan.regions))]
             else:
@@ -521,7 +522,7 @@ def _compare_steps_here(engine: "_Engine", plan, steps: list[int], jobs: int | N
                     tp = plans[id(kp)].get(t.name)
                     if tp is None:
                         continue
-                    new_acc = engine.new_acc(kp.kind, t.ref.dtype, t.name)
+                    new_acc = engine.new_acc(kp.kind, t.dtype, t.name)
                     if tp.shared:
                         for i in range(len(tp.regions)):
                             if tp.key(i) not in regions:
@@ -556,7 +557,7 @@ def _compare_steps_here(engine: "_Engine", plan, steps: list[int], jobs: int | N
                             pieces.check_entries(tp)  # this pair's own index entries (flags)
                         else:
                             accs = wholes[(id(kp), t.name)].result()
-                        partial[(id(kp), t.name)] = [(0, pieces.merged(accs, engine.new_acc(kp.kind, t.ref.dtype, t.name)))]
+                        partial[(id(kp), t.name)] = [(0, pieces.merged(accs, engine.new_acc(kp.kind, t.dtype, t.name)))]
                         tick(tp.nbytes)
                 for f in checks:
                     f.result()
@@ -589,11 +590,11 @@ def _applied_tolerances(plan, engine) -> list[dict]:
     seen = {}
     for kp in plan.pairs:
         for t in kp.tensors:
-            tol = engine.tol(kp.kind, t.ref.dtype, t.name)
-            key = (kp.kind, t.ref.dtype, tol.terms)
+            tol = engine.tol(kp.kind, t.dtype, t.name)
+            key = (kp.kind, t.dtype, tol.terms)
             if key not in seen:
                 red = engine.reductions.of(kp.kind, t.name)
-                seen[key] = {"kind": kp.kind, "dtype": t.ref.dtype, "rtol": tol.rtol, "atol": tol.atol,
+                seen[key] = {"kind": kp.kind, "dtype": t.dtype, "rtol": tol.rtol, "atol": tol.atol,
                              "rel_l2": tol.rel_l2, "source": tol.source,
                              **({} if tol.elementwise else {"elementwise": False}),
                              **({} if red is None else {"terms": red.n, "terms_from": red.why})}
@@ -609,16 +610,16 @@ def _step_results(step, pairs, partial, engine, same, summ) -> list[TensorResult
         engine.cand.ranks[kp.rank].view.check_summaries(kp.kind, step)
         by_hash, by_summaries = same[id(kp)], summ[id(kp)]
         for t in kp.tensors:
-            tol = engine.tol(kp.kind, t.ref.dtype, t.name)
+            tol = engine.tol(kp.kind, t.dtype, t.name)
             if t.name in by_hash:
-                results.append(TensorResult(step, kp.kind, kp.rank, kp.ref_rank, t.name, t.ref.dtype, t.ref.shape,
+                results.append(TensorResult(step, kp.kind, kp.rank, kp.ref_rank, t.name, t.dtype, t.ref.shape,
                                             identical_metrics(t.ref.numel, tol.rtol, tol.atol, tol.rel_l2), tol.source, kp.oracle_rank,
                                             compared_by="hash"))
                 continue
             if t.name in by_summaries:
                 rs = _summary(engine.ref.ranks[kp.ref_rank], kp.kind, step, t.ref, cache)
                 cs = _summary(engine.cand.ranks[kp.rank], kp.kind, step, t.cand, cache)
-                results.append(TensorResult(step, kp.kind, kp.rank, kp.ref_rank, t.name, t.ref.dtype, t.ref.shape,
+                results.append(TensorResult(step, kp.kind, kp.rank, kp.ref_rank, t.name, t.dtype, t.ref.shape,
                                             compare_summaries(rs, cs, t.ref.shape, tol.rtol, tol.atol, engine.equal_nan),
                                             tol.source, kp.oracle_rank, compared_by="summaries"))
                 continue
@@ -631,7 +632,7 @@ def _step_results(step, pairs, partial, engine, same, summ) -> list[TensorResult
             acc = parts[0][1]
             for _, later in parts[1:]:
                 acc.merge(later)
-            results.append(TensorResult(step, kp.kind, kp.rank, kp.ref_rank, t.name, t.ref.dtype, t.ref.shape,
+            results.append(TensorResult(step, kp.kind, kp.rank, kp.ref_rank, t.name, t.dtype, t.ref.shape,
                                         acc.result(t.ref.shape), tol.source, kp.oracle_rank))
     return results
 

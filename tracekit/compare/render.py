@@ -126,6 +126,9 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
     if report.structural:
         title = "Skipped (present on one side only, or mismatched)" if report.usable else "Structural problems"
         out += ["", f"{title}:"] + [f"  - {p.message}" for p in report.structural]
+    if report.mixed_dtypes:
+        out += ["", "Stored in other float widths (compared as values, under the coarser width's bounds):"]
+        out += [f"  - {p.message}" for p in report.mixed_dtypes]
     for n in report.not_comparable:
         out.append(f"not comparable: {n.kind}{' ' + repr(n.tensor) if n.tensor else ''}: {n.reason}")
     if not report.usable:

@@ -150,6 +150,7 @@ class DiffReport:
     first_divergence: Divergence | None = None
     structural: list[StructuralProblem] = field(default_factory=list)
     not_comparable: list[NotComparable] = field(default_factory=list)
+    mixed_dtypes: list[StructuralProblem] = field(default_factory=list)  # floats stored in other widths: compared
     stopped_early: bool = False  # --fail-fast stopped after the first violating step
     traces: list = field(default_factory=list)  # rootcause.TraceComparison per (rank, step, level) both traced
     bytes_compared: int = 0
@@ -323,6 +324,7 @@ class DiffReport:
             "missing": self.missing,
             "missing_counts": self.missing_counts,
             "not_comparable": [n.to_dict() for n in self.not_comparable],
+            "mixed_dtypes": [p.to_dict() for p in self.mixed_dtypes],
             "stopped_early": self.stopped_early,
             "traces": [t.to_dict() for t in self.traces],
             "root_cause": rc.to_dict() if (rc := self.root_cause) is not None else None,
