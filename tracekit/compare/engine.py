@@ -146,7 +146,7 @@ def _identical_by_hash(pair: KindPair, step: int, ref_rc, cand_rc, oracle: bool)
     rf, cf = ref_rc.view.finite(pair.kind, step), cand_rc.view.finite(pair.kind, step)
     return frozenset(
         t.name for t in pair.tensors
-        if t.ref.numel >= HASH_SKIP_MIN_ELEMENTS and t.ref.name == t.cand.name
+        if t.ref.numel >= HASH_SKIP_MIN_ELEMENTS and t.ref.name == t.cand.name and t.ref.dtype == t.cand.dtype
         and rd[t.ref.name] == cd[t.cand.name] and rf[t.ref.name] and cf[t.cand.name])
 
 
