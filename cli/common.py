@@ -138,3 +138,16 @@ def write_text(dest: str, text: str, option: str) -> None:
 def emit_json(obj, dest: str, option: str = "--json") -> None:
     """Write obj as JSON to a file path, or to stdout for '-'."""
     write_text(dest, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n", option)
+
+
+def emit_json_line(obj) -> None:
+    """obj as one line of JSON on stdout: for `tracekit record`, whose recorded job streams its own
+    stdout first, so that the result is the last line (`tail -n 1` reads it)."""
+    click.echo(json.dumps(obj, default=str))
+
+
+def verdict_error(report) -> str:
+    """Why a comparison that ended in status 'error' is unusable (diff's and report's `Error:` line)."""
+    if report.nothing_compared:
+        return f"nothing was compared: {report.nothing_compared_reason}"
+    return "the stores differ in structure; pass --allow-missing to compare the common part"
