@@ -50,7 +50,7 @@ def report(ref, cand, output, align, rtol, atol, rel_l2, tol, config, exact, equ
         sys.exit(result.exit_code)
     first = result.first_divergence
     emit_json({"output": output, "status": result.status, "passed": result.passed, "summary_line": result.summary_line,
-               "ref": result.ref, "cand": result.cand, "replay": replay, "violations": result.num_violations,
+               "ref": ref, "cand": cand, "replay": replay, "violations": result.num_violations,
                "first_step": first.step if first else None, "notes": notes, "exit_status": result.exit_code}, "-")
     click.echo(result.summary_line, err=True)  # with the JSON on stdout, the verdict line goes to stderr, as diff's
     if result.status == "error":
