@@ -73,10 +73,10 @@ def storage_options(fn):
                              "client_kwargs.region_name=eu-west-1; repeatable. Credentials: the AWS chain.")(wrapper)
 
 
-def json_option(what: str, note: str = ""):
+def json_option(what: str, note: str = "", where: str = "on stdout instead of text"):
     """`--json`, the same flag in every command: print `what` as JSON on stdout instead of the text."""
     return click.option("--json", "as_json", is_flag=True,
-                        help=f"Print {what} as JSON on stdout instead of text.{' ' + note if note else ''}")
+                        help=f"Print {what} as JSON {where}.{' ' + note if note else ''}")
 
 
 def comparison_options(fn):

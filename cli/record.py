@@ -111,8 +111,8 @@ def left_out_lines(done: dict) -> list[str]:
 @click.option("--trace-full", "trace_full", multiple=True, metavar="GLOB",
               help="With --trace: keep whole tensors (not only summaries) of events whose label PHASE:MODULE:OP#CALL "
                    "matches GLOB (repeatable), e.g. 'fwd:0:*'.")
-@json_option("what was recorded", "One line, the last on stdout, after the command's own output; "
-             "the closing summary stays on stderr. Schema: schemas/record-result.schema.json.")
+@json_option("what was recorded", "The closing summary stays on stderr. Schema: schemas/record-result.schema.json.",
+             where="as one line, the last on stdout, after the command's own output")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @one_line_errors
 @storage_options
