@@ -73,10 +73,10 @@ def storage_options(fn):
                              "client_kwargs.region_name=eu-west-1; repeatable. Credentials: the AWS chain.")(wrapper)
 
 
-def json_option(what: str, note: str = ""):
+def json_option(what: str, note: str = "", where: str = "on stdout instead of text"):
     """`--json`, the same flag in every command: print `what` as JSON on stdout instead of the text."""
     return click.option("--json", "as_json", is_flag=True,
-                        help=f"Print {what} as JSON on stdout instead of text.{' ' + note if note else ''}")
+                        help=f"Print {what} as JSON {where}.{' ' + note if note else ''}")
 
 
 def comparison_options(fn):
@@ -138,3 +138,16 @@ def write_text(dest: str, text: str, option: str) -> None:
 def emit_json(obj, dest: str, option: str = "--json") -> None:
     """Write obj as JSON to a file path, or to stdout for '-'."""
     write_text(dest, json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n", option)
+
+
+def emit_json_line(obj) -> None:
+    """obj as one line of JSON on stdout: for `tracekit record`, whose recorded job streams its own
+    stdout first, so that the result is the last line (`tail -n 1` reads it)."""
+    click.echo(json.dumps(obj, default=str))
+
+
+def verdict_error(report) -> str:
+    """Why a comparison that ended in status 'error' is unusable (diff's and report's `Error:` line)."""
+    if report.nothing_compared:
+        return f"nothing was compared: {report.nothing_compared_reason}"
+    return "the stores differ in structure; pass --allow-missing to compare the common part"

@@ -7,7 +7,7 @@ import sys
 import click
 
 from tracekit.cli.common import (EXIT_USAGE, CommandError, check_writable, comparison_options, emit_json, json_option,
-                                 one_line_errors, storage_options)
+                                 one_line_errors, storage_options, verdict_error)
 from tracekit.compare.options import DEFAULT_ORACLE_FACTOR, PRECISION_CHOICES
 
 
@@ -128,7 +128,5 @@ def diff(ref, cand, align, rtol, atol, rel_l2, tol, config, exact, equal_nan, ki
             click.echo(env_block, err=True)
         click.echo(report.summary_line, err=True)
     if report.status == "error" and not (to_stdout and not quiet):  # the human report already says so
-        if report.nothing_compared:
-            raise CommandError(f"nothing was compared: {report.nothing_compared_reason}")
-        raise CommandError("the stores differ in structure; pass --allow-missing to compare the common part")
+        raise CommandError(verdict_error(report))
     sys.exit(report.exit_code if report.exit_code != 2 else EXIT_USAGE)

@@ -2,7 +2,7 @@
 
 import click
 
-from tracekit.cli.common import one_line_errors, storage_options
+from tracekit.cli.common import emit_json, json_option, one_line_errors, storage_options
 from tracekit.errors import UsageError
 from tracekit.interchange import export_file, export_tree
 
@@ -16,9 +16,10 @@ from tracekit.interchange import export_file, export_tree
               help="Kind to export: parameters (the default for one file), gradients, outputs, ...; a folder export takes all.")
 @click.option("-o", "--output", "out", required=True, type=click.Path(),
               help="FILE.safetensors with --step; otherwise a folder laid out as rank_R/step_S/KIND.safetensors.")
+@json_option("what was written", "Schema: schemas/export-result.schema.json.")
 @one_line_errors
 @storage_options
-def export(store, rank, step, kind, out):
+def export(store, rank, step, kind, out, as_json):
     """Write tensors of STORE as safetensors, under their recorded names.
 
     \b
@@ -31,7 +32,15 @@ def export(store, rank, step, kind, out):
         if not out.endswith(".safetensors"):
             raise UsageError(f"with --step, -o names one file ending in .safetensors, not {out!r}")
         done = export_file(store, out, step=step, rank=rank, kind=kind or "parameters")
-        click.echo(f"wrote {done['tensors']} {done['kind']} tensors of rank {done['rank']} step {done['step']} to {out}")
+        text = f"wrote {done['tensors']} {done['kind']} tensors of rank {done['rank']} step {done['step']} to {out}"
+        result = {"source": store, "destination": out, "layout": "file", "files": 1, "ranks": [done["rank"]],
+                  "steps": [done["step"]], "kinds": [done["kind"]], "tensors": done["tensors"]}
     else:
         done = export_tree(store, out, ranks=None if rank is None else [rank], kinds=None if kind is None else [kind])
-        click.echo(f"wrote {done['files']} safetensors files to {out}")
+        text = f"wrote {done['files']} safetensors files to {out}"
+        result = {"source": store, "destination": out, "layout": "folder", "files": done["files"], "ranks": done["ranks"],
+                  "steps": done["steps"], "kinds": done["kinds"], "tensors": None}
+    if as_json:
+        emit_json(result, "-")
+    else:
+        click.echo(text)

@@ -2,7 +2,7 @@
 
 import click
 
-from tracekit.cli.common import one_line_errors, storage_options
+from tracekit.cli.common import emit_json, json_option, one_line_errors, storage_options
 from tracekit.interchange import import_dumps
 
 
@@ -17,9 +17,10 @@ from tracekit.interchange import import_dumps
 @click.option("--keep-names", is_flag=True,
               help="Keep tensor names as dumped; by default wrapper parts (module., _orig_mod., ...) are "
                    "dropped, as the recorder does, so names match recorded stores.")
+@json_option("what was imported", "Skipped entries are still named on stderr. Schema: schemas/import-result.schema.json.")
 @one_line_errors
 @storage_options
-def import_(src, out, force, default_kind, step_offset, keep_names):
+def import_(src, out, force, default_kind, step_offset, keep_names, as_json):
     """Build the store OUTPUT from the tensor files under SRC, so existing dumps can be diffed.
 
     \b
@@ -36,8 +37,12 @@ def import_(src, out, force, default_kind, step_offset, keep_names):
     done = import_dumps(src, out, force=force, default_kind=default_kind, step_offset=step_offset,
                         rename=None if keep_names else canonical_name)
     steps = done["steps"]
-    click.echo(f"imported {done['files']} files into {out}: ranks {done['ranks']}, steps {steps[0]}-{steps[-1]}, "
-               f"kinds {', '.join(done['kinds'])}")
+    if as_json:
+        emit_json({"source": src, "destination": out, "files": done["files"], "ranks": done["ranks"], "steps": steps,
+                   "kinds": done["kinds"], "skipped": done["skipped"]}, "-")
+    else:
+        click.echo(f"imported {done['files']} files into {out}: ranks {done['ranks']}, steps {steps[0]}-{steps[-1]}, "
+                   f"kinds {', '.join(done['kinds'])}")
     if done["skipped"]:
         shown = ", ".join(done["skipped"][:5]) + (" ..." if len(done["skipped"]) > 5 else "")
         click.echo(f"skipped {len(done['skipped'])} non-tensor entries: {shown}", err=True)

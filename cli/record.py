@@ -5,7 +5,7 @@ import sys
 import click
 
 from tracekit.cli.show import steps_text
-from tracekit.cli.common import CommandError, one_line_errors, storage_options
+from tracekit.cli.common import CommandError, emit_json_line, json_option, one_line_errors, storage_options
 from tracekit.errors import UsageError
 from tracekit.inspect.coverage import count_phrase, from_summary, left_out_line
 from tracekit.store.kinds import TRACE_LEVELS, TRACE_TABLE
@@ -108,11 +108,13 @@ def left_out_lines(done: dict) -> list[str]:
 @click.option("--trace-full", "trace_full", multiple=True, metavar="GLOB",
               help="With --trace: keep whole tensors (not only summaries) of events whose label PHASE:MODULE:OP#CALL "
                    "matches GLOB (repeatable), e.g. 'fwd:0:*'.")
+@json_option("what was recorded", "The closing summary stays on stderr. Schema: schemas/record-result.schema.json.",
+             where="as one line, the last on stdout, after the command's own output")
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @one_line_errors
 @storage_options
 def record(store, force, kinds, param_globs, full, ranks, every, queue_mb, writer_nice, flush_timeout, replay_from, replay_steps, zero_code, strict,
-           optimizer_name, model_name, loss_reduction, trace, trace_steps, trace_full, command):
+           optimizer_name, model_name, loss_reduction, trace, trace_steps, trace_full, as_json, command):
     """Run COMMAND (usually torchrun ...) and record what every rank computes into STORE.
 
     \b
@@ -147,25 +149,43 @@ def record(store, force, kinds, param_globs, full, ranks, every, queue_mb, write
     click.echo(summary_line(done, status, traced=bool(trace)), err=True)
     from tracekit.launch import untraced_problem
 
-    problem = untraced_problem(config, done["steps"], done["traces"])
-    if problem is not None:
-        if status == 0:  # a trace asked for and missing must not pass in CI
+    problems = [p for p in (untraced_problem(config, done["steps"], done["traces"]),
+                            _nothing_recorded(done, config, ranks), _nothing_replayed(done, replay_from, replay_steps))
+                if p is not None]
+    if as_json:
+        emit_json_line(result_object(done, status, problems))
+    for problem in problems:
+        if status == 0:  # a run that "succeeded" without what was asked must not pass in CI
             raise CommandError(problem)
         click.echo(f"Error: {problem}", err=True)
-    if not done["steps"]:
-        why = (f"--ranks {ranks} matched no rank of the job" if config.ranks is not None and not done["ranks"] else
-               "no rank started recording (did the command run a training script?)" if not done["ranks"] else
-               "the ranks' writer processes stored none of the steps the ranks completed (unwritten, above)"
-               if done.get("unwritten") else
-               "no rank completed a step (steps are recorded when the training optimizer steps)")
-        message = f"nothing was recorded in {store}: {why}; see docs/ZEROCODE.md"
-        if status == 0:  # a run that "succeeded" with an empty store must not pass in CI
-            raise CommandError(message)
-        click.echo(f"Error: {message}", err=True)
-    elif replay_from and not done.get("replayed_steps"):  # a replay that replayed nothing must not pass
-        message = (f"no step was replayed from {replay_from} (--replay-steps {replay_steps or '1:'}; "
-                   f"this run recorded {steps_text(done['steps'])})")
-        if status == 0:
-            raise CommandError(message)
-        click.echo(f"Error: {message}", err=True)
     sys.exit(status)
+
+
+def result_object(done: dict, status: int, problems: list[str]) -> dict:
+    """`record --json`'s object (schemas/record-result.schema.json): recording_summary's facts, the
+    command's exit status, and the problems also reported as `Error:` lines."""
+    return {"store": done["store"], "ranks": done["ranks"], "steps": done["steps"], "kinds": done["kinds"],
+            "bytes": done["bytes"], "statuses": done["statuses"], "coverage": done.get("coverage"),
+            "unwritten": {str(r): u for r, u in sorted((done.get("unwritten") or {}).items())},
+            "traces": done.get("traces") or {}, "replayed_steps": done.get("replayed_steps"),
+            "exit_status": status, "errors": problems}
+
+
+def _nothing_recorded(done: dict, config: RecordConfig, ranks) -> str | None:
+    """Why the store holds no step, or None when it holds some."""
+    if done["steps"]:
+        return None
+    why = (f"--ranks {ranks} matched no rank of the job" if config.ranks is not None and not done["ranks"] else
+           "no rank started recording (did the command run a training script?)" if not done["ranks"] else
+           "the ranks' writer processes stored none of the steps the ranks completed (unwritten, above)"
+           if done.get("unwritten") else
+           "no rank completed a step (steps are recorded when the training optimizer steps)")
+    return f"nothing was recorded in {config.store}: {why}; see docs/ZEROCODE.md"
+
+
+def _nothing_replayed(done: dict, replay_from, replay_steps) -> str | None:
+    """A replay that replayed nothing (None: not a replay, or it replayed steps, or nothing was recorded at all)."""
+    if not replay_from or not done["steps"] or done.get("replayed_steps"):
+        return None
+    return (f"no step was replayed from {replay_from} (--replay-steps {replay_steps or '1:'}; "
+            f"this run recorded {steps_text(done['steps'])})")

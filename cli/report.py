@@ -6,7 +6,8 @@ import sys
 
 import click
 
-from tracekit.cli.common import comparison_options, one_line_errors, storage_options
+from tracekit.cli.common import (CommandError, comparison_options, emit_json, json_option, one_line_errors,
+                                 storage_options, verdict_error)
 
 
 @click.command("report")
@@ -18,9 +19,10 @@ from tracekit.cli.common import comparison_options, one_line_errors, storage_opt
 @click.option("--replay", type=click.Path(), default=None, metavar="STORE",
               help="A replay of CAND's job (tracekit record --replay-from REF): plot its local error against "
                    "CAND's accumulated error per step (docs/REPLAY.md).")
+@json_option("the verdict and the file written", "The verdict line goes to stderr. Schema: schemas/report-result.schema.json.")
 @one_line_errors
 @storage_options
-def report(ref, cand, output, align, rtol, atol, rel_l2, tol, config, exact, equal_nan, kinds, allow_missing, replay):
+def report(ref, cand, output, align, rtol, atol, rel_l2, tol, config, exact, equal_nan, kinds, allow_missing, replay, as_json):
     """Compare CAND with REF (as `tracekit diff` does) and write the result as one HTML file.
 
     \b
@@ -32,11 +34,25 @@ def report(ref, cand, output, align, rtol, atol, rel_l2, tol, config, exact, equ
     """
     from tracekit.report import write_report
 
+    notes = []
+
+    def on_note(note):
+        notes.append(note)
+        click.echo(f"report: {note}", err=True)
+
     result = write_report(ref, cand, output, align=align, rtol=rtol, atol=atol, rel_l2=rel_l2, tol=list(tol), config=config,
                           exact=exact, equal_nan=equal_nan,
                           kinds=kinds,
-                          allow_missing=allow_missing, replay=replay,
-                          on_note=lambda note: click.echo(f"report: {note}", err=True))
-    click.echo(result.summary_line)
-    click.echo(f"report: {output}")
+                          allow_missing=allow_missing, replay=replay, on_note=on_note)
+    if not as_json:
+        click.echo(result.summary_line)
+        click.echo(f"report: {output}")
+        sys.exit(result.exit_code)
+    first = result.first_divergence
+    emit_json({"output": output, "status": result.status, "passed": result.passed, "summary_line": result.summary_line,
+               "ref": ref, "cand": cand, "replay": replay, "violations": result.num_violations,
+               "first_step": first.step if first else None, "notes": notes, "exit_status": result.exit_code}, "-")
+    click.echo(result.summary_line, err=True)  # with the JSON on stdout, the verdict line goes to stderr, as diff's
+    if result.status == "error":
+        raise CommandError(verdict_error(result))
     sys.exit(result.exit_code)

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from dynamo_teardown import pytest_unconfigure  # noqa: F401  (a hook: dynamo's state released before exit)
 from filelock import FileLock
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

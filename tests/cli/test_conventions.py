@@ -1,4 +1,4 @@
-"""What every command shares (cli/common.py): `--json` is a flag, never an option taking a value
+"""What every command shares (cli/common.py): every command has `--json`, a flag, never an option taking a value
 (`tracekit verify --json runs/ref` once read runs/ref as the JSON file), and every command that
 reads or writes a store takes `--storage-option` for stores at a URL."""
 
@@ -18,9 +18,10 @@ def options(name) -> dict:
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))
-def test_json_is_a_flag(name):
+def test_json_is_a_flag_of_every_command(name):
     p = options(name).get("--json")
-    assert p is None or p.is_flag, f"tracekit {name} --json takes a value"
+    assert p is not None, f"tracekit {name} has no --json"
+    assert p.is_flag, f"tracekit {name} --json takes a value"
 
 
 @pytest.mark.parametrize("name", sorted(COMMANDS))

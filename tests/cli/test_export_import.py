@@ -1,14 +1,18 @@
 """`tracekit export` and `tracekit import` on the command line: round trip, one-line errors."""
 
+import json
 import os
 
+import jsonschema
 import numpy as np
+import pytest
 import torch
 from click.testing import CliRunner
 from safetensors import safe_open
 
 from tracekit import open_store
 from tracekit.cli.main import main
+from tracekit.schemas import load
 from tracekit.store.tensors import from_torch
 from tracekit.store import RankWriter, create_store
 
@@ -55,6 +59,38 @@ def test_export_a_folder_and_import_it_with_force(tmp_path):
         assert code == 0, text
     assert "ranks [0, 1], steps 0-1, kinds parameters" in text
     assert np.array_equal(open_store(tmp_path / "back").rank(1).read("parameters", 0, "0.bias"), np.float32([-0.1, 1.3]))
+
+
+def _json_run(*args):
+    """(exit code, stdout, stderr) of a --json run."""
+    result = CliRunner().invoke(main, [*args, "--json"])
+    return result.exit_code, result.stdout, result.stderr
+
+
+def test_json_says_what_was_written_and_what_was_imported(tmp_path):
+    """--json: one object on stdout, no human text, valid against its schema; errors stay one line."""
+    _store(tmp_path / "s", ranks=(0, 1))
+    one = str(tmp_path / "p.safetensors")
+    code, out, err = _json_run("export", str(tmp_path / "s"), "--rank", "1", "--step", "1", "-o", one)
+    assert code == 0 and not err, err
+    doc = json.loads(out)
+    jsonschema.validate(doc, load("export-result"))
+    assert doc == {"source": str(tmp_path / "s"), "destination": one, "layout": "file", "files": 1, "ranks": [1],
+                   "steps": [1], "kinds": ["parameters"], "tensors": 2}
+    code, out, err = _json_run("export", str(tmp_path / "s"), "-o", str(tmp_path / "tree"))
+    doc = json.loads(out)
+    jsonschema.validate(doc, load("export-result"))
+    assert code == 0 and (doc["layout"], doc["files"], doc["ranks"], doc["steps"]) == ("folder", 4, [0, 1], [0, 1])
+    code, out, err = _json_run("import", str(tmp_path / "tree"), "-o", str(tmp_path / "back"))
+    doc = json.loads(out)
+    jsonschema.validate(doc, load("import-result"))
+    assert code == 0 and (doc["files"], doc["ranks"], doc["steps"], doc["kinds"]) == (4, [0, 1], [0, 1], ["parameters"])
+    assert doc["destination"] == str(tmp_path / "back") and open_store(tmp_path / "back").ranks == [0, 1]
+    # an error is the one `Error:` line on stderr, with nothing on stdout
+    code, out, err = _json_run("import", str(tmp_path / "tree"), "-o", str(tmp_path / "back"))
+    assert code == 2 and not out and err.startswith("Error: ") and len(err.splitlines()) == 1, err
+    with pytest.raises(jsonschema.ValidationError):  # the schema can refuse: a count is never negative
+        jsonschema.validate({**doc, "files": -1}, load("import-result"))
 
 
 def test_import_strips_wrapper_names_unless_asked_not_to(tmp_path):

@@ -1,12 +1,15 @@
+import json
 import os
 import subprocess
 import sys
 
+import jsonschema
 import pytest
 from click.testing import CliRunner
 
 from tracekit import open_store
 from tracekit.cli.main import main
+from tracekit.schemas import load
 
 HERE = os.path.dirname(__file__)
 TINY = os.path.join(HERE, "scripts", "tiny_train.py")
@@ -125,9 +128,19 @@ def test_a_job_that_ignores_sigterm_keeps_ignoring_it(tmp_path):
 
 
 def test_ends_with_a_one_line_summary(tmp_path):
+    """On stderr; with --json, also the object of schemas/record-result as the last stdout line,
+    after the job's own output."""
     store = str(tmp_path / "s")
-    result = run_cli("record", "-o", store, "--", sys.executable, TINY, "--steps", "3")
+    result = run_cli("record", "--json", "-o", store, "--", sys.executable, TINY, "--steps", "3")
     assert result.returncode == 0, result.stderr
+    *job, last_out = result.stdout.splitlines()
+    assert job == ["rank=0 step=1", "rank=0 step=2", "rank=0 step=3"]
+    doc = json.loads(last_out)
+    jsonschema.validate(doc, load("record-result"))
+    assert (doc["ranks"], doc["steps"], doc["statuses"], doc["exit_status"], doc["errors"]) == (
+        1, [1, 2, 3], {"finished": 1}, 0, [])
+    assert (doc["coverage"]["optimizer_params"], doc["coverage"]["recorded"], doc["unwritten"]) == (2, 2, {})
+    assert doc["store"] in result.stderr.splitlines()[-1]
     *before, finalizing, last = result.stderr.strip().splitlines()
     assert last.startswith("tracekit record: 1 rank(s), steps 1-3, kinds outputs, loss, gradients, parameters, deltas, "
                            "2 of 2 optimizer parameters, ")  # the script's Recorder(model, opt): its coverage
@@ -161,11 +174,14 @@ def test_says_what_it_waits_for_when_writers_outlive_the_command(tmp_path):
 ])
 def test_nothing_recorded_is_a_clear_failure(tmp_path, command, why):
     store = str(tmp_path / "s")
-    result = run_cli("record", "-o", store, "--", *command)
+    result = run_cli("record", "-o", store, "--json", "--", *command)
     assert result.returncode == 2, result.stderr
     lines = result.stderr.strip().splitlines()
     assert "no steps" in lines[-2] and lines[-2].endswith("exit status 0")
     assert lines[-1].startswith(f"Error: nothing was recorded in {store}: {why}")
+    doc = json.loads(result.stdout.splitlines()[-1])  # --json: the object says it too, beside the command's 0
+    jsonschema.validate(doc, load("record-result"))
+    assert (doc["steps"], doc["exit_status"], doc["errors"]) == ([], 0, [lines[-1].removeprefix("Error: ")])
 
 
 def test_forgotten_double_dash_gets_a_hint(tmp_path):

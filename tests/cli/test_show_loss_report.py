@@ -5,11 +5,13 @@ import io
 import json
 import os
 
+import jsonschema
 import numpy as np
 import pytest
 from click.testing import CliRunner
 
 from tracekit.cli.main import main
+from tracekit.schemas import load
 from tracekit.store import RankWriter, TensorData, create_store
 
 
@@ -248,3 +250,31 @@ def test_report_without_matplotlib_says_so_on_stderr(divergence_runs, tmp_path, 
     assert out.exit_code == 1, out.output
     assert "report: No plots: matplotlib is not installed" in out.stderr
     assert "No plots" not in out.stdout and "No plots: matplotlib" in (tmp_path / "r.html").read_text()
+
+
+def test_report_json_gives_the_verdict_and_the_file(divergence_runs, tmp_path, monkeypatch):
+    """--json: the object on stdout (schemas/report-result), the verdict line on stderr, diff's exit codes;
+    an unusable comparison still writes its object, then the one `Error:` line, exit 2."""
+    from tracekit.report import plots
+
+    def no_matplotlib(*a, **k):  # the page's plots are not what this test is about: skip drawing them
+        raise plots.PlottingUnavailable("matplotlib is not installed (pip install 'tracekit[plot]')")
+
+    monkeypatch.setattr(plots, "_figure", no_matplotlib)
+    out = tmp_path / "r.html"
+    res = CliRunner().invoke(main, ["report", "--json", *divergence_runs, "-o", str(out)])
+    assert res.exit_code == 1, res.output
+    doc = json.loads(res.stdout)
+    jsonschema.validate(doc, load("report-result"))
+    assert (doc["output"], doc["status"], doc["violations"], doc["first_step"], doc["exit_status"]) == (
+        str(out), "fail", 18, 3, 1)
+    assert doc["notes"] and doc["notes"][0].startswith("No plots: matplotlib is not installed")
+    assert res.stderr.splitlines()[-1] == doc["summary_line"] == "FAIL comparison ranks=4 steps=5 violations=18 first_step=3"
+    assert out.read_text().startswith("<!DOCTYPE html>")
+    a = write_losses(str(tmp_path / "a"), {1: 1.0, 2: 0.5})
+    b = write_losses(str(tmp_path / "b"), {1: 1.0, 2: 0.5}, ranks=1)
+    res = CliRunner().invoke(main, ["report", a, b, "-o", str(tmp_path / "s.html"), "--json"])
+    doc = json.loads(res.stdout)
+    jsonschema.validate(doc, load("report-result"))
+    assert res.exit_code == 2 and (doc["status"], doc["exit_status"]) == ("error", 2)
+    assert res.stderr.splitlines()[-1].startswith("Error: the stores differ in structure"), res.stderr

@@ -90,12 +90,17 @@ def export_tree(store_path: str, out_dir: str, ranks: list[int] | None = None, k
     _refuse_inside_store(out_dir)
     store = open_store(store_path)
     files = 0
+    written_ranks, written_kinds, written_steps = [], [], set()  # what the files hold, for --json
     for r in ranks if ranks is not None else store.ranks:
         view = store.rank(r)
         for kind in kinds if kinds is not None else view.kinds:
             for step in view.steps(kind):
                 _write(view, step, kind, os.path.join(out_dir, f"rank_{r}", f"step_{step}", f"{kind}.safetensors"))
                 files += 1
+                written_ranks += [r] if r not in written_ranks else []
+                written_kinds += [kind] if kind not in written_kinds else []
+                written_steps.add(step)
     if not files:
         raise UsageError(f"nothing to export from {store_path} with these choices")
-    return {"directory": out_dir, "files": files}
+    return {"directory": out_dir, "files": files, "ranks": written_ranks, "kinds": written_kinds,
+            "steps": sorted(written_steps)}
