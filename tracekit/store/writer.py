@@ -389,7 +389,7 @@ class _ObjectKindWriter:
             self.array_meta[arr.path].resize((first + len(prepared), arr.shape[1]))
             chunks += [(arr, first + row, p[1 + a]) for row, p in enumerate(prepared)]
         if len(prepared) > 1 and io.is_local(self.root):  # each row's chunk a new folder: see io.concurrently
-            io.concurrently(lambda c: _write_row_chunks(c[0], c[1], [c[2]]), chunks)
+            io.concurrently(lambda c: _write_row_chunks(c[0], c[1], [c[2]]), chunks, io._folder(self.root))
         else:
             for arr, row, values in chunks:
                 _write_row_chunks(arr, row, [values])
