@@ -6,8 +6,15 @@ side by side in one run, on CPU/gloo through samples/torchtitan/train.py; prints
   steps           TorchTitan's own log, rank 0: "Training starts" to the last step's line
   steps after 1   the first step's line to the last step's line (step 1 also compiles the
                   attention mask builder, which recording does not change)
+  step (tps)      TorchTitan's own step timing: each step line's tokens per second per device
+                  (`tps`, timed by TorchTitan around the step), as seconds per step
+                  (tokens per step / tps), median over the steps after 1
 
-Runs alternate (plain, recorded, plain, ...) so the machine's drift hits both; the best of each.
+Runs are interleaved, plain then recorded, --repeats times (ABAB...), after one warm-up run, so
+that the machine's drift hits both. Per figure: the median of each side and its range (min-max),
+the ratio of the medians, and the median and range of the pairwise ratios (each recorded run
+against the plain run just before it, seconds apart). On a machine others load meanwhile, the
+pairwise ratios' range says how far to trust the medians.
 
     python bench/bench_torchtitan.py [--ranks 2] [--steps 10] [--repeats 2] [--dir DIR] [-- TORCHTITAN FLAGS]
 """
@@ -18,6 +25,7 @@ import argparse
 import os
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -29,20 +37,27 @@ from workdir import own_folder, remove_own  # noqa: E402  (this folder's)
 
 RUNNER = os.path.join(ROOT, "samples", "torchtitan", "train.py")
 STAMP = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})"
+SEQ_LEN, LOCAL_BATCH = 64, 2  # the bench's shapes: tokens per step per device = their product
+FIGURES = ("whole command", "steps", "steps after 1", "step (tps)")
 
 
 def stamp(text: str) -> float:
     return datetime.strptime(text, "%Y-%m-%d %H:%M:%S,%f").timestamp()
 
 
-def log_times(log: str) -> tuple[float, float, float]:
-    """(training start, first step's line, last step's line) from TorchTitan's log, in seconds."""
+def log_times(log: str, tokens: int) -> tuple[float, float, float]:
+    """(steps, steps after 1, median seconds per step after 1 from `tps`) from TorchTitan's log."""
     plain = re.sub(r"\x1b\[[0-9;]*m", "", log)
     start = re.search(STAMP + r" .*Training starts at step", plain)
-    steps = re.findall(STAMP + r" .*step:\s+\d+\s+loss:", plain)
-    if not start or not steps:
+    steps = re.findall(STAMP + r" .*step:\s+(\d+)\s+loss:.*?tps:\s+([\d,]+)", plain)
+    if not start or len(steps) < 2:
         raise SystemExit(f"error: no TorchTitan step lines in the output:\n{log[-3000:]}")
-    return stamp(start.group(1)), stamp(steps[0]), stamp(steps[-1])
+    first, last = stamp(steps[0][0]), stamp(steps[-1][0])
+    rank0 = {}  # every rank logs each step; the first line of each step counts
+    for _, step, tps in steps:
+        rank0.setdefault(int(step), int(tps.replace(",", "")))
+    per_step = [tokens / tps for step, tps in rank0.items() if step > 1 and tps > 0]
+    return last - stamp(start.group(1)), last - first, statistics.median(per_step)
 
 
 def run(cmd: list[str], cwd: str) -> tuple[float, str]:
@@ -65,28 +80,33 @@ def main() -> None:
     args = parser.parse_args()
     work = own_folder(args.dir, "tracekit-bench-torchtitan")
     train = ["torchrun", "--standalone", f"--nproc-per-node={args.ranks}", RUNNER, "--module", "llama3",
-             "--config", "llama3_debugmodel", "--training.seq-len", "64", "--training.local-batch-size", "2",
-             "--training.steps", str(args.steps), "--debug.seed", "0", "--assets", os.path.join(work, "assets"),
-             *args.flags]
+             "--config", "llama3_debugmodel", "--training.seq-len", str(SEQ_LEN), "--training.local-batch-size",
+             str(LOCAL_BATCH), "--training.steps", str(args.steps), "--debug.seed", "0",
+             "--assets", os.path.join(work, "assets"), *args.flags]
     store = os.path.join(work, "store")
     record = ["tracekit", "record", "--force", "-o", store, "--"]
-    best: dict[str, list[float]] = {"plain": [], "recorded": []}
+    runs: dict[str, list[list[float]]] = {"plain": [], "recorded": []}  # per run: one value per FIGURES
     try:
         run(train, work)  # warm-up: assets, inductor cache for the mask builder, page cache
         for _ in range(args.repeats):
             for label, prefix in (("plain", []), ("recorded", record)):
                 wall, log = run(prefix + train, work)
-                start, first, last = log_times(log)
-                figures = [wall, last - start, last - first]
-                best[label] = [min(a, b) for a, b in zip(best[label], figures)] if best[label] else figures
+                runs[label].append([wall, *log_times(log, SEQ_LEN * LOCAL_BATCH)])
                 shutil.rmtree(store, ignore_errors=True)
     finally:
         remove_own(work)
-    print(f"TorchTitan llama3 debug model, {args.ranks} ranks, {args.steps} steps, best of {args.repeats}")
-    print(f"{'':16s} {'plain':>9s} {'recorded':>9s} {'ratio':>6s}")
-    for i, name in enumerate(("whole command", "steps", "steps after 1")):
-        plain, recorded = best["plain"][i], best["recorded"][i]
-        print(f"{name:16s} {plain:8.2f}s {recorded:8.2f}s {recorded / plain:6.2f}")
+    print(f"TorchTitan llama3 debug model, {args.ranks} ranks, {args.steps} steps, {args.repeats} interleaved "
+          f"pairs: median (min-max)")
+    print(f"{'':14s} {'plain':>24s} {'recorded':>24s} {'ratio':>6s}  {'pairwise ratios':>18s}")
+    for i, name in enumerate(FIGURES):
+        plain, recorded = [r[i] for r in runs["plain"]], [r[i] for r in runs["recorded"]]
+        pairs = [b / a for a, b in zip(plain, recorded)]
+        scale, unit = (1e3, "ms") if name == "step (tps)" else (1, "s")
+        cell = lambda xs: (f"{statistics.median(xs) * scale:7.2f}{unit} ({min(xs) * scale:.2f}-"  # noqa: E731
+                           f"{max(xs) * scale:.2f})")
+        print(f"{name:14s} {cell(plain):>24s} {cell(recorded):>24s} "
+              f"{statistics.median(recorded) / statistics.median(plain):6.2f}  "
+              f"{statistics.median(pairs):5.2f} ({min(pairs):.2f}-{max(pairs):.2f})")
 
 
 if __name__ == "__main__":

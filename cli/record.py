@@ -48,9 +48,10 @@ def _unwritten(unwritten: dict) -> str:
 
 
 def _coverage(done: dict) -> str:
-    """'45 of 45 optimizer parameters, ' (nothing when no rank stored its coverage)."""
+    """'45 of 45 optimizer parameters, global loss = mean over dp ranks (...), ' (each only when stored)."""
     cov = from_summary(done.get("coverage"))
-    return f"{count_phrase(cov)}, " if cov is not None else ""
+    loss = f"{done['loss_derivation']}, " if done.get("loss_derivation") else ""  # zero-code: how it was chosen
+    return (f"{count_phrase(cov)}, " if cov is not None else "") + loss
 
 
 def left_out_lines(done: dict) -> list[str]:
@@ -96,9 +97,11 @@ def left_out_lines(done: dict) -> list[str]:
 @click.option("--model", "model_name", default=None, metavar="NAME",
               help="Zero-code: the root model, when the guess (the called module owning all the optimizer's parameters) "
                    "cannot decide: a class name (Llama3Model) or an attribute path below a called module (encoder).")
-@click.option("--loss-reduction", type=click.Choice(["mean", "sum"]), default="mean", show_default=True,
+@click.option("--loss-reduction", type=click.Choice(["auto", "mean", "sum"]), default="auto", show_default=True,
               help="Zero-code: how the data-parallel ranks' local losses make the global loss. sum: for scripts "
-                   "that divide each rank's loss by the dp degree or the global token count (torchtitan). See docs/ZEROCODE.md.")
+                   "that divide each rank's loss by the dp degree or the global token count; mean: DDP's. auto: sum "
+                   "where TorchTitan's trainer takes the optimizer step (it divides by the global token count), "
+                   "else mean, and the record line says which. See docs/ZEROCODE.md.")
 @click.option("--trace", "trace", type=click.Choice(list(TRACE_LEVELS)), default=None,
               help="Trace the chosen steps: " + "; ".join(f"{t.name}: {t.what}" for t in TRACE_TABLE)
                    + ". See docs/LOCATE.md.")

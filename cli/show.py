@@ -187,6 +187,8 @@ def _model_lines(summary: dict) -> list[str]:
     from tracekit.inspect.coverage import summary_lines
 
     lines = summary_lines(summary.get("coverage"))
+    if summary.get("loss_derivation"):  # zero-code: the loss is derived from the ranks' local losses
+        lines.append(f"  {summary['loss_derivation']}")
     return ["", "model (what the recording covers):", *lines] if lines else []
 
 

@@ -47,6 +47,8 @@ from tracekit.launch.bootstrap_env import ENV_LAUNCHER_PID, ENV_LOSS_REDUCTION, 
 from tracekit.launch.config import RecordConfig
 from tracekit.recorders.step_loss import StepLoss
 from tracekit.store.global_loss import derivation_attrs
+from tracekit.recorders.loss_reduction import AUTO
+from tracekit.recorders.loss_reduction import resolve as resolve_reduction
 from tracekit.recorders.outermost import OutermostCalls
 from tracekit.recorders.replay import ReplayError
 from tracekit.inspect.coverage import left_out_line
@@ -60,11 +62,12 @@ class ZeroCodeRecorder(recorder_module.Recorder):
 
     zero_code = True
     loss_reduction = "mean"
+    loss_reduction_why: str | None = None  # how the reduction was chosen (recorders/loss_reduction.py)
 
     def _rank_attrs(self) -> dict:
         attrs = super()._rank_attrs()
         if "loss" in self.config.kinds:
-            attrs.update(derivation_attrs(self.loss_reduction))
+            attrs.update(derivation_attrs(self.loss_reduction, self.loss_reduction_why))
         return attrs
 
 
@@ -86,7 +89,7 @@ class ZeroCode:
         self.calls = OutermostCalls()
         self.recorder: ZeroCodeRecorder | None = None
         self.training: torch.optim.Optimizer | None = None
-        self.loss_reduction = env.get(ENV_LOSS_REDUCTION) or "mean"
+        self.loss_reduction = env.get(ENV_LOSS_REDUCTION) or AUTO
         self._handles: list = []
         self._original_backward = None
         self._backward_seen = False
@@ -283,8 +286,9 @@ class ZeroCode:
             config = replace(config, kinds=(*config.kinds, "local_loss"))
         rec = ZeroCodeRecorder(params=params, config=config, run_info=run_info)
         rec.coverage = found.coverage
-        derivation_attrs(self.loss_reduction)  # an unknown reduction fails here, before anything starts
-        rec.loss_reduction = self.loss_reduction
+        # auto: TorchTitan's trainer taking this step says its losses add up (recorders/loss_reduction.py)
+        rec.loss_reduction, rec.loss_reduction_why = resolve_reduction(self.loss_reduction)
+        derivation_attrs(rec.loss_reduction)  # an unknown reduction fails here, before anything starts
         rec.model = model  # module paths for --trace (None: the ops of the step carry no module path)
         self.training = optimizer
         self.recorder = rec

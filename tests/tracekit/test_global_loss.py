@@ -180,3 +180,29 @@ def test_local_losses_recorded_only_to_derive_from_go_once_each_has_served(tmp_p
     s = open_store(store)
     assert s.rank(0).steps("local_loss") == [1, 2]  # rank 0's step 2 has no global loss: its local one stays
     assert "local_loss" not in s.rank(1).kinds
+
+
+def test_finalize_writes_the_derived_rows_at_once_as_a_rank_writes_them_one_by_one(tmp_path):
+    """Finalize stores each rank's derived losses in one go (writer.append_rows); the rows are the
+    ones a rank writing its loss step by step makes, sealed to the rank, and the store verifies."""
+    import zarr
+
+    from tracekit.store.verify import verify_store
+
+    steps = range(1, 7)
+    local = {r: {s: f32(r + s / 8) for s in steps} for r in range(3)}
+    store = write_zero_code_store(tmp_path / "bulk", local, {r: ddp(r, 3) for r in range(3)})
+    finalize_store(store, 0)
+    assert verify_store(store).ok
+    derived = {s: combine([(r, local[r][s]) for r in range(3)], "mean") for s in steps}
+    per_row = str(tmp_path / "rows")
+    create_store(per_row, {"launcher": "test"})
+    w = RankWriter(per_row, 2, {"coords": ddp(2, 3), "run": {}})
+    for s in steps:
+        w.write(s, "loss", [TensorData("loss", "float32", (), derived[s])])
+        w.complete_step(s)
+    w.close()
+    a, b = (zarr.open_group(p, mode="r")["rank_2/loss"] for p in (store, per_row))
+    assert a.attrs.asdict() == b.attrs.asdict()
+    for name in ("hash", "finite", "summary"):
+        assert a[name][:].tobytes() == b[name][:].tobytes()

@@ -6,6 +6,7 @@ from tracekit.inspect.facts import common, differences, rank_facts
 from tracekit.store import open_store
 from tracekit.store.location import canonical
 from tracekit.store.consistency import missing_ranks
+from tracekit.store.derived_loss import loss_derivation_line
 from tracekit.store.dtypes import storage_dtype, to_numpy_values
 from tracekit.store.format import OBJECTS_DIR, RANK_PREFIX
 
@@ -149,6 +150,7 @@ def summarize(path) -> dict:
         "missing_ranks": missing_ranks(store),  # listed at finalization, their groups gone: damage
         "kinds": _kinds(store),
         "coverage": coverage_summary(store),
+        "loss_derivation": loss_derivation_line(store),  # zero-code: how the global loss is derived
         "traces": trace_steps_held(store, trace_damage),  # level -> steps traced (tracekit record --trace)
         "trace_damage": trace_damage,  # {rank, problem}: a rank whose trace step lists are unreadable
         "bytes_on_disk": total_bytes,
@@ -177,6 +179,7 @@ def recording_summary(path) -> dict:
             unwritten[r] = {"steps": view.unwritten_steps, "cause": view.unwritten_cause}
     return {"store": canonical(store.path), "ranks": len(store.ranks), "steps": sorted(steps), "kinds": kinds,
             "bytes": store.location.size_under(), "statuses": statuses, "coverage": coverage_summary(store), "unwritten": unwritten,
+            "loss_derivation": loss_derivation_line(store),
             "traces": trace_steps_held(store),
             "replayed_steps": sorted(replayed) if replayed is not None else None,
             "exit_status": store.meta.get("exit_status")}

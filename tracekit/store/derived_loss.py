@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from tracekit.store.dtypes import storage_dtype
-from tracekit.store.global_loss import SOURCE_KIND, derivation_of, derive
+from tracekit.store.global_loss import SOURCE_KIND, derivation_line, derivation_of, derive
 from tracekit.store.summaries import scalar_value
 
 LOSS_KIND = "loss"
@@ -54,6 +54,16 @@ def derived_losses(store) -> tuple[dict[int, dict[int, np.ndarray]], dict[int, s
     derived, why = derive(local, coords, next(iter(reductions.values())), dtypes)
     derived = {r: v for r, v in derived.items() if r in reductions}
     return derived, {r: w for r, w in why.items() if r in reductions}, dtypes
+
+
+def loss_derivation_line(store) -> str | None:
+    """How the store's global loss follows from the ranks' local losses, for the record line and
+    show ('global loss = sum over dp ranks (TorchTitan pre-divides by global tokens)'); None when no
+    rank's loss is derived. Ranks that disagree are named as such: no loss is derived then."""
+    lines = {line for r in store.ranks if (line := derivation_line(store.rank(r).attrs)) is not None}
+    if len(lines) > 1:
+        return "global loss: not derived, the ranks disagree on how their losses combine (loss_derivation)"
+    return next(iter(lines), None)
 
 
 def _bits(value: np.ndarray, dtype: str) -> np.ndarray:

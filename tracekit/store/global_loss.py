@@ -37,11 +37,22 @@ SOURCE_KIND = "local_loss"
 REDUCTIONS = ("mean", "sum")
 
 
-def derivation_attrs(reduction: str = "mean") -> dict:
-    """What a rank's group says when its `loss` is to be derived from its `local_loss`."""
+def derivation_attrs(reduction: str = "mean", why: str | None = None) -> dict:
+    """What a rank's group says when its `loss` is to be derived from its `local_loss`; `why`: how
+    the reduction was chosen (a flag, TorchTitan's trainer, or what was assumed), for show."""
     if reduction not in REDUCTIONS:
         raise ValueError(f"loss reduction must be one of {', '.join(REDUCTIONS)}, not {reduction!r}")
-    return {DERIVATION_KEY: {"from": SOURCE_KIND, "reduction": reduction}}
+    return {DERIVATION_KEY: {"from": SOURCE_KIND, "reduction": reduction, **({"why": why} if why else {})}}
+
+
+def derivation_line(attrs: dict) -> str | None:
+    """'global loss = sum over dp ranks (TorchTitan pre-divides by global tokens)', from a rank's
+    group attributes; None when its loss is recorded, not derived."""
+    reduction = derivation_of(attrs)
+    if reduction is None:
+        return None
+    why = attrs[DERIVATION_KEY].get("why")
+    return f"global loss = {reduction} over dp ranks" + (f" ({why})" if isinstance(why, str) and why else "")
 
 
 def derivation_of(attrs: dict) -> str | None:

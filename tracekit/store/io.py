@@ -11,6 +11,9 @@ from __future__ import annotations
 import functools
 import json
 import os
+import shutil
+import stat
+import uuid
 from typing import Iterable
 
 import zarr
@@ -86,6 +89,32 @@ def write_parts(root: str, key: str, parts: Iterable, pad_to: int | None = None)
             f.write(p)
         if pad_to is not None and f.tell() < pad_to:
             f.truncate(pad_to)
+
+
+# File systems in memory: no file operation waits on a device there, and a thread pool only adds
+# its own overhead (bench/bench_derived_loss.py on /dev/shm: 0.72 s concurrently, 0.52 s serially).
+MEMORY_FS = frozenset({"tmpfs", "ramfs"})
+
+
+def concurrently(fn, items: list, folder: str, workers: int = 16) -> None:
+    """fn(item) for every item, from a thread pool unless `folder` is in memory: for many small file
+    operations on local chunk folders, each of which waits on the disk (zarr keeps each row's chunk
+    in a folder of its own, `c/<row>/`: 600 of them removed one by one took 1.1 s on this VM's
+    ext4, concurrently 0.14-0.30 s). The first exception is raised once all have run."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if len(items) <= 1 or fs_type(folder) in MEMORY_FS:
+        for item in items:
+            fn(item)
+        return
+    with ThreadPoolExecutor(min(workers, len(items))) as pool:
+        list(pool.map(fn, items))
+
+
+def remove_folder(path: str) -> None:
+    """Remove a local folder of zarr chunks, its row folders concurrently (see `concurrently`)."""
+    concurrently(shutil.rmtree, [top for top, dirs, _ in os.walk(path) if not dirs and top != path], path)
+    shutil.rmtree(path)
 
 
 def replace_file(path: str, data: bytes, mode: int = 0o644) -> None:

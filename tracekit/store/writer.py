@@ -308,8 +308,24 @@ class _ObjectKindWriter:
 
     def append(self, step: int, tensors: Sequence[TensorData], shards=None) -> None:
         """shards: per tensor, None (the whole tensor) or the Shard its data is (tracekit/store/shards.py)."""
+        self._store_rows([self._prepare_row(step, tensors, shards, self.steps)])
+
+    def append_rows(self, rows: Sequence[tuple[int, Sequence[TensorData]]]) -> None:
+        """Several steps' rows at once (finalize's derived loss: store/derived_loss.py): each row's
+        objects, then one resize of each index array and one listing of the steps, where append
+        rewrites four metadata documents per row. The rows are the ones append would write."""
+        pending = list(self.steps)
+        prepared = []
+        for step, tensors in rows:
+            prepared.append(self._prepare_row(step, tensors, [t.shard for t in tensors], pending))
+            pending.append(step)
+        if prepared:
+            self._store_rows(prepared)
+
+    def _prepare_row(self, step: int, tensors: Sequence[TensorData], shards, steps: list[int]):
+        """Write one row's objects; return (step, hashes, finiteness, sealed summaries) for its index row."""
         shards = shards or [None] * len(tensors)
-        _check_next_step(self.kind, self.steps, step)
+        _check_next_step(self.kind, steps, step)
         if self.index is None:
             self._create(tensors, shards)
         else:
@@ -362,14 +378,24 @@ class _ObjectKindWriter:
         # objects first: an index row never names an object that is not there
         if objects:
             self.objects_written += io.write_objects(self.root, objects, self.present)
-        row = len(self.steps)
         bound = b"" if self.sealed_to is None else row_identity(self.sealed_to, self.kind, step) + digests.tobytes() + finite.tobytes()
-        for arr, values in ((self.hash_array, digests), (self.finite_array, finite),
-                            (self.summary_array, seal(summaries, bound))):
-            self.array_meta[arr.path].resize((row + 1, arr.shape[1]))
-            _write_row_chunks(arr, row, [values])
-        # The row counts only once it is listed: a crash mid-write leaves an unlisted row behind.
-        self.steps.append(step)
+        return step, digests, finite, seal(summaries, bound)
+
+    def _store_rows(self, prepared: list) -> None:
+        """The index rows of prepared steps, after the rows already stored; then list their steps."""
+        first = len(self.steps)
+        chunks = []  # (array, row, values)
+        for a, arr in enumerate((self.hash_array, self.finite_array, self.summary_array)):
+            self.array_meta[arr.path].resize((first + len(prepared), arr.shape[1]))
+            chunks += [(arr, first + row, p[1 + a]) for row, p in enumerate(prepared)]
+        folder = getattr(io.byte_store(self.root), "folder", None)  # a local store's folder; None for an object store
+        if len(prepared) > 1 and folder is not None:  # each row's chunk a new folder: see io.concurrently
+            io.concurrently(lambda c: _write_row_chunks(c[0], c[1], [c[2]]), chunks, folder)
+        else:
+            for arr, row, values in chunks:
+                _write_row_chunks(arr, row, [values])
+        # The rows count only once they are listed: a crash mid-write leaves unlisted rows behind.
+        self.steps.extend(p[0] for p in prepared)
         self.group_meta.update_attrs({STEPS: self.steps})
 
     def _write_pack(self, members: list[tuple[bytes, memoryview]], objects: list, local: bool) -> None:
@@ -453,11 +479,11 @@ def add_kind(store_path, rank: int, kind: str, rows: Sequence[tuple[int, Sequenc
     if kind in group:
         raise StoreError(f"{store_path}: rank {rank} already holds {kind}")
     writer = _new_kind_writer(group, kind, version, io.byte_store(location), (), rank)  # a few scalars: their bytes always kept
-    for step, tensors in rows:
-        if version == 1:
+    if version == 1:
+        for step, tensors in rows:
             writer.append(step, tensors)
-        else:
-            writer.append(step, tensors, [t.shard for t in tensors])
+    else:  # every row's index at once: per-row metadata rewrites made finalize grow with ranks x steps
+        writer.append_rows(rows)
 
 
 @io.compact_metadata
@@ -465,6 +491,12 @@ def remove_kind(store_path, rank: int, kind: str, storage_options=None) -> None:
     """Remove a kind's group from a rank's group (finalize: the local losses recorded only to derive
     the loss from, store/derived_loss.py). Its objects stay: packs are shared with other kinds."""
     location = resolve(store_path, storage_options)
+    if location.is_local:  # zarr deletes its files one by one, waiting on the disk for each (io.remove_folder)
+        folder = os.path.join(location.path, rank_group_name(rank), kind)
+        if not os.path.isfile(os.path.join(folder, "zarr.json")):
+            raise StoreError(f"{store_path}: rank {rank} holds no {kind}")
+        io.remove_folder(folder)
+        return
     root = zarr.open_group(location.zarr_store(), mode="r+", use_consolidated=False)
     del root[rank_group_name(rank)][kind]
 
