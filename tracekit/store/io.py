@@ -12,8 +12,6 @@ import functools
 import json
 import os
 import shutil
-import stat
-import uuid
 from typing import Iterable
 
 import zarr
