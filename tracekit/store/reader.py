@@ -506,8 +506,10 @@ class RankView:
 
     def rows(self, kind: str) -> dict[int, int]:
         """{step: row} for the visible steps of `kind`: the one step-to-row mapping of the store."""
-        rows = self._rows(kind)
-        return {s: rows.index(s) for s in self.steps(kind)}
+        first: dict[int, int] = {}
+        for row, step in enumerate(self._rows(kind)):  # one pass (rows.index per step was O(steps^2))
+            first.setdefault(step, row)
+        return {s: first[s] for s in self.steps(kind)}
 
     def step_of_row(self, kind: str, row: int) -> int | None:
         rows = self._rows(kind)
