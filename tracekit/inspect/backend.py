@@ -63,7 +63,7 @@ def _lazy(dims: tuple[str, ...], array: TensorArray, attrs: dict) -> xr.Variable
 
 def rank_coords_of(store) -> tuple[dict, dict]:
     """(coords along rank, run-wide attrs): the rank index plus dp_rank, tp_rank, mesh positions, ..."""
-    columns, attrs = rank_columns({r: store.rank(r).coords for r in store.ranks})
+    columns, attrs = rank_columns({r: store.rank(r).meta.coords for r in store.ranks})
     coords = {"rank": np.asarray(store.ranks, dtype=np.int64)}
     try:
         coords.update({k: ("rank", np.asarray(v, dtype=np.int64)) for k, v in columns.items()})

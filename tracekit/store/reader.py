@@ -39,6 +39,7 @@ from tracekit.store.kinds import kind_order
 from tracekit.store.location import Location, resolve
 from tracekit.store.coverage import KEY as COVERAGE_KEY, Coverage
 from tracekit.store.meta import STEPS, TENSORS, KindMeta, SharedIndexes, TensorInfo, misplaced
+from tracekit.store.runmeta import RankMeta, RunMeta
 
 
 def _read_root_attrs(path: str, location: Location) -> dict:
@@ -277,6 +278,14 @@ class RankView:
         if not isinstance(coords, dict):
             raise StoreError(f"{self.store.path}: rank {self.rank} has malformed coordinates (damaged metadata)")
         return coords
+
+    @cached_property
+    def meta(self) -> RankMeta:
+        """The rank's metadata, typed (tracekit/store/runmeta.py): coordinates, run facts, versions, ..."""
+        try:
+            return RankMeta.from_attrs(self.attrs, self.rank)
+        except (TypeError, ValueError) as e:
+            raise StoreError(f"{self.store.path}: rank {self.rank} has malformed metadata ({e}; damaged store?)") from None
 
     @property
     def completed_steps(self) -> list[int]:
@@ -1135,6 +1144,22 @@ class RunStore:
             info.update(self.rank(self.ranks[0]).attrs.get("run", {}))
         info.update({k: v for k, v in self.meta.items() if v is not None})
         return info
+
+    def run_facts(self) -> dict:
+        """The run's facts, flat: `run` without the launcher's per-rank completion table (`ranks`,
+        shown per rank instead) and with the root's own `run` entries where the rest lacks them."""
+        info = {k: v for k, v in self.run.items() if k not in ("ranks", "run")}
+        for k, v in self.run_meta.run.items():
+            info.setdefault(k, v)
+        return info
+
+    @cached_property
+    def run_meta(self) -> RunMeta:
+        """The root metadata, typed (tracekit/store/runmeta.py): command, versions, exit status, ..."""
+        try:
+            return RunMeta.from_attrs(self.meta)
+        except (TypeError, ValueError) as e:
+            raise StoreError(f"{self.path}: malformed root metadata ({e}; damaged store?)") from None
 
     @property
     def io_root(self):
