@@ -4,9 +4,12 @@
     report.passed, report.first_divergence, report.loss_table, report.violations, report.to_dict()
 
 Modules, one job each: catalog (a checked snapshot of a store's structure), alignment (which
-tensors are compared with which), tolerances (which rtol/atol applies), metrics (closeness and
-error metrics of one array pair: `compare_arrays` is public), reading (chunk spans), engine (the
-streaming, threaded diff), report (dataclasses), render (the human tables).
+tensors are compared with which), tolerances (which rtol/atol applies), precision (the lowest
+precision either run computed in), metrics (closeness and error metrics of one array pair:
+`compare_arrays` is public), engine (the streaming, threaded diff), pieces (format 2 tensors region
+by region), by_summary (tensors whose bytes were not kept), readahead, distributed (the diff on
+dask.distributed), drift and structure (what a FAIL's errors look like), traces, trace_alignment
+and rootcause (the root-cause op), report (dataclasses), render and display (the human forms).
 """
 
 # Public names, imported on first use: `tracekit diff --help` needs only the option constants

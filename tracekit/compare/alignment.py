@@ -165,12 +165,9 @@ def _message(problem, side, ranks, kinds, steps, tensor, detail) -> str:
 def coords_key(rc: RankCatalog) -> tuple:
     """A rank's position in the device mesh, independent of its rank number."""
     c = rc.coords
-    meshes = c.get("meshes") or []
-    if meshes:
-        return tuple((tuple(m.get("dim_names", ())), tuple(m.get("coordinate", ()))) for m in meshes)
-    parts = tuple(sorted((k, v) for k, v in c.items() if k.endswith("_rank") and k not in ("rank", "local_rank")
-                         and isinstance(v, int)))
-    return parts
+    if c.meshes:
+        return tuple((m.dim_names, m.coordinate) for m in c.meshes)
+    return tuple(sorted(c.positions().items()))
 
 
 def _show_key(key: tuple) -> str:

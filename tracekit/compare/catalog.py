@@ -15,6 +15,7 @@ from tracekit.errors import StoreError
 from tracekit.store import RunStore, TensorInfo, open_store
 from tracekit.store.format import RANK_PREFIX
 from tracekit.store.kinds import kind_order
+from tracekit.store.runmeta import RankCoords
 
 
 @dataclass
@@ -28,7 +29,7 @@ class KindCatalog:
 @dataclass
 class RankCatalog:
     rank: int
-    coords: dict
+    coords: RankCoords
     view: object  # tracekit.store.RankView
     kinds: dict[str, KindCatalog] = field(default_factory=dict)
     _arrays: dict = field(default_factory=dict)
@@ -50,9 +51,7 @@ class RankCatalog:
     @property
     def dp(self) -> tuple[int, int]:
         """(dp_degree, dp_rank); without recorded coordinates every rank is its own data shard."""
-        c = self.coords
-        world = c.get("world_size")
-        return int(c.get("dp_degree", world if world is not None else -1)), int(c.get("dp_rank", self.rank))
+        return self.coords.data_parallel
 
 
 @dataclass
@@ -112,10 +111,7 @@ def _load_rank(store: RunStore, r: int) -> RankCatalog:
     where = f"{store.path}: rank {r}"
     try:
         view = store.rank(r)
-        coords = view.coords
-        if not isinstance(coords, dict):
-            raise TypeError("coords is not a mapping")
-        cat = RankCatalog(r, coords, view)
+        cat = RankCatalog(r, view.meta.coords, view)
         for kind in view.kinds:
             rows = view.rows(kind)
             # every field of every entry was checked as the index was parsed (TensorInfo.from_attrs):

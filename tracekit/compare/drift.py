@@ -31,8 +31,8 @@ def drift_note(report, refc, candc) -> dict | None:
         return None
     kind, rows = grown
     errors = [e for _, e in rows]
-    command = candc.store.run.get("command") or candc.store.meta.get("command")
-    launch = shlex.join(str(a) for a in command) if isinstance(command, list) and command else "<the candidate's command>"
+    command = candc.store.run_meta.command
+    launch = shlex.join(str(a) for a in command) if command else "<the candidate's command>"
     replay = f"{candc.path.rstrip('/')}-replay"
     return {"kind": kind, "steps": [s for s, _ in rows], "errors": errors,
             "replay_command": f"tracekit record --replay-from {shlex.quote(refc.path)} -o {shlex.quote(replay)} -- {launch}"
@@ -47,6 +47,6 @@ def _grows(rows: list[tuple[int, float]]) -> bool:
 
 
 def _is_replay(catalog) -> bool:
-    if catalog.store.meta.get("replay_of") or catalog.store.run.get("replay_of"):
+    if catalog.store.run_meta.replay_of:
         return True
-    return any("replay" in rc.view.attrs or "replay_of" in rc.view.attrs for rc in catalog.ranks.values())
+    return any(rc.view.meta.is_replay for rc in catalog.ranks.values())

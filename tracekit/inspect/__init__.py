@@ -1,19 +1,21 @@
 """Interactive inspection with xarray: `open` a store, `open_diff` two of them.
 
 Importing this package is cheap: xarray and dask are imported only when a function is called.
+The xarray backend (`engine="tracekit"`) is tracekit.inspect.backend.
 """
 
 from __future__ import annotations
 
 
-def open(path, kinds=None):  # noqa: A001 - `tracekit.open` mirrors xarray.open_dataset & co.
-    """A store as a lazy, dask-backed xarray DataTree: one node per kind, one variable per tensor.
+def open(path, kinds=None, chunks="default"):  # noqa: A001 - `tracekit.open` mirrors xarray.open_dataset & co.
+    """A store as a lazy xarray DataTree: one node per kind, one variable per tensor; dask-backed
+    when dask is installed (`chunks`: xarray's, None for no dask).
 
-    See :func:`tracekit.inspect.opener.open_tree` and docs/INSPECT.md.
+    It is xarray's engine="tracekit". See :func:`tracekit.inspect.opener.open_tree` and docs/INSPECT.md.
     """
     from tracekit.inspect.opener import open_tree
 
-    return open_tree(path, kinds=kinds)
+    return open_tree(path, kinds=kinds, chunks=chunks)
 
 
 def open_diff(ref, cand, **diff_kwargs):

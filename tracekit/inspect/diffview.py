@@ -123,7 +123,7 @@ def dataset_from_report(report, ref, cand, diff_kwargs=None, elementwise: bool =
     leaves out the lazy `abs_err/...` variables: the metrics alone need neither dask nor a view
     of the tensors (the HTML report uses only them)."""
     from tracekit.inspect import accessor  # noqa: F401 - registers ds.tracekit
-    from tracekit.inspect.opener import _rank_coords
+    from tracekit.inspect.backend import rank_coords_of
 
     if not report.usable:
         problems = "; ".join(p.message for p in report.structural[:3])
@@ -153,7 +153,7 @@ def dataset_from_report(report, ref, cand, diff_kwargs=None, elementwise: bool =
         atol=("tensor", np.asarray([tol[(k_, per_tensor[k].dtype)]["atol"] for k, k_ in zip(keys, kinds)])),
     )
     # rank coordinates of the candidate (dp_rank, tp_rank, mesh positions)
-    cand_coords, _ = _rank_coords(cand)
+    cand_coords, _ = rank_coords_of(cand)
     position = {int(r): i for i, r in enumerate(cand_coords["rank"])}
     for c, value in cand_coords.items():
         if c != "rank":

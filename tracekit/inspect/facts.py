@@ -13,15 +13,12 @@ WATCHED_VERSIONS = ("torch", "torch-neuronx", "neuronx-cc")
 
 def rank_facts(store) -> dict[int, dict[str, dict[str, str]]]:
     """{rank: {"versions": {package: version}, "env": {VAR: value}}} of an opened RunStore."""
-    run_versions = dict(store.meta.get("versions") or {})
-    run_env = dict(store.meta.get("env") or {})
+    run_versions, run_env = dict(store.run_meta.versions), dict(store.run_meta.env)
     out = {}
     for r in store.ranks:
-        attrs = store.rank(r).attrs
-        versions = attrs.get("versions")
-        env = attrs.get("env")
-        out[r] = {"versions": dict(versions) if isinstance(versions, dict) else run_versions,
-                  "env": dict(env) if isinstance(env, dict) else run_env}
+        meta = store.rank(r).meta
+        out[r] = {"versions": dict(meta.versions) if meta.versions is not None else run_versions,
+                  "env": dict(meta.env) if meta.env is not None else run_env}
     return out
 
 

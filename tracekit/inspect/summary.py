@@ -73,13 +73,11 @@ def run_metadata(store) -> dict:
     """The run's facts, flat: root metadata over rank 0's `run`, without the per-rank completion
     table the launcher adds at the end (`ranks`, shown per rank instead), plus the ops any rank ran
     as CPU fallbacks (`fallback_ops`, the union over ranks, when a rank reported them)."""
-    info = {k: v for k, v in store.run.items() if k not in ("ranks", "run")}
-    for k, v in (store.meta.get("run") or {}).items():
-        info.setdefault(k, v)
+    info = store.run_facts()
     fallback: list[str] = []
     reported = False
     for r in store.ranks:
-        ops = store.rank(r).attrs.get("fallback_ops")
+        ops = store.rank(r).meta.fallback_ops
         if ops is not None:
             reported = True
             fallback += [op for op in ops if op not in fallback]
@@ -119,7 +117,7 @@ def summarize(path) -> dict:
                 view.array(kind, key)
         ranks.append({
             "rank": r,
-            "coords": view.coords,
+            "coords": view.meta.coords.to_attrs(),
             "status": view.status,
             "versions": facts[r]["versions"],
             "env": facts[r]["env"],
@@ -139,7 +137,7 @@ def summarize(path) -> dict:
         "store": canonical(store.path),
         "finished": store.finished,  # a launcher finalized it: end time and exit status known
         # recorded through TRACEKIT_STORE, without `tracekit record`: nobody finalizes the store
-        "launcherless": "launcher" in store.meta and store.meta["launcher"] is None,
+        "launcherless": store.run_meta.launcherless,
         "running_ranks": [r["rank"] for r in ranks if r["status"] == "running"],
         # versions and numeric env vars equal on every rank, and the watched ones that differ
         "environment": {"common": common(facts), "differs": differences(facts)},
@@ -172,9 +170,8 @@ def recording_summary(path) -> dict:
         steps.update(view.completed_steps)
         kinds += [k for k in view.kinds if k not in kinds]
         statuses[view.status] = statuses.get(view.status, 0) + 1
-        replay = view.attrs.get("replay")
-        if isinstance(replay, dict) and isinstance(replay.get("replayed_steps"), list):
-            replayed = (replayed or set()) | {s for s in replay["replayed_steps"] if isinstance(s, int)}
+        if view.meta.replayed_steps is not None:
+            replayed = (replayed or set()) | set(view.meta.replayed_steps)
         if view.unwritten_steps:
             unwritten[r] = {"steps": view.unwritten_steps, "cause": view.unwritten_cause}
     return {"store": canonical(store.path), "ranks": len(store.ranks), "steps": sorted(steps), "kinds": kinds,
@@ -182,4 +179,4 @@ def recording_summary(path) -> dict:
             "loss_derivation": loss_derivation_line(store),
             "traces": trace_steps_held(store),
             "replayed_steps": sorted(replayed) if replayed is not None else None,
-            "exit_status": store.meta.get("exit_status")}
+            "exit_status": store.run_meta.exit_status}

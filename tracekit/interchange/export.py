@@ -22,8 +22,8 @@ FORMAT = "tracekit"
 def _metadata(view: RankView, step: int, kind: str, names: list[str]) -> dict[str, str]:
     # safetensors metadata is str -> str: structured facts travel as JSON strings. safetensors
     # lists tensors sorted by name, so the recorded order (model order) travels in `names`.
-    return {"names": json.dumps(names), "format": FORMAT, "run": json.dumps(view.attrs.get("run", {}), default=str, sort_keys=True),
-            "coords": json.dumps(view.coords, default=str, sort_keys=True),
+    return {"names": json.dumps(names), "format": FORMAT, "run": json.dumps(dict(view.meta.run), default=str, sort_keys=True),
+            "coords": json.dumps(view.meta.coords.to_attrs(), default=str, sort_keys=True),
             "rank": str(view.rank), "step": str(step), "kind": kind, "store": path_text(canonical(view.store.path))}
 
 

@@ -43,8 +43,8 @@ def replay_errors(ref, cand, replay) -> tuple[list[StepErrors], list[str]]:
     """Per step (from 1): accumulated and local parameter error; and notes about the stores."""
     ref, cand, replay = (s if isinstance(s, RunStore) else open_store(s) for s in (ref, cand, replay))
     notes = []
-    of = replay.meta.get("replay_of") or next(
-        (replay.rank(r).attrs.get("replay_of") for r in replay.ranks if replay.rank(r).attrs.get("replay_of")), None)
+    of = replay.run_meta.replay_of or next(
+        (replay.rank(r).meta.replay_of for r in replay.ranks if replay.rank(r).meta.replay_of), None)
     if of is None:
         notes.append(f"{replay.path} does not record being a replay (no replay_of); its errors may not be local.")
     elif not same_store(of, ref.path):

@@ -34,8 +34,9 @@ MAX_CHUNK_BYTES = 64 * 1024 * 1024
 OBJECTS_DIR = "objects"
 HASH_ARRAY = "hash"  # uint8 (row, 16 * tensors): each tensor's content hash, in index order
 FINITE_ARRAY = "finite"  # uint8 (row, tensors): 1 when every element is finite (no NaN/Inf)
-# float64 (row, 6 * tensors): each tensor's min, max, mean, L2, NaN count, Inf count (store/summaries.py);
-# absent in stores written before summaries existed
+# float64 (row, 7 * tensors + 2): each tensor's min, max, mean, L2 and its NaN, +Inf and -Inf counts,
+# then the row's seal (store/summaries.py: SUMMARY_FIELDS, row_width; 6 fields in stores written
+# before -Inf was counted); absent in stores written before summaries existed
 SUMMARY_ARRAY = "summary"
 
 

@@ -39,6 +39,7 @@ from tracekit.store.kinds import kind_order
 from tracekit.store.location import Location, resolve
 from tracekit.store.coverage import KEY as COVERAGE_KEY, Coverage
 from tracekit.store.meta import STEPS, TENSORS, KindMeta, SharedIndexes, TensorInfo, misplaced
+from tracekit.store.runmeta import RankMeta, RunMeta
 
 
 def _read_root_attrs(path: str, location: Location) -> dict:
@@ -278,6 +279,14 @@ class RankView:
             raise StoreError(f"{self.store.path}: rank {self.rank} has malformed coordinates (damaged metadata)")
         return coords
 
+    @cached_property
+    def meta(self) -> RankMeta:
+        """The rank's metadata, typed (tracekit/store/runmeta.py): coordinates, run facts, versions, ..."""
+        try:
+            return RankMeta.from_attrs(self.attrs, self.rank)
+        except (TypeError, ValueError) as e:
+            raise StoreError(f"{self.store.path}: rank {self.rank} has malformed metadata ({e}; damaged store?)") from None
+
     @property
     def completed_steps(self) -> list[int]:
         return sorted(_step_list(self.attrs.get("completed_steps", []), f"{self.store.path}: rank {self.rank}"))
@@ -506,8 +515,10 @@ class RankView:
 
     def rows(self, kind: str) -> dict[int, int]:
         """{step: row} for the visible steps of `kind`: the one step-to-row mapping of the store."""
-        rows = self._rows(kind)
-        return {s: rows.index(s) for s in self.steps(kind)}
+        first: dict[int, int] = {}
+        for row, step in enumerate(self._rows(kind)):  # one pass (rows.index per step was O(steps^2))
+            first.setdefault(step, row)
+        return {s: first[s] for s in self.steps(kind)}
 
     def step_of_row(self, kind: str, row: int) -> int | None:
         rows = self._rows(kind)
@@ -1133,6 +1144,22 @@ class RunStore:
             info.update(self.rank(self.ranks[0]).attrs.get("run", {}))
         info.update({k: v for k, v in self.meta.items() if v is not None})
         return info
+
+    def run_facts(self) -> dict:
+        """The run's facts, flat: `run` without the launcher's per-rank completion table (`ranks`,
+        shown per rank instead) and with the root's own `run` entries where the rest lacks them."""
+        info = {k: v for k, v in self.run.items() if k not in ("ranks", "run")}
+        for k, v in self.run_meta.run.items():
+            info.setdefault(k, v)
+        return info
+
+    @cached_property
+    def run_meta(self) -> RunMeta:
+        """The root metadata, typed (tracekit/store/runmeta.py): command, versions, exit status, ..."""
+        try:
+            return RunMeta.from_attrs(self.meta)
+        except (TypeError, ValueError) as e:
+            raise StoreError(f"{self.path}: malformed root metadata ({e}; damaged store?)") from None
 
     @cached_property
     def io_root(self):
