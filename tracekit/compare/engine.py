@@ -29,7 +29,7 @@ from tracekit.compare.readahead import Readahead
 from tracekit.compare import pieces
 from tracekit.compare.report import DiffReport, Divergence, KindSummary, LossRow, TensorResult
 from tracekit.compare.traces import compare_store_traces
-from tracekit.compare import structure
+from tracekit.compare import matches, patterns, structure
 from tracekit.compare.drift import drift_note
 from tracekit.compare.precision import derive as derive_precision
 from tracekit.compare.tolerances import DEFAULT_ORACLE_FACTOR, Tolerance, Tolerances, load_config, parse_tol_option
@@ -399,7 +399,7 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
             results = _step_results(step, pairs, partial, engine, skip, summ)
             report.identical_by_hash += sum(len(v) for v in skip.values())
             report.compared_by_summaries += sum(len(v) for v in summ.values())
-            _add_step(report, step, results, details)
+            _add_step(report, step, results, details, matcher(engine, pairs, align))
             if fail_fast and any(not r.passed for r in results):
                 report.stopped_early = step != steps[-1]
                 break
@@ -591,26 +591,63 @@ def _step_results(step, pairs, partial, engine, same, summ) -> list[TensorResult
     return results
 
 
-def _add_shapes(report: DiffReport, step: int, by_kind: dict[str, list[TensorResult]]) -> None:
-    """The structured-error fits of the step (compare/structure.py): a signature is a violation."""
+def matcher(engine: "_Engine", pairs, align: str):
+    """The exact-match search of a step (compare/matches.py) over its rank pairs, by kind; None
+    under --align global, whose pairs are not one rank's tensors against another's."""
+    if align == "global":
+        return None
+    return lambda step, kind, rs: matches.match_signatures(step, kind, [kp for kp in pairs if kp.kind == kind],
+                                                           engine.ref, engine.cand, rs)
+
+
+def step_shapes(step: int, kind: str, rs: list[TensorResult], match=None) -> tuple[list, float, bool]:
+    """Every signature of one kind at one step, the most specific first (the first divergence
+    names the first): NaN/Inf, exact matches, a tensor's own sign flip or shift, the kind's scale
+    (or sign flip) or shift, one rank. Tensors with a shape of their own are left out of the kind's
+    fits (one flipped tensor would pass for a scale of the lot), unless every tensor has one: then
+    the kind's fit says it once."""
+    sig, max_z, differs = structure.step_signature(step, kind, rs)
+    sigs = [s for s in (patterns.nonfinite_signature(step, kind, rs),) if s is not None]
+    if match is not None:
+        sigs += match(step, kind, rs)
+    own = structure.tensor_signatures(step, kind, rs)
+    flagged = {n for s in own for n in s.names}
+    if own and flagged != {r.tensor for r in rs}:
+        rest = [r for r in rs if r.tensor not in flagged]
+        sig = structure.step_signature(step, kind, rest)[0]
+    else:
+        own, rest = [], rs
+    fitted = [sig] if sig is not None else []
+    if sig is None:
+        shift = structure.shift_signature(step, kind, rest)
+        fitted += [shift] if shift is not None else []
+    sigs += own + fitted
+    if not sigs:
+        one = patterns.one_rank_signature(step, kind, rs)
+        sigs += [one] if one is not None else []
+    return sigs, max_z, differs
+
+
+def _add_shapes(report: DiffReport, step: int, by_kind: dict[str, list[TensorResult]], match=None) -> None:
+    """The structured-error fits and patterns of the step: a signature is a violation."""
     for kind, rs in by_kind.items():
-        sig, max_z, differs = structure.step_signature(step, kind, rs)
+        sigs, max_z, differs = step_shapes(step, kind, rs, match)
         shape = report.shapes.setdefault(kind, structure.KindShape(kind))
         shape.max_z = max(shape.max_z, max_z)
         shape.differs |= differs
-        if sig is not None:
-            shape.signatures.append(sig)
-            report.signatures.append(sig)
+        if sigs:
+            shape.signatures.extend(sigs)
+            report.signatures.extend(sigs)
             structure.first_steps(shape.signatures)
 
 
-def _add_step(report: DiffReport, step: int, results: list[TensorResult], details: str) -> None:
+def _add_step(report: DiffReport, step: int, results: list[TensorResult], details: str, match=None) -> None:
     report.steps.append(step)
     by_kind: dict[str, list[TensorResult]] = {}
     for r in results:
         by_kind.setdefault(r.kind, []).append(r)
     if report.options.get("structure"):
-        _add_shapes(report, step, by_kind)
+        _add_shapes(report, step, by_kind, match)
     for kind, rs in by_kind.items():
         # hash-decided tensors of one size and tolerance share one metrics object: each distinct
         # one is looked at once, with how many results hold it
