@@ -608,17 +608,22 @@ def step_shapes(step: int, kind: str, rs: list[TensorResult], match=None) -> tup
     the kind's fit says it once."""
     sig, max_z, differs = structure.step_signature(step, kind, rs)
     sigs = [s for s in (patterns.nonfinite_signature(step, kind, rs),) if s is not None]
-    if match is not None:
-        sigs += match(step, kind, rs)
-    own = structure.tensor_signatures(step, kind, rs)
+    matched = match(step, kind, rs) if match is not None else []
+    sigs += matched
+    # a value matched exactly elsewhere is explained: fitting it would name its difference a scale
+    rs_fit = [r for r in rs if (r.rank, r.tensor) not in {m for s in matched for m in s.names}]
+    if rs_fit is not rs:
+        sig = structure.step_signature(step, kind, rs_fit)[0] if rs_fit else None
+    own = structure.tensor_signatures(step, kind, rs_fit)
     flagged = {n for s in own for n in s.names}
-    if own and flagged != {r.tensor for r in rs}:
-        rest = [r for r in rs if r.tensor not in flagged]
-        sig = structure.step_signature(step, kind, rest)[0]
+    rest = rs_fit
+    if not own or flagged == {r.tensor for r in rs_fit} or (sig is not None and sig.shape in {s.shape for s in own}):
+        own = []  # the kind's own fit says it once, over all its tensors
     else:
-        own, rest = [], rs
+        rest = [r for r in rs_fit if r.tensor not in flagged]
+        sig = structure.step_signature(step, kind, rest)[0] if rest else None
     fitted = [sig] if sig is not None else []
-    if sig is None:
+    if sig is None and rest:
         shift = structure.shift_signature(step, kind, rest)
         fitted += [shift] if shift is not None else []
     sigs += own + fitted

@@ -93,7 +93,8 @@ def match_signatures(step: int, kind: str, pairs, ref_catalog, cand_catalog, res
         names = list(dict.fromkeys(n for _, n, _ in stale))
         source = Counter(s for _, _, s in stale).most_common(1)[0][0]
         out.append(Signature(step, kind, "stale", None, None, None, ranks, set(ranks) == all_ranks, len(names),
-                             example=by_key.get((stale[0][0], stale[0][1])), tensor=names[0], source_step=source))
+                             example=by_key.get((stale[0][0], stale[0][1])), tensor=names[0], source_step=source,
+                             names=[(r, n) for r, n, _ in stale]))
     if swapped:
         ranks = sorted({c for c, _ in swapped})
         names = list(dict.fromkeys(n for ns in swapped.values() for n in sorted(ns)))
@@ -101,7 +102,8 @@ def match_signatures(step: int, kind: str, pairs, ref_catalog, cand_catalog, res
         example = by_key.get((first[0], sorted(swapped[first])[0])) or next(
             (r for r in results if r.tensor == names[0]), None)
         out.append(Signature(step, kind, "swapped", None, None, None, ranks, set(ranks) == all_ranks, len(names),
-                             example=example, tensor=names[0], source_ranks=[list(p) for p in sorted(swapped)]))
+                             example=example, tensor=names[0], source_ranks=[list(p) for p in sorted(swapped)],
+                             names=[(c, n) for (c, _), ns in swapped.items() for n in ns]))
     return out
 
 

@@ -103,8 +103,8 @@ def _shape_lines(report: DiffReport) -> list[str]:
             if key not in runs or abs(sig.z or 0.0) > abs(runs[key].z or 0.0):
                 runs[key] = sig
         for sig in runs.values():
-            steps = ", ".join(dict.fromkeys(str(s.step) for s in shape.signatures
-                                            if (s.shape, s.tensor) == (sig.shape, sig.tensor)))
+            steps = ", ".join(dict.fromkeys(str(s.step) for s in shape.signatures if (s.shape, s.tensor, s.first_step,
+                                            s.ranks) == (sig.shape, sig.tensor, sig.first_step, sig.ranks)))
             out.append(f"  {shape.kind}: {sig.text} (steps {steps})")
     return out
 

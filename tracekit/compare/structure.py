@@ -134,7 +134,8 @@ class Signature:
     source_step: int | None = None  # stale: the reference's step the candidate equals
     source_ranks: list | None = None  # swapped: [candidate rank, reference rank whose value it holds]
     detail: str = ""  # a pattern's own words (nonfinite, one rank)
-    names: list = field(default_factory=list, repr=False)  # a tensor-level shape: every tensor that shows it
+    # a tensor-level shape: every tensor that shows it; an exact match: every (candidate rank, tensor)
+    names: list = field(default_factory=list, repr=False)
 
     @property
     def where(self) -> str:
