@@ -4,7 +4,7 @@ named, and noise alone, however large, is none of them."""
 
 import numpy as np
 
-from tracekit.compare.engine import step_shapes
+from tracekit.compare.signatures import step_shapes
 from tracekit.compare.metrics import compare_arrays
 from tracekit.compare.report import TensorResult
 
