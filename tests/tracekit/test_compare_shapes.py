@@ -91,3 +91,10 @@ def test_nonfinite_pattern_names_rank_tensor_and_extent():
 
     sig = step_shapes(1, "outputs", _results("outputs", one_inf, noise=0))[0][0]
     assert sig.shape == "nonfinite" and sig.all_ranks and "6 elements of 3 tensors (w0, ...), all ranks" in sig.text
+
+
+def test_exact_matches_are_not_looked_for_across_layouts():
+    # --align global pairs are not one rank's tensors against another rank's: no stale/swapped search
+    from tracekit.compare.signatures import matcher
+
+    assert matcher(None, [], "global") is None and matcher(None, [], "rank") is not None

@@ -330,8 +330,9 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
     their hashes too, so damage in either store is a StoreError. Bytes that are read are always
     checked. `precision`: "auto" (default) derives the tolerance defaults from the lowest precision
     either run's recorded precision context computed in (compare/precision.py); "bf16", "fp16",
-    "tf32" or "fp32" sets it. `structure` (default on): fit each step's errors against a scale
-    (compare/structure.py); a strongly structured error is a violation even inside the bounds.
+    "tf32" or "fp32" sets it. `structure` (default on): fit each step's errors against a scale, a
+    sign flip and a shift, and look for stale or swapped values, one rank only and NaN/Inf patterns
+    (compare/signatures.py); a strongly structured error is a violation even inside the bounds.
     Raises StoreError/UsageError (one-line messages) on unusable input.
     """
     t0 = time.perf_counter()
