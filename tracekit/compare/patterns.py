@@ -34,11 +34,12 @@ def one_rank_signature(step: int, kind: str, results) -> Signature | None:
         return None  # per-rank values may legitimately differ on one rank: a name for failures only
     mine = [r for r in results if r.rank == rank and ((r.metrics.fit or (0, 0, 0))[2] > 0 or r.metrics.nonfinite)]
     example = max(mine, key=lambda r: (r.metrics.nonfinite, (r.metrics.fit or (0, 0, 0))[2]))
-    why = "its replicas disagree" if kind in REPLICATED_KINDS else "the others agree"
-    return Signature(step, kind, "one rank", None, None, None, [rank], False, len({r.tensor for r in mine}),
-                     example=example,
-                     detail=(f"one rank: {kind} differ on rank {rank} only ({len({r.tensor for r in mine})} tensors), "
-                             f"the other {len(ranks) - 1} ranks equal the reference exactly: {why}"))
+    n, others = len({r.tensor for r in mine}), len(ranks) - 1
+    why = ": the candidate's replicas disagree" if kind in REPLICATED_KINDS else ""
+    return Signature(step, kind, "one rank", None, None, None, [rank], False, n, example=example,
+                     detail=(f"one rank: {kind} differ on rank {rank} only ({n} tensor{'s' if n != 1 else ''}), "
+                             f"the other {others} rank{'s' if others != 1 else ''} equal{'s' if others == 1 else ''} "
+                             f"the reference exactly{why}"))
 
 
 def nonfinite_signature(step: int, kind: str, results) -> Signature | None:
