@@ -226,8 +226,9 @@ def bf16_main(workdir: str, steps: int) -> None:
         if not report.passed and x is not None:
             smallest[family] = min(smallest.get(family, 1.0), 10.0 ** -x)
         label = f"{family} {'e=1e-' + str(x) if x else ''}"
-        print(f"{label:<46} {_flag(report):<36} {f'{sig.factor:.5f}' if sig else '-':>9} "
-              f"{f'{sig.z:.0f}' if sig else '-':>7}  {report.precision['compute'] or 'float32'}")
+        k = "-" if sig is None else sig.shape if sig.factor is None else f"{sig.factor:.5f}"  # shapes without a factor: named
+        print(f"{label:<46} {_flag(report):<36} {k:>9} "
+              f"{f'{sig.z:.0f}' if sig and sig.z is not None else '-':>7}  {report.precision['compute'] or 'float32'}")
     for family in dict.fromkeys(f for f, x, _ in faults if x is not None):
         print(f"smallest e flagged, {family}: {smallest[family]:.0e}" if family in smallest
               else f"smallest e flagged, {family}: none")

@@ -58,8 +58,10 @@ def environment_block(diffs: list[dict]) -> str:
                    "precision either run recorded computing in (autocast, FSDP2 mixed precision, TF32; docs/DIFF.md); "
                    "bf16, fp16, tf32 or fp32 sets it.")
 @click.option("--structure/--no-structure", default=True, show_default=True,
-              help="Fit each step's errors against a scale (cand = k x ref): a strongly structured error is a "
-                   "violation even inside the bounds, unstructured error is reported as rounding-like (docs/DIFF.md).")
+              help="Fit each step's errors against simple shapes (a scale cand = k x ref, a sign flip, a constant "
+                   "shift), look for values equal to the reference's at another step or rank and for one-rank and "
+                   "NaN/Inf patterns: a strongly structured error is a violation even inside the bounds, "
+                   "unstructured error is reported as rounding-like (docs/DIFF.md).")
 @click.option("--trust-index/--check-hashes", "trust_index", default=True,
               help="Format 2: tensors whose content hashes are equal on both sides are identical; by default "
                    "(--trust-index) they are decided from the two indexes without reading their bytes, so two "

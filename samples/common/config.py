@@ -93,7 +93,7 @@ def build_parser(description: str) -> argparse.ArgumentParser:
         metavar="SPEC",
         help="plant a fault (repeatable): lr_scale=F, loss_scale=RANK:STEP:F, nan_grad=RANK:STEP, "
         "reported_loss_scale=STEP:F, grad_scale=RANK:STEP:F, crash=RANK:STEP:raise|exit|kill, "
-        "op=act|matmul_bf16|reduce_order|roll_rows|bwd_bf16:RANK:STEP",
+        "stale_grad=STEP, swap_data=STEP, op=act|matmul_bf16|reduce_order|roll_rows|bwd_bf16:RANK:STEP",
     )
     return parser
 

@@ -12,6 +12,10 @@ Specs (repeatable flag):
   grad_scale=RANK:STEP:F     after backward (gradients already synchronized), every local gradient of
                              that rank is multiplied by F in that step (a one-rank, one-step
                              relative perturbation F - 1 of each gradient tensor)
+  stale_grad=STEP            in that step every rank's gradients are replaced, after backward and
+                             synchronization, by its gradients of the step before (a buffer not refreshed)
+  swap_data=STEP             in that step data-parallel ranks 0 and 1 train on each other's batch
+                             slices (a data-sharding bug: rank 0's outputs are rank 1's)
   op=KIND:RANK:STEP          one op of the model is wrong on that rank from that step on; KIND is
                              act, matmul_bf16, reduce_order, roll_rows or bwd_bf16 (see op_faults.py)
 """
@@ -30,6 +34,8 @@ class Faults:
     grad_scale: dict[tuple[int, int], float] = field(default_factory=dict)  # (rank, step) -> F
     crash: dict[tuple[int, int], str] = field(default_factory=dict)  # (rank, step) -> raise | exit | kill
     op: tuple[str, int, int] | None = None  # (kind, rank, step): a planted op fault
+    stale_grad: frozenset[int] = frozenset()  # steps
+    swap_data: frozenset[int] = frozenset()  # steps
 
     def local_loss_factor(self, rank: int, step: int) -> float:
         return self.loss_scale.get((rank, step), 1.0)
@@ -78,6 +84,8 @@ def parse_faults(specs: list[str]) -> Faults:
     grad_scale: dict[tuple[int, int], float] = {}
     crash: dict[tuple[int, int], str] = {}
     op = None
+    stale_grad: set[int] = set()
+    swap_data: set[int] = set()
     for spec in specs:
         name, sep, value = spec.partition("=")
         name = name.strip()
@@ -114,8 +122,13 @@ def parse_faults(specs: list[str]) -> Faults:
                 raise ValueError(f"bad fault {spec!r}: one op fault per run")
             rank, step = _numbers(spec, rest, (int, int))
             op = (kind, rank, step)
+        elif name in ("stale_grad", "swap_data"):
+            (step,) = _numbers(spec, value, (int,))
+            (stale_grad if name == "stale_grad" else swap_data).add(step)
         else:
             raise ValueError(
-                f"unknown fault {name!r}: use lr_scale, loss_scale, nan_grad, reported_loss_scale, grad_scale, crash or op"
+                f"unknown fault {name!r}: use lr_scale, loss_scale, nan_grad, reported_loss_scale, grad_scale, crash, "
+                "op, stale_grad or swap_data"
             )
-    return Faults(lr_scale, loss_scale, frozenset(nan_grad), reported, grad_scale, crash, op)
+    return Faults(lr_scale, loss_scale, frozenset(nan_grad), reported, grad_scale, crash, op, frozenset(stale_grad),
+                  frozenset(swap_data))

@@ -98,6 +98,8 @@ class Workload:
     def batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
         inputs, targets = global_batch(step, self.dtype)
         dp_degree, dp_rank = self.parallel.dp_degree, self.parallel.dp_rank
+        if step in self.config.faults.swap_data and dp_rank < 2 <= dp_degree:
+            dp_rank = 1 - dp_rank  # planted fault swap_data: ranks 0 and 1 take each other's slice
         inputs, targets = batch_slice(inputs, dp_rank, dp_degree), batch_slice(targets, dp_rank, dp_degree)
         return inputs.to(self.runtime.device), targets.to(self.runtime.device)
 
@@ -120,6 +122,12 @@ class Workload:
             self._plant_nan_gradient()
         if faults.grad_factor(rank, step) != 1.0:
             self._scale_gradients(faults.grad_factor(rank, step))
+        if step + 1 in faults.stale_grad:  # planted fault stale_grad: kept for the next step
+            self._kept_gradients = [local_tensor(p.grad).detach().clone() for p in self.named_model.parameters()]
+        if step in faults.stale_grad and getattr(self, "_kept_gradients", None) is not None:
+            with torch.no_grad():
+                for p, old in zip(self.named_model.parameters(), self._kept_gradients):
+                    local_tensor(p.grad).copy_(old)
         global_loss = self._global_loss(local_loss.detach()) * faults.reported_loss_factor(step)
         return StepResult(output=output, local_loss=local_loss.detach(), global_loss=global_loss)
 

@@ -139,8 +139,11 @@ def test_fault_specs_parse_and_bad_ones_are_refused():
     assert faults.wants_nan_grad(0, 2) and not faults.wants_nan_grad(1, 2)
     assert faults.reported_loss_factor(4) == 10 and faults.reported_loss_factor(3) == 1.0
     assert parse_faults([]) == Faults() and not Faults().any
+    shapes = parse_faults(["stale_grad=2", "swap_data=3"])  # the exact-match shapes' faults (issue 35)
+    assert shapes.stale_grad == {2} and shapes.swap_data == {3} and shapes.any
     for bad, message in [("bogus=1", "unknown fault"), ("lr_scale", "NAME=VALUE"), ("loss_scale=1:2", "N:N:F"),
-                         ("nan_grad=a:1", "not made of numbers"), ("nan_grad=-1:1", "non-negative")]:
+                         ("nan_grad=a:1", "not made of numbers"), ("nan_grad=-1:1", "non-negative"),
+                         ("stale_grad=1:2", "expected N after")]:
         with pytest.raises(ValueError, match=message):
             parse_faults([bad])
 

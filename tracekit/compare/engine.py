@@ -31,6 +31,7 @@ from tracekit.compare import pieces
 from tracekit.compare.report import DiffReport, Divergence, KindSummary, LossRow, TensorResult
 from tracekit.compare.traces import compare_store_traces
 from tracekit.compare import structure
+from tracekit.compare.signatures import matcher, step_shapes
 from tracekit.compare.drift import drift_note
 from tracekit.compare.executors import Executor
 from tracekit.compare.precision import derive as derive_precision
@@ -334,8 +335,9 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
     their hashes too, so damage in either store is a StoreError. Bytes that are read are always
     checked. `precision`: "auto" (default) derives the tolerance defaults from the lowest precision
     either run's recorded precision context computed in (compare/precision.py); "bf16", "fp16",
-    "tf32" or "fp32" sets it. `structure` (default on): fit each step's errors against a scale
-    (compare/structure.py); a strongly structured error is a violation even inside the bounds.
+    "tf32" or "fp32" sets it. `structure` (default on): fit each step's errors against a scale, a
+    sign flip and a shift, and look for stale or swapped values, one rank only and NaN/Inf patterns
+    (compare/signatures.py); a strongly structured error is a violation even inside the bounds.
     Raises StoreError/UsageError (one-line messages) on unusable input.
     """
     t0 = time.perf_counter()
@@ -407,7 +409,7 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
             results = _step_results(step, pairs, partial, engine, skip, summ)
             report.identical_by_hash += sum(len(v) for v in skip.values())
             report.compared_by_summaries += sum(len(v) for v in summ.values())
-            _add_step(report, step, results, details)
+            _add_step(report, step, results, details, matcher(engine, pairs, align))
             if fail_fast and any(not r.passed for r in results):
                 report.stopped_early = step != steps[-1]
                 break
@@ -637,26 +639,26 @@ def _step_results(step, pairs, partial, engine, same, summ) -> list[TensorResult
     return results
 
 
-def _add_shapes(report: DiffReport, step: int, by_kind: dict[str, list[TensorResult]]) -> None:
-    """The structured-error fits of the step (compare/structure.py): a signature is a violation."""
+def _add_shapes(report: DiffReport, step: int, by_kind: dict[str, list[TensorResult]], match=None) -> None:
+    """The structured-error fits and patterns of the step: a signature is a violation."""
     for kind, rs in by_kind.items():
-        sig, max_z, differs = structure.step_signature(step, kind, rs)
+        sigs, max_z, differs = step_shapes(step, kind, rs, match)
         shape = report.shapes.setdefault(kind, structure.KindShape(kind))
         shape.max_z = max(shape.max_z, max_z)
         shape.differs |= differs
-        if sig is not None:
-            shape.signatures.append(sig)
-            report.signatures.append(sig)
+        if sigs:
+            shape.signatures.extend(sigs)
+            report.signatures.extend(sigs)
             structure.first_steps(shape.signatures)
 
 
-def _add_step(report: DiffReport, step: int, results: list[TensorResult], details: str) -> None:
+def _add_step(report: DiffReport, step: int, results: list[TensorResult], details: str, match=None) -> None:
     report.steps.append(step)
     by_kind: dict[str, list[TensorResult]] = {}
     for r in results:
         by_kind.setdefault(r.kind, []).append(r)
     if report.options.get("structure"):
-        _add_shapes(report, step, by_kind)
+        _add_shapes(report, step, by_kind, match)
     for kind, rs in by_kind.items():
         # hash-decided tensors of one size and tolerance share one metrics object: each distinct
         # one is looked at once, with how many results hold it

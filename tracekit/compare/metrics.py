@@ -117,9 +117,9 @@ class TensorMetrics:
     norm_margin: float | None = None  # the norm rule's lhs / rhs
     compared: int = 0  # elements finite on every side
     counts: NonFinite = NonFinite()
-    # (sum ref^2, sum ref*(cand-ref), sum (cand-ref)^2) over the compared elements: what the
-    # structured-error fits of compare/structure.py pool over tensors and ranks (None: not known)
-    fit: tuple[float, float, float] | None = None
+    # (sum ref^2, sum ref*(cand-ref), sum (cand-ref)^2, sum (cand-ref)) over the compared elements:
+    # what the structured-error fits of compare/structure.py pool over tensors and ranks (None: not known)
+    fit: tuple[float, float, float, float] | None = None
 
     @property
     def passed(self) -> bool:
@@ -248,6 +248,18 @@ def _int_violations(ad_exact: np.ndarray, absa: np.ndarray, rtol: float, atol: f
     return (ad_exact > np.where(huge, 0, bound).astype(np.uint64)) & ~huge
 
 
+def _ones(dtype: np.dtype, n: int) -> np.ndarray:
+    """n ones of this thread, reused: a sum as a BLAS dot with ones takes about half of np.sum's time."""
+    key = "ones" + np.dtype(dtype).str
+    bufs = getattr(_local, "bufs", None)
+    if bufs is None:
+        bufs = _local.bufs = {}
+    got = bufs.get(key)
+    if got is None or got.size < n:
+        got = bufs[key] = np.ones(max(n, BLOCK_ELEMENTS), dtype)
+    return got[:n]
+
+
 def _dot(x: np.ndarray, y: np.ndarray) -> float:
     return float(np.vdot(x, y).real) if x.dtype.kind == "c" else float(np.dot(x, y))
 
@@ -275,6 +287,7 @@ class MetricsAccumulator:
         self.ss_ref = 0.0  # sum ref^2        (finite pairs)
         self.dot_ref_diff = 0.0  # sum ref*(cand-ref)
         self.ss_diff = 0.0  # sum (cand-ref)^2
+        self.sum_diff = 0.0  # sum (cand-ref): the constant-shift fit (compare/structure.py)
         # worst: (category, error, flat index, ref, cand, oracle); category 2 = non-finite mismatch,
         # 1 = violation, 0 = within tolerance. Ties keep the earlier element.
         self.worst: tuple | None = None
@@ -356,6 +369,7 @@ class MetricsAccumulator:
         self.n_fin += a.size
         ss_a = _dot(a, a)
         dot_ad = _dot(a, d)
+        sum_d = _dot(d, _ones(d.dtype, d.size)) if ss_d else 0.0  # before the fast route turns d into |d|
         # a real block judged by the float rule takes the fast route (FAST_PATH; the same values,
         # fewer passes over memory). ss_d == 0 (d is zero, or its squares underflow): the plain one.
         fast = (FAST_PATH and native is None and o is None and a.dtype.kind == "f" and s2.size == a.size
@@ -376,7 +390,9 @@ class MetricsAccumulator:
             a64 = a.astype(np.float64)
             d64 = b.astype(np.float64) - a64
             ss_a, dot_ad, ss_d = _dot(a64, a64), _dot(a64, d64), _dot(d64, d64)
+            sum_d = float(d64.sum())
         self.ss_ref += ss_a
+        self.sum_diff += sum_d
         self.dot_ref_diff += dot_ad
         self.ss_diff += ss_d
 
@@ -584,6 +600,7 @@ class MetricsAccumulator:
         self.ss_ref += later.ss_ref
         self.dot_ref_diff += later.dot_ref_diff
         self.ss_diff += later.ss_diff
+        self.sum_diff += later.sum_diff
         if later.worst is not None:
             self._offer_worst(*later.worst)
         self.o_cand_max = max(self.o_cand_max, later.o_cand_max)
@@ -636,7 +653,7 @@ class MetricsAccumulator:
         return TensorMetrics(self.n, self.rtol, self.atol, violations, self.nonfinite, self.max_abs,
                              self.max_rel, rel_l2, cosine, worst, oracle, self.rel_l2, norm_failed,
                              elem_margin, norm_margin, self.n_fin, counts,
-                             (self.ss_ref, self.dot_ref_diff, self.ss_diff))
+                             (self.ss_ref, self.dot_ref_diff, self.ss_diff, self.sum_diff))
 
     def _scaled_elementwise(self) -> tuple[int, float]:
         """(violations, elementwise margin); without the elementwise rule only NaN/Inf mismatches count."""

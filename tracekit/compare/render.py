@@ -90,19 +90,22 @@ def _shape_lines(report: DiffReport) -> list[str]:
     shapes = [s for s in report.shapes.values() if (s.differs or s.signatures) and s.shape != "not fitted"]
     if not shapes:
         return []
-    out = ["", "Error shape per kind (scale fit of cand - ref over each step's tensors; systematic where "
-               "|z| >= 20 and |rho| >= 0.05, docs/DIFF.md):"]
+    out = ["", "Error shape per kind (fits of cand - ref over each step's tensors: scale, sign flip, shift, "
+               "systematic where |z| >= 20 and |rho| >= 0.05; exact matches with another step or rank; one rank; "
+               "NaN/Inf; docs/DIFF.md):"]
     for shape in sorted(shapes, key=lambda s: (kind_order(s.kind), s.kind)):
         if not shape.signatures:
             out.append(f"  {shape.kind}: {shape.shape} (largest |z| {shape.max_z:.1f})")
             continue
         runs: dict[tuple, object] = {}
         for sig in shape.signatures:
-            key = (sig.first_step, tuple(sig.ranks))
-            if key not in runs or abs(sig.z) > abs(runs[key].z):
+            key = (sig.shape, sig.tensor, sig.first_step, tuple(sig.ranks))
+            if key not in runs or abs(sig.z or 0.0) > abs(runs[key].z or 0.0):
                 runs[key] = sig
-        steps = ", ".join(str(s.step) for s in shape.signatures)
-        out += [f"  {shape.kind}: {sig.text} (steps {steps})" for sig in runs.values()]
+        for sig in runs.values():
+            steps = ", ".join(dict.fromkeys(str(s.step) for s in shape.signatures if (s.shape, s.tensor, s.first_step,
+                                            s.ranks) == (sig.shape, sig.tensor, sig.first_step, sig.ranks)))
+            out.append(f"  {shape.kind}: {sig.text} (steps {steps})")
     return out
 
 

@@ -3,17 +3,23 @@
 For each (step, kind) the error d = cand - ref is fitted against a scale, d = (k - 1) ref, pooled
 over the kind's tensors, per candidate rank and over all ranks. For deltas that is k times the
 reference's update (a learning rate off by k - 1); for gradients and outputs a loss or gradient
-scale. The fit's significance is z = rho * sqrt(n): rho the correlation of d with ref (uncentred),
-n the elements pooled. Rounding noise is uncorrelated with the values it perturbs, so z stays of
-order one to a few; a scale error gives rho near 1 even far below the magnitude bound.
+scale; k near -1 is a sign flip. The fit's significance is z = rho * sqrt(n): rho the correlation
+of d with ref (uncentred), n the elements pooled. Rounding noise is uncorrelated with the values it
+perturbs, so z stays of order one to a few; a scale error gives rho near 1 even far below the
+magnitude bound. A constant shift, d = c, is fitted the same way from the sum of d: its rho is the
+mean of d over its root mean square, and it must explain d better than the scale does.
 
 A fit is a signature (a violation, even inside the bounds) when |z| >= Z_MIN and |rho| >= RHO_MIN
-and the scale is at least SCALE_FLOOR away from 1:
+and the scale is at least SCALE_FLOOR away from 1 (a shift at least SCALE_FLOOR times the values'
+root mean square away from 0):
 z alone would grow with n for the faintest systematic correlation of rounding with the values,
 rho alone would flag a few elements. Replicated kinds (gradients, deltas: the same full tensor on
 every data-parallel rank) pool one rank's worth of elements over all ranks, so that copies of one
-tensor do not count as independent evidence. Measured thresholds and the clean pairs they were
-checked on: docs/DIFF.md "Structured errors".
+tensor do not count as independent evidence. A tensor is also fitted on its own (over its ranks)
+for a sign flip or a shift, with |rho| >= RHO_TENSOR: one wrong tensor among many is diluted in the
+kind's pooled fit. The patterns that need no fit (one rank only, NaN/Inf) are in compare/patterns.py,
+the exact matches with another step or rank (stale values, swapped shards) in compare/matches.py.
+Measured thresholds and the clean pairs they were checked on: docs/DIFF.md "Structured errors".
 """
 
 from __future__ import annotations
@@ -28,13 +34,20 @@ RHO_MIN = 0.05
 # A scale closer to 1 than a few float32 roundings is no evidence of a bug: float32 values cannot
 # even carry a uniform rescale that small, so such a fit is rounding that happens to correlate with
 # the values (seen: fsdp vs hsdp, gradients differing by 1e-8 relative, z = -182 at rho = -0.07).
+# The same floor, relative to the values' root mean square, bounds a shift from below.
 SCALE_FLOOR = 8 * 2.0 ** -24
 Z_QUIET = 5.0  # a rank below this carries no sign of the fit (for "one rank only")
+# A single tensor's own fit: its error must be almost all of that shape (rounding never is), since
+# the tensors of a step are many chances for one to correlate by luck.
+RHO_TENSOR = 0.9
+# A fitted scale this close to -1 is a sign flip (cand = -ref): the message says so.
+SIGN_FLIP_TOLERANCE = 1e-2
 # What a scale of each kind usually is (the message names it); other kinds are not fitted:
 # parameters are not proportional to their error (an lr error scales the update: see deltas), a
 # scalar loss cannot show a shape.
 SCALE_MEANING = {"deltas": "a scale such as the learning rate", "gradients": "a scale such as a loss or gradient scale",
                  "outputs": "a scale of the outputs"}
+SHAPES = ("scale", "sign flip", "shift", "stale", "swapped", "one rank", "nonfinite")
 
 
 @dataclass
@@ -43,12 +56,17 @@ class Fit:
     dot: float = 0.0
     ss_diff: float = 0.0
     n: int = 0
+    sum_diff: float = 0.0
 
-    def add(self, fit: tuple[float, float, float], n: int) -> None:
+    def add(self, fit: tuple, n: int) -> None:
         self.ss_ref += fit[0]
         self.dot += fit[1]
         self.ss_diff += fit[2]
+        self.sum_diff += fit[3] if len(fit) > 3 else 0.0
         self.n += n
+
+    def add_fit(self, other: "Fit") -> None:
+        self.add((other.ss_ref, other.dot, other.ss_diff, other.sum_diff), other.n)
 
     @property
     def rho(self) -> float:
@@ -68,6 +86,33 @@ class Fit:
         return (abs(self.z(copies)) >= Z_MIN and abs(self.rho) >= RHO_MIN
                 and abs(self.factor - 1.0) >= SCALE_FLOOR)
 
+    # ---- the constant shift: d = c ----
+    @property
+    def offset(self) -> float:
+        """c in cand = ref + c (the least-squares constant: the mean of d)."""
+        return self.sum_diff / self.n if self.n else 0.0
+
+    @property
+    def rho_shift(self) -> float:
+        """The mean of d over its root mean square (the uncentred correlation of d with a constant)."""
+        if self.ss_diff <= 0 or self.n == 0:
+            return 0.0
+        return self.sum_diff / math.sqrt(self.n * self.ss_diff)
+
+    def z_shift(self, copies: int = 1) -> float:
+        return self.rho_shift * math.sqrt(self.n / max(copies, 1))
+
+    def shift_significant(self, copies: int = 1, rho_min: float = RHO_MIN) -> bool:
+        """A shift that explains d better than the scale does (a scale of values with a non-zero
+        mean also has a mean error), at least SCALE_FLOOR of the values' root mean square."""
+        rms_ref = math.sqrt(self.ss_ref / self.n) if self.n else 0.0
+        return (abs(self.z_shift(copies)) >= Z_MIN and abs(self.rho_shift) >= rho_min
+                and abs(self.rho_shift) > abs(self.rho) and abs(self.offset) >= SCALE_FLOOR * rms_ref)
+
+    def sign_flip(self, copies: int = 1, rho_min: float = RHO_MIN) -> bool:
+        return (abs(self.z(copies)) >= Z_MIN and self.rho <= -rho_min
+                and abs(self.factor + 1.0) <= SIGN_FLIP_TOLERANCE)
+
 
 @dataclass
 class Signature:
@@ -75,27 +120,60 @@ class Signature:
 
     step: int
     kind: str
-    shape: str  # "scale"
-    factor: float  # cand = factor x ref
-    z: float
-    rho: float
+    shape: str  # one of SHAPES
+    factor: float | None  # cand = factor x ref (scale, sign flip)
+    z: float | None  # significance of a fit (None: an exact match or a pattern, no fit)
+    rho: float | None
     ranks: list[int]  # candidate ranks that carry it
     all_ranks: bool  # every compared rank carries it
-    tensors: int  # tensors pooled
+    tensors: int  # tensors pooled (or that carry it)
     first_step: int = 0  # the first step this kind showed the same shape (set over the steps)
     example: object = field(default=None, repr=False)  # a TensorResult that carries it (first divergence)
+    offset: float | None = None  # cand = ref + offset (shift)
+    tensor: str | None = None  # the one tensor a tensor-level shape was found on (else the first of several)
+    source_step: int | None = None  # stale: the reference's step the candidate equals
+    source_ranks: list | None = None  # swapped: [candidate rank, reference rank whose value it holds]
+    detail: str = ""  # a pattern's own words (nonfinite, one rank)
+    # a tensor-level shape: every tensor that shows it; an exact match: every (candidate rank, tensor)
+    names: list = field(default_factory=list, repr=False)
+
+    @property
+    def where(self) -> str:
+        where = "all tensors and ranks" if self.all_ranks else (
+            f"rank {self.ranks[0]} only" if len(self.ranks) == 1 else f"ranks {', '.join(map(str, self.ranks))}")
+        if self.tensor is not None and self.tensors == 1:
+            return f"tensor {self.tensor}, " + where.replace("all tensors and ranks", "all ranks")
+        if self.tensor is not None:
+            return f"{self.tensors} tensors ({self.tensor}, ...), " + where.replace("all tensors and ranks", "all ranks")
+        return where
 
     @property
     def text(self) -> str:
-        where = "all tensors and ranks" if self.all_ranks else (
-            f"rank {self.ranks[0]} only" if len(self.ranks) == 1 else f"ranks {', '.join(map(str, self.ranks))}")
-        return (f"systematic: {self.kind} = {self.factor:.4f} x reference (z = {self.z:.0f}, rho = {self.rho:.2f}) "
-                f"on {where}, from step {self.first_step or self.step}: {SCALE_MEANING[self.kind]}")
+        since = f"from step {self.first_step or self.step}"
+        fit = "" if self.z is None else f" (z = {self.z:.0f}, rho = {self.rho:.2f})"
+        if self.shape == "scale":
+            return (f"systematic: {self.kind} = {self.factor:.4f} x reference{fit} on {self.where}, {since}: "
+                    f"{SCALE_MEANING[self.kind]}")
+        if self.shape == "sign flip":
+            what = "a sign flip of the update" if self.kind == "deltas" else "a sign flip"
+            return f"systematic: {self.kind} = {self.factor:.4f} x reference{fit} on {self.where}, {since}: {what}"
+        if self.shape == "shift":
+            return (f"systematic: {self.kind} = reference {self.offset:+.3g}{fit} on {self.where}, {since}: "
+                    "a constant shift")
+        if self.shape == "stale":
+            return (f"stale: {self.kind} on {self.where} equal the reference's step {self.source_step} exactly, "
+                    f"{since}: an update skipped or a value not refreshed")
+        if self.shape == "swapped":
+            pairs = ", ".join(f"rank {c} holds rank {r}'s" for c, r in self.source_ranks)
+            return (f"swapped: {self.kind} of {self.where.split(', ')[0] if self.tensor else 'every tensor'}: {pairs} "
+                    f"reference value exactly, {since}: shards or data swapped between ranks")
+        return f"{self.detail}, {since}"  # one rank, nonfinite: the pattern says it
 
     def to_dict(self) -> dict:
         return {"step": self.step, "kind": self.kind, "shape": self.shape, "factor": self.factor, "z": self.z,
-                "rho": self.rho, "ranks": self.ranks, "all_ranks": self.all_ranks, "tensors": self.tensors,
-                "first_step": self.first_step or self.step, "text": self.text}
+                "rho": self.rho, "offset": self.offset, "ranks": self.ranks, "all_ranks": self.all_ranks,
+                "tensors": self.tensors, "tensor": self.tensor, "source_step": self.source_step,
+                "source_ranks": self.source_ranks, "first_step": self.first_step or self.step, "text": self.text}
 
 
 @dataclass
@@ -109,20 +187,17 @@ class KindShape:
 
     @property
     def shape(self) -> str:
-        if self.kind not in SCALE_MEANING:
-            return "not fitted"
         if self.signatures:
             return "systematic"
+        if self.kind not in SCALE_MEANING:
+            return "not fitted"
         return "rounding-like" if self.differs else "identical"
 
     def to_dict(self) -> dict:
         return {"kind": self.kind, "shape": self.shape, "max_z": self.max_z}
 
 
-def step_signature(step: int, kind: str, results) -> tuple[Signature | None, float, bool]:
-    """(the signature of one kind at one step or None, the largest |z| of its fits, whether anything differed)."""
-    if kind not in SCALE_MEANING:
-        return None, 0.0, any((r.metrics.fit or (0, 0, 0))[2] > 0 for r in results)
+def _per_rank(results) -> tuple[dict[int, Fit], set]:
     per_rank: dict[int, Fit] = {}
     tensors = set()
     for r in results:
@@ -131,48 +206,127 @@ def step_signature(step: int, kind: str, results) -> tuple[Signature | None, flo
             continue
         per_rank.setdefault(r.rank, Fit()).add(fit, r.metrics.compared)
         tensors.add(r.tensor)
+    return per_rank, tensors
+
+
+def _carried(fit_of, significant, per_rank: dict[int, Fit], kind: str):
+    """(the fit, its z, the ranks that carry it) of the pooled fit or of its strongest ranks, or None.
+    fit_of(Fit, copies) -> z; significant(Fit, copies) -> bool."""
+    pooled = Fit()
+    for f in per_rank.values():
+        pooled.add_fit(f)
+    copies = len(per_rank) if kind in REPLICATED_KINDS else 1
+    strong = sorted(r for r, f in per_rank.items() if significant(f, 1))
+    if significant(pooled, copies):
+        fit, z = pooled, fit_of(pooled, copies)
+        carriers = sorted(r for r, f in per_rank.items() if abs(fit_of(f, 1)) >= Z_QUIET and fit_of(f, 1) * z > 0)
+    elif strong:
+        r0 = max(strong, key=lambda r: abs(fit_of(per_rank[r], 1)))
+        fit, z = per_rank[r0], fit_of(per_rank[r0], 1)
+        carriers = strong
+    else:
+        return None
+    quiet = all(abs(fit_of(per_rank[r], 1)) < Z_QUIET for r in per_rank if r not in carriers)
+    if not quiet:  # some ranks carry it only faintly: say every rank that shows it, not "only"
+        carriers = sorted(r for r, f in per_rank.items() if abs(fit_of(f, 1)) >= Z_QUIET) or carriers
+    carriers = carriers or sorted(per_rank)
+    if len(carriers) < len(per_rank):  # the fit of the ranks that carry it: the others would dilute it
+        fit = Fit()
+        for r in carriers:
+            fit.add_fit(per_rank[r])
+        z = fit_of(fit, len(carriers) if kind in REPLICATED_KINDS else 1)
+    return fit, z, carriers
+
+
+def _example(results, carriers, tensor=None):
+    return max((r for r in results if r.rank in carriers and r.metrics.fit is not None
+                and (tensor is None or r.tensor == tensor)), key=lambda r: r.metrics.fit[2])
+
+
+def step_signature(step: int, kind: str, results) -> tuple[Signature | None, float, bool]:
+    """(the scale signature of one kind at one step or None, the largest |z| of its fits, whether
+    anything differed). A scale near -1 is named a sign flip."""
+    if kind not in SCALE_MEANING:
+        return None, 0.0, any((r.metrics.fit or (0, 0, 0))[2] > 0 for r in results)
+    per_rank, tensors = _per_rank(results)
     if not per_rank:
         return None, 0.0, False
     differs = any(f.ss_diff > 0 for f in per_rank.values())
+    copies = len(per_rank) if kind in REPLICATED_KINDS else 1
     pooled = Fit()
     for f in per_rank.values():
-        pooled.add((f.ss_ref, f.dot, f.ss_diff), f.n)
-    copies = len(per_rank) if kind in REPLICATED_KINDS else 1
+        pooled.add_fit(f)
     max_z = max([abs(pooled.z(copies))] + [abs(f.z()) for f in per_rank.values()])
-    strong = sorted(r for r, f in per_rank.items() if f.significant())
-    if pooled.significant(copies):
-        fit, z = pooled, pooled.z(copies)
-        carriers = sorted(r for r, f in per_rank.items() if abs(f.z()) >= Z_QUIET and f.rho * fit.rho > 0)
-    elif strong:
-        r0 = max(strong, key=lambda r: abs(per_rank[r].z()))
-        fit, z = per_rank[r0], per_rank[r0].z()
-        carriers = strong
-    else:
+    got = _carried(lambda f, c: f.z(c), lambda f, c: f.significant(c), per_rank, kind)
+    if got is None:
         return None, max_z, differs
-    quiet = all(abs(per_rank[r].z()) < Z_QUIET for r in per_rank if r not in carriers)
-    if not quiet:  # some ranks carry it only faintly: say every rank that shows it, not "only"
-        carriers = sorted(r for r, f in per_rank.items() if abs(f.z()) >= Z_QUIET) or carriers
-    carriers = carriers or sorted(per_rank)
-    if len(carriers) < len(per_rank):  # the fit of the ranks that carry it: the others would dilute k
-        fit = Fit()
-        for r in carriers:
-            f = per_rank[r]
-            fit.add((f.ss_ref, f.dot, f.ss_diff), f.n)
-        z = fit.z(len(carriers) if kind in REPLICATED_KINDS else 1)
-    example = max((r for r in results if r.rank in carriers and r.metrics.fit is not None),
-                  key=lambda r: r.metrics.fit[2])
-    sig = Signature(step, kind, "scale", fit.factor, z, fit.rho, carriers, len(carriers) == len(per_rank), len(tensors),
-                    example=example)
+    fit, z, carriers = got
+    shape = "sign flip" if abs(fit.factor + 1.0) <= SIGN_FLIP_TOLERANCE else "scale"
+    sig = Signature(step, kind, shape, fit.factor, z, fit.rho, carriers, len(carriers) == len(per_rank), len(tensors),
+                    example=_example(results, carriers))
     return sig, max_z, differs
+
+
+def shift_signature(step: int, kind: str, results) -> Signature | None:
+    """The constant-shift signature of one kind at one step, pooled over its tensors, or None."""
+    if kind not in SCALE_MEANING:
+        return None
+    per_rank, tensors = _per_rank(results)
+    if not per_rank:
+        return None
+    got = _carried(lambda f, c: f.z_shift(c), lambda f, c: f.shift_significant(c), per_rank, kind)
+    if got is None:
+        return None
+    fit, z, carriers = got
+    return Signature(step, kind, "shift", None, z, fit.rho_shift, carriers, len(carriers) == len(per_rank),
+                     len(tensors), example=_example(results, carriers), offset=fit.offset)
+
+
+def tensor_signatures(step: int, kind: str, results, taken: set[str] = frozenset()) -> list[Signature]:
+    """One tensor's own sign flip or shift (over its ranks), except the shapes in `taken`.
+    Tensors with the same shape make one signature (`names`: all of them)."""
+    if kind not in SCALE_MEANING:
+        return []
+    ranks_all = {r.rank for r in results}
+    by_tensor: dict[str, list] = {}
+    for r in results:
+        by_tensor.setdefault(r.tensor, []).append(r)
+    found: dict[str, list] = {}  # shape -> [(tensor, fit, z, ranks)]
+    for name, rs in by_tensor.items():
+        per_rank, _ = _per_rank(rs)
+        if not per_rank:
+            continue
+        for shape, fit_of, significant in (
+                ("sign flip", lambda f, c: f.z(c), lambda f, c: f.sign_flip(c, RHO_TENSOR)),
+                ("shift", lambda f, c: f.z_shift(c), lambda f, c: f.shift_significant(c, RHO_TENSOR))):
+            if shape in taken:
+                continue
+            got = _carried(fit_of, significant, per_rank, kind)
+            if got is not None:
+                found.setdefault(shape, []).append((name, *got))
+                break
+    out = []
+    for shape, hits in found.items():
+        name, fit, z, carriers = max(hits, key=lambda h: abs(h[2]))
+        ranks = sorted({r for h in hits for r in h[3]})
+        out.append(Signature(step, kind, shape, fit.factor if shape == "sign flip" else None, z,
+                             fit.rho if shape == "sign flip" else fit.rho_shift, ranks, set(ranks) == ranks_all,
+                             len(hits), example=_example(results, carriers, name),
+                             offset=fit.offset if shape == "shift" else None, tensor=name,
+                             names=[h[0] for h in hits]))
+    return out
 
 
 def first_steps(signatures: list[Signature]) -> None:
     """Set each signature's first_step: the earliest step of an unbroken run of the same kind, shape
-    and direction (factor above or below 1) leading up to it."""
-    by_kind: dict[str, list[Signature]] = {}
+    (and tensor), ranks and direction (factor above or below 1, shift up or down) leading up to it."""
+    last: dict[tuple, Signature] = {}
     for s in sorted(signatures, key=lambda s: s.step):
-        run = by_kind.setdefault(s.kind, [])
-        prev = run[-1] if run else None
-        same = prev is not None and (prev.factor > 1) == (s.factor > 1) and prev.ranks == s.ranks
+        prev = last.get((s.kind, s.shape, s.tensor))
+        same = prev is not None and prev.ranks == s.ranks and _direction(prev) == _direction(s)
         s.first_step = prev.first_step if same else s.step
-        run.append(s)
+        last[(s.kind, s.shape, s.tensor)] = s
+
+
+def _direction(s: Signature) -> tuple:
+    return (None if s.factor is None else s.factor > 1, None if s.offset is None else s.offset > 0)

@@ -1,0 +1,49 @@
+"""Every signature of a step (compare/structure.py's fits, patterns.py, matches.py), in the order
+the first divergence takes them: the most specific first."""
+
+from __future__ import annotations
+
+from tracekit.compare import matches, patterns, structure
+
+
+def matcher(engine, pairs, align: str):
+    """The exact-match search of a step (compare/matches.py) over its rank pairs, by kind; None
+    under --align global, whose pairs are not one rank's tensors against another's."""
+    if align == "global":
+        return None
+    return lambda step, kind, rs: matches.match_signatures(step, kind, [kp for kp in pairs if kp.kind == kind],
+                                                           engine.ref, engine.cand, rs)
+
+
+def step_shapes(step: int, kind: str, rs: list, match=None) -> tuple[list, float, bool]:
+    """Every signature of one kind at one step, the most specific first (the first divergence
+    names the first): NaN/Inf, exact matches, a tensor's own sign flip or shift, the kind's scale
+    (or sign flip) or shift, one rank. Tensors with a shape of their own are left out of the kind's
+    fits (one flipped tensor would pass for a scale of the lot), unless every tensor has one: then
+    the kind's fit says it once."""
+    sig, max_z, differs = structure.step_signature(step, kind, rs)
+    sigs = [s for s in (patterns.nonfinite_signature(step, kind, rs),) if s is not None]
+    matched = match(step, kind, rs) if match is not None else []
+    sigs += matched
+    # a value matched exactly elsewhere is explained: fitting it would name its difference a scale
+    explained = {m for s in matched for m in s.names}
+    rs_fit = [r for r in rs if (r.rank, r.tensor) not in explained] if explained else rs
+    if explained:
+        sig = structure.step_signature(step, kind, rs_fit)[0] if rs_fit else None
+    own = structure.tensor_signatures(step, kind, rs_fit)
+    flagged = {n for s in own for n in s.names}
+    rest = rs_fit
+    if not own or flagged == {r.tensor for r in rs_fit} or (sig is not None and sig.shape in {s.shape for s in own}):
+        own = []  # the kind's own fit says it once, over all its tensors
+    else:
+        rest = [r for r in rs_fit if r.tensor not in flagged]
+        sig = structure.step_signature(step, kind, rest)[0] if rest else None
+    fitted = [sig] if sig is not None else []
+    if sig is None and rest:
+        shift = structure.shift_signature(step, kind, rest)
+        fitted += [shift] if shift is not None else []
+    sigs += own + fitted
+    if not sigs:
+        one = patterns.one_rank_signature(step, kind, rs)
+        sigs += [one] if one is not None else []
+    return sigs, max_z, differs
