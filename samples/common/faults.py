@@ -12,6 +12,9 @@ Specs (repeatable flag):
   grad_scale=RANK:STEP:F     after backward (gradients already synchronized), every local gradient of
                              that rank is multiplied by F in that step (a one-rank, one-step
                              relative perturbation F - 1 of each gradient tensor)
+  opt_lr=RANK:STEP:F         that rank's optimizer step updates its last parameter with the learning
+                             rate times F in that step (the other parameters as given): one wrong op
+                             of the update, on one parameter and one rank
   op=KIND:RANK:STEP          one op of the model is wrong on that rank from that step on; KIND is
                              act, matmul_bf16, reduce_order, roll_rows or bwd_bf16 (see op_faults.py)
 """
@@ -30,6 +33,7 @@ class Faults:
     grad_scale: dict[tuple[int, int], float] = field(default_factory=dict)  # (rank, step) -> F
     crash: dict[tuple[int, int], str] = field(default_factory=dict)  # (rank, step) -> raise | exit | kill
     op: tuple[str, int, int] | None = None  # (kind, rank, step): a planted op fault
+    opt_lr: dict[tuple[int, int], float] = field(default_factory=dict)  # (rank, step) -> F for the last parameter
 
     def local_loss_factor(self, rank: int, step: int) -> float:
         return self.loss_scale.get((rank, step), 1.0)
@@ -42,6 +46,9 @@ class Faults:
 
     def grad_factor(self, rank: int, step: int) -> float:
         return self.grad_scale.get((rank, step), 1.0)
+
+    def last_param_lr_factor(self, rank: int, step: int) -> float:
+        return self.opt_lr.get((rank, step), 1.0)
 
     def crash_at(self, rank: int, step: int) -> str | None:
         return self.crash.get((rank, step))
@@ -77,6 +84,7 @@ def parse_faults(specs: list[str]) -> Faults:
     reported: dict[int, float] = {}
     grad_scale: dict[tuple[int, int], float] = {}
     crash: dict[tuple[int, int], str] = {}
+    opt_lr: dict[tuple[int, int], float] = {}
     op = None
     for spec in specs:
         name, sep, value = spec.partition("=")
@@ -98,6 +106,9 @@ def parse_faults(specs: list[str]) -> Faults:
         elif name == "grad_scale":
             rank, step, factor = _numbers(spec, value, (int, int, float))
             grad_scale[(rank, step)] = grad_scale.get((rank, step), 1.0) * factor
+        elif name == "opt_lr":
+            rank, step, factor = _numbers(spec, value, (int, int, float))
+            opt_lr[(rank, step)] = opt_lr.get((rank, step), 1.0) * factor
         elif name == "crash":
             rank_step, _, how = value.rpartition(":")
             if how not in CRASHES:
@@ -116,6 +127,6 @@ def parse_faults(specs: list[str]) -> Faults:
             op = (kind, rank, step)
         else:
             raise ValueError(
-                f"unknown fault {name!r}: use lr_scale, loss_scale, nan_grad, reported_loss_scale, grad_scale, crash or op"
+                f"unknown fault {name!r}: use lr_scale, loss_scale, nan_grad, reported_loss_scale, grad_scale, opt_lr, crash or op"
             )
-    return Faults(lr_scale, loss_scale, frozenset(nan_grad), reported, grad_scale, crash, op)
+    return Faults(lr_scale, loss_scale, frozenset(nan_grad), reported, grad_scale, crash, op, opt_lr)
