@@ -402,7 +402,9 @@ def test_inductor_candidate_against_an_eager_reference_names_the_shared_unit_not
     assert not report.passed and rc is not None
     assert (rc.step, rc.kind, rc.event["phase"], rc.event["op"]) == (FAULT_STEP, "unit", "fwd", "")
     assert "1".startswith(rc.event["module"])  # module 1 or a module holding it: never module 2's matmul
-    unit = rc.to_dict()["unit"]
+    doc = json.loads(json.dumps(report.to_dict()))
+    jsonschema.validate(doc, load("diff-report"))
+    unit = doc["root_cause"]["unit"]
     assert unit["cand_compiled"] == "inductor" and unit["ref_compiled"] is None
     assert unit["paired"] < unit["cand_ops"] and unit["ref_ops"] > 0
     assert f"reference {unit['ref_ops']} ops (eager) vs candidate {unit['cand_ops']} (compiled: inductor)" in rc.reason
