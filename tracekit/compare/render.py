@@ -151,8 +151,7 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
     nonfinite = [s for s in report.summary if s.ref_nonfinite or s.cand_nonfinite]
     if nonfinite:
         out += ["", "NaN/Inf elements (n/a marks metrics with no element finite on both sides):"]
-        out += [f"  step {s.step} {s.kind}: {s.ref_nonfinite} in ref, {s.cand_nonfinite} in cand, "
-                f"{s.nonfinite} mismatched" for s in nonfinite]
+        out += [_nonfinite_line(s) for s in nonfinite]
 
     if report.loss_table:
         out += ["", "Loss:"]
@@ -223,6 +222,15 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
     # names are escaped where they are put in (a newline in one is data, not a line); this sweep
     # catches controls anywhere else (paths, run facts)
     return terminal_safe("\n".join(out))
+
+
+def _nonfinite_line(s) -> str:
+    line = f"  step {s.step} {s.kind}: {s.ref_nonfinite} in ref, {s.cand_nonfinite} in cand, {s.nonfinite} mismatched"
+    if s.alike_ranks and s.cand_nonfinite_once < s.cand_nonfinite:
+        # one tensor every rank holds alike (gathered, replicated): counted per rank above
+        line += (f" (per rank: ranks {ranges(list(s.alike_ranks))} hold the same tensor alike, gathered or "
+                 f"replicated: {s.cand_nonfinite_once} counted once, spread to them, not {s.cand_nonfinite} origins)")
+    return line
 
 
 def group_violations(results: list[TensorResult]) -> list[tuple[list[int], TensorResult]]:
