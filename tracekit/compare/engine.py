@@ -660,10 +660,7 @@ def _nonfinite_once(rs: list[TensorResult]) -> tuple[int, tuple[int, ...]]:
         n = (c.cand_nan + c.cand_inf) if c is not None else 0
         if not n:
             continue
-        fields = r.to_dict()
-        for per_rank in ("rank", "ref_rank", "oracle_rank"):
-            fields.pop(per_rank)
-        key = (r.tensor, repr(sorted(fields.items())))  # repr: exact floats, and nan equals nan
+        key = (r.tensor, r.alike_key())
         groups.setdefault(key, []).append(r.rank)
         count[key] = n
     alike = sorted({rank for ranks in groups.values() if len(ranks) > 1 for rank in ranks})

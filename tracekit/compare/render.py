@@ -239,11 +239,7 @@ def group_violations(results: list[TensorResult]) -> list[tuple[list[int], Tenso
     gradient all-reduced by DDP fails the same way on every rank)."""
     groups: dict[str, tuple[list[int], TensorResult]] = {}
     for r in results:
-        fields = r.to_dict()
-        for per_rank in ("rank", "ref_rank", "oracle_rank"):
-            fields.pop(per_rank)
-        key = repr(sorted(fields.items()))  # repr: exact floats, and nan equals nan
-        groups.setdefault(key, ([], r))[0].append(r.rank)
+        groups.setdefault(r.alike_key(), ([], r))[0].append(r.rank)
     return list(groups.values())
 
 

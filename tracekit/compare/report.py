@@ -40,6 +40,15 @@ class TensorResult:
                 "shape": list(self.shape), "tolerance_source": self.tolerance_source, "compared_by": self.compared_by,
                 **self.metrics.to_dict()}
 
+    def alike_key(self) -> str:
+        """Equal for two results that differ only in their rank: every metric equal, bit for bit
+        (repr: exact floats, and nan equals nan). A tensor every rank holds alike (an all-reduced
+        gradient, one assembled from the same shards) gives one key on all of them."""
+        fields = self.to_dict()
+        for per_rank in ("rank", "ref_rank", "oracle_rank"):
+            fields.pop(per_rank)
+        return repr(sorted(fields.items()))
+
 
 @dataclass
 class KindSummary:
