@@ -753,6 +753,11 @@ class Tracer:
         if node is not None:
             module, src = self._seq_module.get(node._sequence_nr(), ("", None))
             return "bwd", module, src, compiled
+        if torch._C._current_graph_task_id() != -1:
+            # backward is running but no node is: the engine's callbacks after the graph (DDP's
+            # reducer copying the all-reduced buckets into each .grad). Backward work of no
+            # module, not forward (they read `fwd` before)
+            return "bwd", "", src, compiled
         module = base
         # the node autograd made for this op (if any) took the latest sequence number: remember
         # where it ran, for its backward (first writer wins: ops with no node see a stale number)

@@ -12,6 +12,9 @@ Specs (repeatable flag):
   grad_scale=RANK:STEP:F     after backward (gradients already synchronized), every local gradient of
                              that rank is multiplied by F in that step (a one-rank, one-step
                              relative perturbation F - 1 of each gradient tensor)
+  opt_lr=RANK:STEP:F         that rank's optimizer step updates its last parameter with the learning
+                             rate times F in that step (the other parameters as given): one wrong op
+                             of the update, on one parameter and one rank
   stale_grad=STEP            in that step every rank's gradients are replaced, after backward and
                              synchronization, by its gradients of the step before (a buffer not refreshed)
   swap_data=STEP             in that step data-parallel ranks 0 and 1 train on each other's batch
@@ -36,6 +39,7 @@ class Faults:
     op: tuple[str, int, int] | None = None  # (kind, rank, step): a planted op fault
     stale_grad: frozenset[int] = frozenset()  # steps
     swap_data: frozenset[int] = frozenset()  # steps
+    opt_lr: dict[tuple[int, int], float] = field(default_factory=dict)  # (rank, step) -> F for the last parameter
 
     def local_loss_factor(self, rank: int, step: int) -> float:
         return self.loss_scale.get((rank, step), 1.0)
@@ -48,6 +52,9 @@ class Faults:
 
     def grad_factor(self, rank: int, step: int) -> float:
         return self.grad_scale.get((rank, step), 1.0)
+
+    def last_param_lr_factor(self, rank: int, step: int) -> float:
+        return self.opt_lr.get((rank, step), 1.0)
 
     def crash_at(self, rank: int, step: int) -> str | None:
         return self.crash.get((rank, step))
@@ -83,6 +90,7 @@ def parse_faults(specs: list[str]) -> Faults:
     reported: dict[int, float] = {}
     grad_scale: dict[tuple[int, int], float] = {}
     crash: dict[tuple[int, int], str] = {}
+    opt_lr: dict[tuple[int, int], float] = {}
     op = None
     stale_grad: set[int] = set()
     swap_data: set[int] = set()
@@ -106,6 +114,9 @@ def parse_faults(specs: list[str]) -> Faults:
         elif name == "grad_scale":
             rank, step, factor = _numbers(spec, value, (int, int, float))
             grad_scale[(rank, step)] = grad_scale.get((rank, step), 1.0) * factor
+        elif name == "opt_lr":
+            rank, step, factor = _numbers(spec, value, (int, int, float))
+            opt_lr[(rank, step)] = opt_lr.get((rank, step), 1.0) * factor
         elif name == "crash":
             rank_step, _, how = value.rpartition(":")
             if how not in CRASHES:
@@ -127,8 +138,8 @@ def parse_faults(specs: list[str]) -> Faults:
             (stale_grad if name == "stale_grad" else swap_data).add(step)
         else:
             raise ValueError(
-                f"unknown fault {name!r}: use lr_scale, loss_scale, nan_grad, reported_loss_scale, grad_scale, crash, "
+                f"unknown fault {name!r}: use lr_scale, loss_scale, nan_grad, reported_loss_scale, grad_scale, opt_lr, crash, "
                 "op, stale_grad or swap_data"
             )
     return Faults(lr_scale, loss_scale, frozenset(nan_grad), reported, grad_scale, crash, op, frozenset(stale_grad),
-                  frozenset(swap_data))
+                  frozenset(swap_data), opt_lr)

@@ -165,7 +165,11 @@ class Workload:
     def optimizer_step(self, step: int) -> None:
         params = list(self.named_model.parameters())
         before = [local_tensor(p).detach().clone() for p in params]
-        self.optimizer.step()
+        factor = self.config.faults.last_param_lr_factor(self.runtime.rank, step)
+        if factor != 1.0:
+            self._step_last_param_with_lr_times(factor)
+        else:
+            self.optimizer.step()
         changed = any(not torch.equal(old, local_tensor(p).detach()) for old, p in zip(before, params))
         # A rank's shards could all sit still by chance at large world sizes; the run is only
         # broken if no rank changed anything, so agree on that with one small all-reduce.
@@ -174,6 +178,21 @@ class Workload:
         if not flag.item():
             raise WorkloadError(f"step {step}: the optimizer step changed no parameter on any rank")
         self.optimizer.zero_grad()
+
+    def _step_last_param_with_lr_times(self, factor: float) -> None:
+        """The planted opt_lr fault: one step in which the last parameter sits in a param group of its
+        own with lr * factor. The last one, so the update's ops keep their order: only that
+        parameter's update op computes differently (its alpha)."""
+        groups = self.optimizer.param_groups
+        group = groups[-1]
+        last = group["params"][-1]
+        group["params"] = group["params"][:-1]
+        groups.append({**group, "params": [last], "lr": group["lr"] * factor})
+        try:
+            self.optimizer.step()
+        finally:
+            groups.pop()
+            group["params"] = [*group["params"], last]
 
     def report(self, step: int, result: StepResult) -> None:
         loss = result.global_loss.item()

@@ -122,3 +122,32 @@ def test_a_functional_collective_is_pending_until_its_wait():
     mul = by_op["aten.mul.Tensor"]
     assert mul["inputs"][0]["producer"][0] == gather["index"]
     assert mul["inputs"][0]["hash"] == wait["outputs"][0]["hash"]
+
+
+def test_ddp_copying_reduced_gradients_back_is_backward_work():
+    """DDP's reducer copies its all-reduced buckets into each .grad from an engine callback after
+    the graph, when no autograd node runs: those copies are phase bwd (they read fwd before), at
+    no module; the forward's ops stay fwd. A one-rank gloo group."""
+    import torch.distributed as dist
+
+    from tracekit.recorders.tracing import Tracer
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+        model(torch.randn(2, 4)).sum().backward()  # DDP's first backward builds its buckets
+        tracer = Tracer("ops", model)
+        tracer.start(1)
+        try:
+            model(torch.randn(2, 4)).sum().backward()
+        finally:
+            trace = tracer.stop()
+            tracer.close()
+    finally:
+        dist.destroy_process_group()
+    ops = [(e["phase"], e["op"]) for e in trace.events]
+    allreduce = ops.index(("bwd", "c10d.allreduce_.default"))
+    after = trace.events[allreduce + 1:]
+    assert any(e["op"] == "aten.copy_.default" for e in after)  # the copies into .grad
+    assert all(e["phase"] == "bwd" and e["module"] == "" for e in after), [(e["phase"], e["op"]) for e in after]
+    assert ("fwd", "aten.addmm.default") in ops

@@ -29,10 +29,14 @@ FAULTS = {
     # a collective's input: rank 1's loss scaled before backward, so what it feeds the gradient
     # reduction differs; named on rank 1 (the scalar), never at the collective on rank 0
     "collective input": (("--fault", "loss_scale=1:3:1.5"), ("", "aten.mul.Tensor", "fwd", "argument")),
+    # optimizer op: rank 1's update of its last parameter runs with 1.5x the learning rate (the
+    # update op's alpha); the parameters before it update as the reference's do
+    "optimizer op": (("--fault", "opt_lr=1:3:1.5"), ("", "aten.add_", "opt", "argument")),
 }
 # which cells run where: simplefsdp_tp replaces modules 0 and 2 (faults on module 1 only there)
 CELLS = [(layout, fault) for layout in LAYOUT_ARGS for fault in FAULTS
-         if not (layout == "simplefsdp_tp" and fault in ("inplace view", "collective input"))]
+         if not (layout == "simplefsdp_tp" and fault in ("inplace view", "collective input", "optimizer op"))
+         and not (layout == "tp" and fault == "optimizer op")]  # (each cell is a launch: CI time)
 
 
 def _record(recorded_sample, layout, extra=()):
@@ -54,3 +58,22 @@ def test_planted_fault_is_named_and_the_clean_step_names_nothing(recorded_sample
     assert rc is not None and rc is report.root_cause
     got = (rc.step, rc.rank, rc.event["module"], rc.event["phase"], rc.kind)
     assert got == (3, 1, module, phase, kind) and rc.event["op"].startswith(op), (got, rc.event["op"], rc.reason)
+
+
+@pytest.mark.torchrun
+def test_simplefsdp_tp_inplace_write_and_optimizer_op_in_one_launch(recorded_sample):
+    """simplefsdp_tp (compiled, 2 x 2): two faults on two ranks of one candidate, each rank's own
+    root cause checked: rank 0 writes a NaN into its first gradient through a view (after the
+    gradient reductions, so nothing of it reaches another rank in the step), rank 1 updates its last
+    parameter with 1.5x the learning rate. Ranks 2 and 3 and every rank's step 2 name nothing."""
+    ref = _record(recorded_sample, "simplefsdp_tp")
+    cand = _record(recorded_sample, "simplefsdp_tp", ("--fault", "nan_grad=0:3", "--fault", "opt_lr=1:3:1.5"))
+    report = tracekit.diff(ref, cand)
+    assert not report.passed
+    by = {(tc.step, tc.rank): tc.root_cause for tc in report.traces}
+    named = {k: (rc.event["module"], rc.event["phase"], rc.kind, rc.event["op"]) for k, rc in by.items() if rc}
+    assert set(named) == {(3, 0), (3, 1)}, named  # 0 root causes in the 6 clean pairs
+    module, phase, kind, op = named[(3, 0)]
+    assert (module, phase, kind) == ("", "fwd", "extra op") and op.startswith(("aten.fill_", "aten.copy_")), named
+    module, phase, kind, op = named[(3, 1)]
+    assert (module, phase, kind) == ("", "opt", "argument") and op.startswith("aten.add_"), named

@@ -138,6 +138,8 @@ def test_fault_specs_parse_and_bad_ones_are_refused():
     assert faults.local_loss_factor(1, 3) == 2.5 and faults.local_loss_factor(0, 3) == 1.0
     assert faults.wants_nan_grad(0, 2) and not faults.wants_nan_grad(1, 2)
     assert faults.reported_loss_factor(4) == 10 and faults.reported_loss_factor(3) == 1.0
+    opt = parse_faults(["opt_lr=1:3:1.5"])
+    assert opt.last_param_lr_factor(1, 3) == 1.5 and opt.last_param_lr_factor(0, 3) == 1.0 and opt.any
     assert parse_faults([]) == Faults() and not Faults().any
     shapes = parse_faults(["stale_grad=2", "swap_data=3"])  # the exact-match shapes' faults (issue 35)
     assert shapes.stale_grad == {2} and shapes.swap_data == {3} and shapes.any

@@ -393,6 +393,29 @@ def test_inductor_clean_pair_names_nothing_and_hides_fused_ops(runs, inductor, t
     assert all(e.get("compiled") == "inductor" for e in events if e["op"] in ("aten.addmm.out", "aten.mm.out"))
 
 
+def test_inductor_candidate_against_an_eager_reference_names_the_shared_unit_not_an_op(runs, inductor):
+    """Compiled against eager: the ops do not pair one to one (extern addmm.out against addmm,
+    the ReLU fused away), so no unpaired op is blamed (addmm.out of module 2 was, before); the
+    unit both share and holding the fault (module 1, fused) is named, with each side's op count."""
+    report = tracekit.diff(runs(None), runs("act", "inductor"))
+    rc = report.root_cause
+    assert not report.passed and rc is not None
+    assert (rc.step, rc.kind, rc.event["phase"], rc.event["op"]) == (FAULT_STEP, "unit", "fwd", "")
+    assert "1".startswith(rc.event["module"])  # module 1 or a module holding it: never module 2's matmul
+    doc = json.loads(json.dumps(report.to_dict()))
+    jsonschema.validate(doc, load("diff-report"))
+    unit = doc["root_cause"]["unit"]
+    assert unit["cand_compiled"] == "inductor" and unit["ref_compiled"] is None
+    assert unit["paired"] < unit["cand_ops"] and unit["ref_ops"] > 0
+    assert f"reference {unit['ref_ops']} ops (eager) vs candidate {unit['cand_ops']} (compiled: inductor)" in rc.reason
+    from tracekit.compare.render import render
+
+    assert "Root cause: step 2, rank 0, inside module" in render(report) and "aten.addmm.out [fwd" not in render(report)
+    # the clean compiled candidate against the same eager reference names nothing
+    clean = tracekit.diff(runs(None), runs(None, "inductor"))
+    assert clean.traces and clean.root_cause is None
+
+
 def test_a_rank_knows_from_its_listing_whether_it_holds_traces(runs, tmp_path):
     """The diff looks for traces only on ranks whose listing (made at open) holds a traces group."""
     from tracekit.testing import write_store

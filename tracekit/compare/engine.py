@@ -685,7 +685,7 @@ def _add_step(report: DiffReport, step: int, results: list[TensorResult], detail
             None if worst.metrics.margin is None else worst.metrics.margin_rule,
             None if worst.metrics.margin is None else (worst.rank, worst.tensor),
             total(lambda m: m.counts.ref_nan + m.counts.ref_inf), total(lambda m: m.counts.cand_nan + m.counts.cand_inf),
-            total(lambda m: m.norm_failed)))
+            total(lambda m: m.norm_failed), *_nonfinite_once(rs)))
     report.results.extend(r for r in results if details == "all" or not r.passed)
     loss = by_kind.get("loss")
     if loss:
@@ -694,6 +694,25 @@ def _add_step(report: DiffReport, step: int, results: list[TensorResult], detail
             first = min(scalars, key=lambda r: (r.tensor != "loss", r.rank))
             w = first.metrics.worst
             report.loss_table.append(LossRow(step, first.tensor, first.rank, w.ref, w.cand, all(r.passed for r in loss)))
+
+
+def _nonfinite_once(rs: list[TensorResult]) -> tuple[int, tuple[int, ...]]:
+    """The candidate's NaN + Inf elements with each tensor held alike by several ranks counted
+    once, and those ranks. Alike: every metric of the rank pair's result equal (an FSDP gradient
+    each rank assembles from the same shards, a DDP gradient all-reduced): a NaN written on one
+    rank and gathered by all is one NaN that spread, not one per rank."""
+    groups: dict[tuple, list[int]] = {}
+    count: dict[tuple, int] = {}
+    for r in rs:
+        c = r.metrics.counts
+        n = (c.cand_nan + c.cand_inf) if c is not None else 0
+        if not n:
+            continue
+        key = (r.tensor, r.alike_key())
+        groups.setdefault(key, []).append(r.rank)
+        count[key] = n
+    alike = sorted({rank for ranks in groups.values() if len(ranks) > 1 for rank in ranks})
+    return sum(count.values()), tuple(alike)
 
 
 def _over(fn, ms, name):

@@ -157,8 +157,7 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
     nonfinite = [s for s in report.summary if s.ref_nonfinite or s.cand_nonfinite]
     if nonfinite:
         out += ["", "NaN/Inf elements (n/a marks metrics with no element finite on both sides):"]
-        out += [f"  step {s.step} {s.kind}: {s.ref_nonfinite} in ref, {s.cand_nonfinite} in cand, "
-                f"{s.nonfinite} mismatched" for s in nonfinite]
+        out += [_nonfinite_line(s) for s in nonfinite]
 
     if report.loss_table:
         out += ["", "Loss:"]
@@ -231,17 +230,22 @@ def render(report: DiffReport, max_rows: int = 20) -> str:
     return terminal_safe("\n".join(out))
 
 
+def _nonfinite_line(s) -> str:
+    line = f"  step {s.step} {s.kind}: {s.ref_nonfinite} in ref, {s.cand_nonfinite} in cand, {s.nonfinite} mismatched"
+    if s.alike_ranks and s.cand_nonfinite_once < s.cand_nonfinite:
+        # one tensor every rank holds alike (gathered, replicated): counted per rank above
+        line += (f" (per rank: ranks {ranges(list(s.alike_ranks))} hold the same tensor alike, gathered or "
+                 f"replicated: {s.cand_nonfinite_once} counted once, spread to them, not {s.cand_nonfinite} origins)")
+    return line
+
+
 def group_violations(results: list[TensorResult]) -> list[tuple[list[int], TensorResult]]:
     """Join the results that differ only in their rank: (the candidate ranks, the first result), in
     the order of each group's first result. Identical means every metric equal, bit for bit (a
     gradient all-reduced by DDP fails the same way on every rank)."""
     groups: dict[str, tuple[list[int], TensorResult]] = {}
     for r in results:
-        fields = r.to_dict()
-        for per_rank in ("rank", "ref_rank", "oracle_rank"):
-            fields.pop(per_rank)
-        key = repr(sorted(fields.items()))  # repr: exact floats, and nan equals nan
-        groups.setdefault(key, ([], r))[0].append(r.rank)
+        groups.setdefault(r.alike_key(), ([], r))[0].append(r.rank)
     return list(groups.values())
 
 

@@ -40,6 +40,15 @@ class TensorResult:
                 "shape": list(self.shape), "tolerance_source": self.tolerance_source, "compared_by": self.compared_by,
                 **self.metrics.to_dict()}
 
+    def alike_key(self) -> str:
+        """Equal for two results that differ only in their rank: every metric equal, bit for bit
+        (repr: exact floats, and nan equals nan). A tensor every rank holds alike (an all-reduced
+        gradient, one assembled from the same shards) gives one key on all of them."""
+        fields = self.to_dict()
+        for per_rank in ("rank", "ref_rank", "oracle_rank"):
+            fields.pop(per_rank)
+        return repr(sorted(fields.items()))
+
 
 @dataclass
 class KindSummary:
@@ -64,6 +73,11 @@ class KindSummary:
     ref_nonfinite: int = 0  # NaN + Inf elements in the reference
     cand_nonfinite: int = 0  # NaN + Inf elements in the candidate
     norm_failed: int = 0  # tensors outside the norm rule
+    # NaN + Inf elements of the candidate with each tensor that several ranks hold alike (the same
+    # result on each: gathered shards, a replicated or all-reduced tensor) counted once, and those
+    # ranks: one NaN spread to 4 ranks is 1 here, 4 in cand_nonfinite
+    cand_nonfinite_once: int = 0
+    alike_ranks: tuple[int, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -78,7 +92,8 @@ class KindSummary:
                 "margin": _num(self.margin), "margin_rule": self.margin_rule,
                 "margin_at": None if self.margin_at is None else {"rank": self.margin_at[0], "tensor": self.margin_at[1]},
                 "ref_nonfinite": self.ref_nonfinite, "cand_nonfinite": self.cand_nonfinite,
-                "norm_failed": self.norm_failed}
+                "norm_failed": self.norm_failed, "cand_nonfinite_once": self.cand_nonfinite_once,
+                "alike_ranks": list(self.alike_ranks)}
 
 
 @dataclass

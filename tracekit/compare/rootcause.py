@@ -36,9 +36,14 @@ from dataclasses import dataclass, field
 
 from tracekit.store.kinds import TRACE_BY_NAME
 from tracekit.compare.tolerances import Tolerances
-from tracekit.compare.trace_alignment import pair_events
+from tracekit.compare.trace_alignment import mixed_units, pair_events, unit_of
+from tracekit.compare.unit_cause import narrowest_shared_unit
 
 OK, BAD, UNKNOWN, SUSPECT = "ok", "bad", "unknown", "suspect"
+# values made where the two traces do not pair one to one (compiled code against eager, a fused
+# kernel: an unpaired op reading what unseen compiled code made, or in a unit compiled on one side
+# only): no unpaired op there can be blamed; a difference they carry names the unit (unit_cause.py)
+OPAQUE = "opaque"
 CHAIN_LIMIT = 200  # events kept in a chain (the JSON says how many there were)
 
 
@@ -153,7 +158,7 @@ class RootCause:
     ref_rank: int
     step: int
     level: str
-    kind: str  # "op", "argument", "extra op", "collective", "state"
+    kind: str  # "op", "argument", "extra op", "collective", "state", "compiled", "unit"
     event: dict  # the candidate's event (the one named)
     ref_event: dict | None  # its reference counterpart (None for an extra op)
     reason: str
@@ -161,6 +166,7 @@ class RootCause:
     seen_at: dict | None = None  # extra op / collective / state: the paired event where it showed
     chain: list[dict] = field(default_factory=list)
     chain_length: int = 0
+    unit: dict | None = None  # kind "unit": the narrowest shared unit's op counts (unit_cause.py)
 
     def to_dict(self) -> dict:
         e = self.event
@@ -172,7 +178,7 @@ class RootCause:
             "outputs": [_tensor_brief(t) for t in e.get("outputs", [])],
             "metrics": _plain_metrics(self.check.metrics) if self.check else {},
             "seen_at": _event_brief(self.seen_at) if self.seen_at else None,
-            "chain": self.chain, "chain_length": self.chain_length,
+            "chain": self.chain, "chain_length": self.chain_length, "unit": self.unit,
         }
 
 
@@ -302,9 +308,23 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
     last_ok: dict | None = None  # the latest paired event whose inputs and outputs matched
     near_origin: dict[int, int] = {}  # event -> the unpaired op whose not-equal values it carries on
     via_view: set[int] = set()  # views of a tensor from before the step that differs: judged at their readers
+    mixed = mixed_units(ref_events, cand_events)  # units compiled on one side only: no op-level pairing there
 
     def found(kind, event, ref_event, reason, chk, seen_at=None):
         candidates.append(RootCause(rank, ref_rank, step, level, kind, event, ref_event, reason, chk, seen_at))
+
+    def unit_found(origin: int, consumer: dict, ref_consumer: dict, seen: str, chk: TensorCheck) -> None:
+        """A difference made where the traces do not pair one to one: name the narrowest unit both
+        sides share, never the unpaired op (its counterpart, if any, is unknown)."""
+        unit = narrowest_shared_unit(by_index[origin], ref_events, cand_events, pairs, status, OPAQUE, last_ok)
+        event = {"index": origin, "phase": unit["phase"], "module": unit["module"], "op": "", "call": unit["call"],
+                 "src": None, "inputs": [], "outputs": []}
+        counts = (f"reference {unit['ref_ops']} ops{_code(unit['ref_compiled'])} vs candidate {unit['cand_ops']}"
+                  f"{_code(unit['cand_compiled'])}, {unit['paired']} paired")
+        candidates.append(RootCause(rank, ref_rank, step, level, "unit", event, None,
+                                    f"the first difference is inside module {unit['module'] or '(top level)'} "
+                                    f"({unit['phase']}, call {unit['call']}); the ops there don't pair one to one "
+                                    f"({counts}): narrowest shared unit; {seen}", chk, seen_at=consumer, unit=unit))
 
     def leaf_status(t: dict) -> str:
         ref_leaf = ref_leaves.get(t.get("name")) if t.get("name") else None
@@ -320,11 +340,21 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
             states = []
             for t in inputs:
                 p = t.get("producer")
-                states.append(status.get(p[0], UNKNOWN) if p else leaf_status(t))
+                if p is None and not t.get("name") and (c.get("compiled") or t.get("unseen_write")):
+                    states.append(OPAQUE)  # made by compiled code the trace cannot see
+                else:
+                    states.append(status.get(p[0], UNKNOWN) if p else leaf_status(t))
             if r is not None and c.get("group") is not None:
                 checks = [check(rt, ct) for rt, ct in zip(r.get("inputs", []), inputs)]
                 states = [ch.status if ch.status != UNKNOWN else s for ch, s in zip(checks, states)]
-            status[i] = BAD if BAD in states else (SUSPECT if all(s in (OK, SUSPECT) for s in states) else UNKNOWN)
+            if BAD in states:
+                status[i] = BAD
+            elif not all(s in (OK, SUSPECT, OPAQUE) for s in states):
+                status[i] = UNKNOWN
+            elif OPAQUE in states or r is None and unit_of(c) in mixed:
+                status[i] = OPAQUE
+            else:
+                status[i] = SUSPECT
             continue
         rin = r.get("inputs", [])
         if len(rin) != len(inputs):
@@ -354,6 +384,8 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
                     through = "" if p is None else f" (through the view {event_label(by_index[p[0]])})"
                     found("state", c, r, f"input {k}{_named(ct)}{through} differs already at the start of the step: "
                                          f"{chk.reason}", chk, seen_at=c)
+                elif pstat == OPAQUE:
+                    unit_found(p[0], c, r, f"its values reach {event_label(c)} as input {k}: {chk.reason}", chk)
                 elif pstat == SUSPECT:
                     producer = by_index[p[0]]
                     kind = "collective" if producer.get("group") is not None else "extra op"
@@ -361,10 +393,10 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
                                                              f"input {k}: {chk.reason}", chk, seen_at=c)
                     status[p[0]] = BAD
             elif chk.status == OK and p is not None and chk.reason != "bitwise equal" and (
-                    pstat == SUSPECT or p[0] in near_origin):
+                    pstat in (SUSPECT, OPAQUE) or p[0] in near_origin):
                 # within tolerance, not equal, and made by an unpaired op or a collective (or
                 # carried from one): if this event's output then differs, that op is to blame
-                near.append((k, p[0] if pstat == SUSPECT else near_origin[p[0]]))
+                near.append((k, p[0] if pstat in (SUSPECT, OPAQUE) else near_origin[p[0]]))
             elif chk.status == OK and pstat == SUSPECT:
                 status[p[0]] = OK  # what it produced matches bit for bit: the unpaired op did no harm
             in_states.append(chk.status)
@@ -389,6 +421,11 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
             # a view computes nothing: it shows memory its input's summary did not cover (a window
             # of a larger buffer, allocated but not yet written): no verdict on what it shows
             out_states = [UNKNOWN if st == BAD else st for st in out_states]
+        elif inputs_ok and BAD in out_states and near and status.get(near[0][1]) == OPAQUE:
+            k, (kin, origin) = out_states.index(BAD), near[0]
+            unit_found(origin, c, r, f"its values reach {event_label(c)} as input {kin} within tolerance but not "
+                                     f"equal, and that event's output {k} then differs: {out_checks[k].reason}",
+                       out_checks[k])
         elif inputs_ok and BAD in out_states and near:
             k, (kin, origin) = out_states.index(BAD), near[0]
             producer = by_index[origin]
@@ -425,6 +462,10 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
                      "root_cause": root is not None and root.event is c})
     return TraceComparison(rank, ref_rank, step, level, len(pairs), _count(extra), _count(missing),
                            not_comparable, root, rows)
+
+
+def _code(compiled: str | None) -> str:
+    return f" (compiled: {compiled})" if compiled else " (eager)"
 
 
 def _named(t: dict) -> str:
@@ -482,13 +523,18 @@ def render_root_cause(comparisons: list[TraceComparison], max_chain: int = 8, pa
         out.append(f"  traces differ, values agree: first difference at step {rc.step}, {where}, module "
                    f"{e.get('module') or '(top level)'!s}, {e.get('op')} [{e.get('phase')}, call {e.get('call')}]: {rc.reason}")
         return out
-    out += ["", f"Root cause: step {rc.step}, {where}, module {e.get('module') or '(top level)'!s}, "
-                f"{e.get('op')} [{e.get('phase')}, call {e.get('call')}] ({rc.kind})"]
-    out.append(f"  {rc.reason}")
-    ins = ", ".join(_brief(t) for t in e.get("inputs", [])) or "-"
-    outs = ", ".join(_brief(t) for t in e.get("outputs", [])) or "-"
-    out.append(f"  inputs: {ins}")
-    out.append(f"  outputs: {outs}")
+    if rc.kind == "unit":  # no op to name: the ops there do not pair one to one
+        out += ["", f"Root cause: step {rc.step}, {where}, inside module {e.get('module') or '(top level)'!s} "
+                    f"[{e.get('phase')}, call {e.get('call')}] (unit: the narrowest both traces share)"]
+        out.append(f"  {rc.reason}")
+    else:
+        out += ["", f"Root cause: step {rc.step}, {where}, module {e.get('module') or '(top level)'!s}, "
+                    f"{e.get('op')} [{e.get('phase')}, call {e.get('call')}] ({rc.kind})"]
+        out.append(f"  {rc.reason}")
+        ins = ", ".join(_brief(t) for t in e.get("inputs", [])) or "-"
+        outs = ", ".join(_brief(t) for t in e.get("outputs", [])) or "-"
+        out.append(f"  inputs: {ins}")
+        out.append(f"  outputs: {outs}")
     if rc.check is not None and rc.check.metrics:
         m = rc.check.metrics
         ref, cand = m.get("ref", {}), m.get("cand", {})

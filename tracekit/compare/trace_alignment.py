@@ -38,3 +38,17 @@ def pair_events(ref_events: list[dict], cand_events: list[dict]) -> dict[int, di
             for k in range(n):
                 pairs[cs[b + k]["index"]] = rs[a + k]
     return pairs
+
+
+def mixed_units(ref_events: list[dict], cand_events: list[dict]) -> set[tuple]:
+    """Units that ran compiled code (events called from inductor's code) on one side only: their
+    op sequences are not the same program's (extern kernels against eager ops), so an op there
+    that pairs with nothing has no counterpart to be judged against."""
+    def compiled_units(events):
+        out: dict[tuple, bool] = {}
+        for e in events:
+            u = unit_of(e)
+            out[u] = out.get(u, False) or bool(e.get("compiled"))
+        return out
+    ref, cand = compiled_units(ref_events), compiled_units(cand_events)
+    return {u for u in set(ref) | set(cand) if ref.get(u, False) != cand.get(u, False)}

@@ -57,8 +57,9 @@ class TracekitDiffAccessor:
 
     def events(self, rank: int | None = None, step: int | None = None, level: str = "ops") -> xr.Dataset:
         """The candidate's traced events of one (rank, step) as a Dataset along `event` (execution
-        order): coordinates phase, module, op, call; variables paired, status (ok/bad/suspect/unknown),
-        rel_l2_err and max_stat_abs_err of the first output against the reference, root_cause (bool).
+        order): coordinates phase, module, op, call; variables paired, status (ok/bad/suspect/unknown,
+        or opaque: made where the traces do not pair one to one), rel_l2_err and max_stat_abs_err of
+        the first output against the reference, root_cause (bool).
         rank and step default to those of the root cause, else the first traced pair."""
         self._need("traces")
         traces = [t for t in self._ds.attrs["traces"] if t["level"] == level]
