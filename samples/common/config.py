@@ -92,7 +92,7 @@ def build_parser(description: str) -> argparse.ArgumentParser:
         default=[],
         metavar="SPEC",
         help="plant a fault (repeatable): lr_scale=F, loss_scale=RANK:STEP:F, nan_grad=RANK:STEP, "
-        "reported_loss_scale=STEP:F, grad_scale=RANK:STEP:F, crash=RANK:STEP:raise|exit|kill, "
+        "reported_loss_scale=STEP:F, grad_scale=RANK:STEP:F, opt_lr=RANK:STEP:F, crash=RANK:STEP:raise|exit|kill, "
         "stale_grad=STEP, swap_data=STEP, op=act|matmul_bf16|reduce_order|roll_rows|bwd_bf16:RANK:STEP",
     )
     return parser
