@@ -144,12 +144,13 @@ def test_ends_with_a_one_line_summary(tmp_path):
 
 @pytest.mark.torchrun  # launches `tracekit record` of a script: the slow tier
 def test_says_what_it_waits_for_when_writers_outlive_the_command(tmp_path):
-    """A rank killed with steps still spooled (a writer slowed to ~1 s per entry): the launcher
-    says it stores them, then that it finalizes, then the summary."""
+    """A rank killed with steps still spooled (a writer slowed to ~0.1 s per entry: the rank trains
+    its 3 steps and dies in milliseconds, while its writer is still starting): the launcher says it
+    stores them, then that it finalizes, then the summary."""
     store = str(tmp_path / "s")
     result = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "record", "-o", store, "--", sys.executable,
                              TINY, "--steps", "4", "--die-rank", "0", "--die-step", "4"], capture_output=True, text=True,
-                            timeout=120, env={**os.environ, "TRACEKIT_WRITE_MBPS": "0.004"})
+                            timeout=120, env={**os.environ, "TRACEKIT_WRITE_MBPS": "0.04"})
     assert result.returncode == 137, result.stderr
     lines = result.stderr.strip().splitlines()
     ended = next(i for i, line in enumerate(lines) if "the command ended" in line)
