@@ -19,6 +19,8 @@ import pytest
 from dynamo_teardown import pytest_unconfigure  # noqa: F401  (a hook: dynamo's state released before exit)
 from filelock import FileLock
 
+from launch_guard import Guard
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLES = os.path.join(REPO, "samples")
 # Sample modes and the world size the tests run them at (simplefsdp_tp as a 2 x 2 mesh).
@@ -31,6 +33,24 @@ TORCHRUN_TIMEOUT = 300  # a hang becomes a failure, never a stuck CI
 # recorded_sample("ddp", **FOUR_RANK_DDP): samples/plain at 4 ranks, 10 steps, with local_loss; the
 # zero-code loss test needs it, and the 2-vs-4-ranks verdict test reuses it (no launch of its own)
 FOUR_RANK_DDP = dict(script="plain", steps=10, ranks=4, record_args=("--kinds", "+local_loss"))
+
+
+_LAUNCH_GUARD = Guard()
+
+
+def pytest_configure(config):
+    _LAUNCH_GUARD.install()  # tests/launch_guard.py: an unmarked test that launches workers fails
+
+
+def pytest_unconfigure(config):
+    _LAUNCH_GUARD.uninstall()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _LAUNCH_GUARD.current = item  # its setup (fixtures' launches included), call and teardown
+    yield
+    _LAUNCH_GUARD.current = None
 
 
 def mode_args(mode: str) -> list[str]:

@@ -84,6 +84,7 @@ def test_a_typo_anywhere_in_the_config_is_refused(pair, tmp_path):
         one_line_error(cli("diff", *pair, "--config", typo), fragment)
 
 
+@pytest.mark.torchrun
 def test_a_selection_matching_no_rank_fails_the_record(tmp_path):
     """A range of 10^14 ranks is kept as its ends (it was a set of 10^14 ints: OOM-killed at 22 GB)."""
     import subprocess
@@ -118,6 +119,7 @@ def test_a_huge_rank_range_costs_its_two_ends():
     assert RecordConfig(store="s", ranks=frozenset({2, 0, 1, 5})).ranks.spec() == "0-2,5"
 
 
+@pytest.mark.torchrun
 def test_replay_steps_beyond_the_run_fail_the_record(tmp_path):
     """A reference of 4 steps replayed from step 3 by a run of 1 step replays nothing: exit 2 and
     one line, not exit 0 (the reference check at launch lets it through: step 3 has its state)."""

@@ -104,6 +104,7 @@ def test_a_rank_killed_mid_run_against_the_bucket_leaves_its_completed_steps(s3)
     assert s3.secret not in result.stdout + result.stderr + out
 
 
+@pytest.mark.torchrun
 def test_record_refuses_a_foreign_prefix_in_one_line(s3):
     s3.fs.pipe_file(f"{s3.bucket}/notes/a.txt", b"mine")
     code, out = cli("record", "-o", s3.url("notes"), "--force", "--", "true")
@@ -262,6 +263,7 @@ def test_s3_timeout_must_be_a_finite_positive_duration(monkeypatch):
         assert code == 2 and out.startswith("Error: TRACEKIT_S3_TIMEOUT=") and out.count("\n") == 1, out
 
 
+@pytest.mark.torchrun
 def test_one_job_per_bucket_prefix_by_a_conditional_create(s3, tmp_path):
     """Two jobs on one S3 prefix both exited 0, the second's metadata over the first's tensors. The
     launcher's claim is now an object created only if absent (If-None-Match: *, which moto honours):

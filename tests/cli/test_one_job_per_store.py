@@ -68,6 +68,7 @@ def wait_paused(proc):
     raise AssertionError(f"the job ended without pausing: {proc.stderr.read()}")
 
 
+@pytest.mark.torchrun
 def test_second_job_is_refused_while_the_first_lives_force_included(tmp_path):
     store, go = str(tmp_path / "s"), str(tmp_path / "go")
     first = paused_job(store, go, steps=3)
@@ -87,6 +88,7 @@ def test_second_job_is_refused_while_the_first_lives_force_included(tmp_path):
     assert s.job_state == "finished"
 
 
+@pytest.mark.torchrun
 def test_two_jobs_started_together_one_wins_and_the_store_is_consistent(tmp_path):
     store, go = str(tmp_path / "s"), str(tmp_path / "go")
     jobs = [paused_job(store, go, steps=3, force=True), paused_job(store, go, steps=5, force=True)]

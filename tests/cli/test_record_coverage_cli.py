@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from click.testing import CliRunner
 
 from tracekit import open_store
@@ -22,6 +23,7 @@ def tracekit(*args):
                           timeout=180, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
+@pytest.mark.torchrun
 def test_record_line_and_show_state_the_coverage_and_the_output(tmp_path):
     store = str(tmp_path / "s")
     result = tracekit("record", "-o", store, "--", sys.executable, LLAMA_LIKE, "--chunked", "--free-param")
@@ -42,6 +44,7 @@ def test_record_line_and_show_state_the_coverage_and_the_output(tmp_path):
     assert as_json["left_out"] == [{"name": f"param{N}", "shape": [2, 3], "reason": as_json["left_out"][0]["reason"]}]
 
 
+@pytest.mark.torchrun
 def test_strict_makes_a_left_out_parameter_an_error(tmp_path):
     store = str(tmp_path / "s")
     result = tracekit("record", "--strict", "-o", store, "--", sys.executable, LLAMA_LIKE, "--free-param")

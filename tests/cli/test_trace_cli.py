@@ -104,6 +104,7 @@ def _record_plain(store, *args, steps=3):
                            script, "--steps", str(steps)], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.torchrun
 def test_zero_code_default_trace_step_is_traced_and_said(tmp_path):
     """Zero-code recording starts inside step 1: `--trace ops` alone traces step 2 (it traced
     nothing before), and the record line and `tracekit show` say so."""
@@ -116,6 +117,7 @@ def test_zero_code_default_trace_step_is_traced_and_said(tmp_path):
     assert shown.exit_code == 0 and "traces: ops at step 2" in shown.output.splitlines()
 
 
+@pytest.mark.torchrun
 def test_zero_code_step_it_cannot_trace_is_a_one_line_error(tmp_path):
     r = _record_plain(str(tmp_path / "s"), "--trace", "ops", "--trace-steps", "1:2")
     assert r.returncode == 2 and "Traceback" not in r.stderr

@@ -96,6 +96,7 @@ def test_launcher_env_prepends_the_bootstrap_and_names_match_the_bootstrap():
                                            ["__pycache__", "sitecustomize.py"])
 
 
+@pytest.mark.torchrun
 @pytest.mark.parametrize("zero_code", [True, False])
 def test_record_passes_the_bootstrap_unless_told_not_to(tmp_path, zero_code):
     probe = "import os; print(os.environ.get('TRACEKIT_BOOTSTRAP'), os.environ['PYTHONPATH'].split(os.pathsep)[0])"
@@ -107,6 +108,7 @@ def test_record_passes_the_bootstrap_unless_told_not_to(tmp_path, zero_code):
     assert result.stdout.split() == (["1", be.BOOTSTRAP_DIR] if zero_code else ["None", "/x"])
 
 
+@pytest.mark.torchrun
 def test_record_without_torchrun_records_a_world_of_one(tmp_path):
     script = tmp_path / "plain.py"
     script.write_text(PLAIN)
@@ -127,6 +129,7 @@ def test_record_without_torchrun_records_a_world_of_one(tmp_path):
         assert view.read("outputs", step, "output").shape == (5, 2)
 
 
+@pytest.mark.torchrun
 def test_instrumentation_failure_is_reported_once_and_the_job_goes_on(tmp_path):
     script = tmp_path / "plain.py"
     script.write_text(PLAIN)
@@ -140,6 +143,7 @@ def test_instrumentation_failure_is_reported_once_and_the_job_goes_on(tmp_path):
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.torchrun
 @pytest.mark.parametrize("strict", [False, True])
 def test_bootstrap_that_cannot_load_tracekit_says_so_once_or_fails_when_strict(tmp_path, strict):
     script = tmp_path / "plain.py"

@@ -212,6 +212,7 @@ def test_provisional_capture_is_replaced_until_sealed_and_kept_if_never_sealed(t
     assert float(rank.read("loss", 2, "loss")) == 2.5
 
 
+@pytest.mark.torchrun
 def test_interpreter_exit_without_close_flushes_every_step(tmp_path):
     import subprocess
     import sys

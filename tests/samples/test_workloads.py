@@ -185,6 +185,7 @@ def test_plain_workload_and_shared_code_never_import_tracekit():
     assert "tracekit.recorders" in _imports(TUTORIAL)
 
 
+@pytest.mark.torchrun
 def test_expected_world_size_mismatch_fails_before_any_collective():
     # torchrun's environment for one worker; the check runs before the process group starts.
     env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
