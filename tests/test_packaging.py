@@ -81,7 +81,7 @@ def _run(python, code, cwd):
 @pytest.mark.parametrize("where", ["checkout", "elsewhere"])
 def test_editable_install_maps_recorders_and_cli_without_path_patching(editable, where, tmp_path):
     cwd = REPO if where == "checkout" else str(tmp_path)
-    out = _run(editable, "import tracekit, tracekit.cli.main, tracekit.launch.launcher, tracekit.schemas\n"
+    out = _run(editable, "import tracekit, tracekit.cli.main, tracekit.launch.launcher, tracekit.recorders, tracekit.schemas\n"
                          "print(tracekit.__path__, tracekit.cli.__file__, tracekit.recorders.__file__)", cwd)
     assert out.returncode == 0, out.stderr[-3000:]
     paths, cli_file, rec_file = out.stdout.rsplit(" ", 2)

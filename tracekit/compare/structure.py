@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from tracekit.display import shown
 from tracekit.store.kinds import REPLICATED_KINDS
 
 Z_MIN = 20.0
@@ -142,9 +143,9 @@ class Signature:
         where = "all tensors and ranks" if self.all_ranks else (
             f"rank {self.ranks[0]} only" if len(self.ranks) == 1 else f"ranks {', '.join(map(str, self.ranks))}")
         if self.tensor is not None and self.tensors == 1:
-            return f"tensor {self.tensor}, " + where.replace("all tensors and ranks", "all ranks")
+            return f"tensor {shown(self.tensor)}, " + where.replace("all tensors and ranks", "all ranks")
         if self.tensor is not None:
-            return f"{self.tensors} tensors ({self.tensor}, ...), " + where.replace("all tensors and ranks", "all ranks")
+            return f"{self.tensors} tensors ({shown(self.tensor)}, ...), " + where.replace("all tensors and ranks", "all ranks")
         return where
 
     @property
