@@ -27,7 +27,7 @@ from tracekit.compare.catalog import StoreCatalog, load_catalog
 from tracekit.compare.metrics import MetricsAccumulator, identical_metrics
 from tracekit.compare.readahead import Readahead
 from tracekit.compare.reduction import ReductionLengths
-from tracekit.compare import pieces
+from tracekit.compare import pieces, rows
 from tracekit.compare.report import DiffReport, Divergence, KindSummary, LossRow, TensorResult
 from tracekit.compare.traces import compare_store_traces
 from tracekit.compare import structure
@@ -37,7 +37,7 @@ from tracekit.compare.executors import Executor
 from tracekit.compare.precision import derive as derive_precision
 from tracekit.compare.tolerances import DEFAULT_ORACLE_FACTOR, Tolerance, Tolerances, load_config, parse_tol_option
 from tracekit.store.dtypes import storage_dtype, to_numpy_values
-from tracekit.errors import UsageError
+from tracekit.errors import StoreError, UsageError
 from tracekit.store.kinds import kind_order
 from tracekit.store.rows import Buffers, RowReader
 from tracekit.store.summaries import summarize
@@ -634,9 +634,30 @@ def _step_results(step, pairs, partial, engine, same, summ) -> list[TensorResult
             acc = parts[0][1]
             for _, later in parts[1:]:
                 acc.merge(later)
+            m = acc.result(t.ref.shape)
             results.append(TensorResult(step, kp.kind, kp.rank, kp.ref_rank, t.name, t.dtype, t.ref.shape,
-                                        acc.result(t.ref.shape), tol.source, kp.oracle_rank))
+                                        m, tol.source, kp.oracle_rank,
+                                        layout=_layout(engine, kp, step, t, m) if rows.wanted(t.ref.shape, m.passed, m.nonfinite) else None))
     return results
+
+
+def _layout(engine: "_Engine", kp: KindPair, step: int, t, m) -> dict | None:
+    """A failing small tensor's values read again: where its error lies (compare/rows.py)."""
+    try:
+        ref = _values(engine.ref.ranks[kp.ref_rank].view, kp.kind, step, t.ref)
+        cand = _values(engine.cand.ranks[kp.rank].view, kp.kind, step, t.cand)
+    except (StoreError, LookupError, ValueError, TypeError, AttributeError):
+        return None  # a store without such objects (format 1), or damage the comparison reports
+    return rows.layout(ref, cand, m.rtol, m.atol)
+
+
+def _values(view, kind: str, step: int, side) -> np.ndarray:
+    """One side's whole tensor as numpy values (its shards assembled)."""
+    if side.shard is not None:
+        data = view.assemble(kind, step, side.name)
+    else:
+        data = view.read_piece(kind, step, view.object_piece(kind, step, side.name)).reshape(side.shape)
+    return to_numpy_values(data, side.dtype)
 
 
 def _add_shapes(report: DiffReport, step: int, by_kind: dict[str, list[TensorResult]], match=None) -> None:

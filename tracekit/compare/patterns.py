@@ -7,12 +7,16 @@ turns them into signatures like the fits'):
   replicas disagree with each other, which no rounding does. For the other kinds it only names
   the failing tensors' pattern.
 - NaN/Inf: where the candidate holds non-finite values the reference does not (which ranks,
-  which tensors, whether every element). Those are violations already; the pattern names them.
+  which tensors, whether every element, and where in a small tensor: compare/rows.py). Those are
+  violations already; the pattern names them.
+- permuted rows, transposed: a failing tensor whose candidate holds the reference's rows in another
+  order, or a square one its transpose (compare/rows.py: only failing small tensors are read again).
 """
 
 from __future__ import annotations
 
 from tracekit.compare.structure import Signature
+from tracekit.display import shown
 from tracekit.store.kinds import REPLICATED_KINDS
 
 
@@ -58,4 +62,33 @@ def nonfinite_signature(step: int, kind: str, results) -> Signature | None:
     what = "every element" if every else f"{count} element{'s' if count != 1 else ''}"
     where = sig.where.replace("all tensors and ranks", "all ranks")
     sig.detail = f"non-finite: {kind} NaN/Inf in the candidate, {what} of {where}"
+    placed = next((r for r in hit if (r.layout or {}).get("how") == "nonfinite"), None)
+    if placed is not None and not every:
+        sig.detail += f" (rank {placed.rank} {shown(placed.tensor)}: {placed.layout['where']})"
     return sig
+
+
+def row_signatures(step: int, kind: str, results) -> list[Signature]:
+    """Failing tensors whose candidate rows are the reference's in another order ('permuted rows')
+    or a square one's transpose ('transposed'), one signature per shape."""
+    out = []
+    all_ranks = {r.rank for r in results}
+    for shape in ("permuted rows", "transposed"):
+        hit = [r for r in results if not r.passed and (r.layout or {}).get("how") == shape]
+        if not hit:
+            continue
+        ranks = sorted({r.rank for r in hit})
+        tensors = list(dict.fromkeys(r.tensor for r in hit))
+        first = hit[0]
+        sig = Signature(step, kind, shape, None, None, None, ranks, set(ranks) == all_ranks, len(tensors),
+                        example=first, tensor=tensors[0], names=[(r.rank, r.tensor) for r in hit])
+        if shape == "permuted rows":
+            i, j = first.layout["example"]
+            sig.detail = (f"permuted rows: {kind} rank {first.rank} {shown(first.tensor)} rows match the reference's "
+                          f"in another order (e.g. row {i} = ref row {j}; {first.layout['moved']} rows moved), "
+                          f"on {sig.where}")
+        else:
+            sig.detail = (f"transposed: {kind} rank {first.rank} {shown(first.tensor)} equals the reference's "
+                          f"transpose, on {sig.where}")
+        out.append(sig)
+    return out

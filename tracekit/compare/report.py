@@ -29,6 +29,8 @@ class TensorResult:
     # how it was decided: "elements" (bytes read), "hash" (equal content hashes) or "summaries"
     # (a side kept no bytes, --full: statistics compared, compare/by_summary.py)
     compared_by: str = "elements"
+    # where a failing tensor's error lies (compare/rows.py: permuted rows, transposed, NaN/Inf place)
+    layout: dict | None = None
 
     @property
     def passed(self) -> bool:

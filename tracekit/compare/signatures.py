@@ -17,15 +17,16 @@ def matcher(engine, pairs, align: str):
 
 def step_shapes(step: int, kind: str, rs: list, match=None) -> tuple[list, float, bool]:
     """Every signature of one kind at one step, the most specific first (the first divergence
-    names the first): NaN/Inf, exact matches, a tensor's own sign flip or shift, the kind's scale
+    names the first): NaN/Inf, exact matches, permuted or transposed rows, a tensor's own sign flip or shift, the kind's scale
     (or sign flip) or shift, one rank. Tensors with a shape of their own are left out of the kind's
     fits (one flipped tensor would pass for a scale of the lot), unless every tensor has one: then
     the kind's fit says it once."""
     sig, max_z, differs = structure.step_signature(step, kind, rs)
     sigs = [s for s in (patterns.nonfinite_signature(step, kind, rs),) if s is not None]
-    matched = match(step, kind, rs) if match is not None else []
+    matched = (match(step, kind, rs) if match is not None else []) + patterns.row_signatures(step, kind, rs)
     sigs += matched
-    # a value matched exactly elsewhere is explained: fitting it would name its difference a scale
+    # a value matched exactly elsewhere (or its own rows moved) is explained: fitting it would name
+    # its difference a scale
     explained = {m for s in matched for m in s.names}
     rs_fit = [r for r in rs if (r.rank, r.tensor) not in explained] if explained else rs
     if explained:

@@ -48,7 +48,7 @@ SIGN_FLIP_TOLERANCE = 1e-2
 # scalar loss cannot show a shape.
 SCALE_MEANING = {"deltas": "a scale such as the learning rate", "gradients": "a scale such as a loss or gradient scale",
                  "outputs": "a scale of the outputs"}
-SHAPES = ("scale", "sign flip", "shift", "stale", "swapped", "one rank", "nonfinite")
+SHAPES = ("scale", "sign flip", "shift", "stale", "swapped", "one rank", "nonfinite", "permuted rows", "transposed")
 
 
 @dataclass
@@ -168,7 +168,7 @@ class Signature:
             pairs = ", ".join(f"rank {c} holds rank {r}'s" for c, r in self.source_ranks)
             return (f"swapped: {self.kind} of {self.where.split(', ')[0] if self.tensor else 'every tensor'}: {pairs} "
                     f"reference value exactly, {since}: shards or data swapped between ranks")
-        return f"{self.detail}, {since}"  # one rank, nonfinite: the pattern says it
+        return f"{self.detail}, {since}"  # one rank, nonfinite, rows: the pattern says it
 
     def to_dict(self) -> dict:
         return {"step": self.step, "kind": self.kind, "shape": self.shape, "factor": self.factor, "z": self.z,
