@@ -36,3 +36,20 @@ def test_swapped_data_and_a_stale_gradient_are_named(recorded_sample):
     assert out.exit_code == 1 and "gradients: stale: gradients on 4 tensors" in out.output
     # the same pair by magnitude alone fails too, without names
     assert tracekit.diff(ref, cand, structure=False).signatures == []
+
+
+def test_rolled_rows_are_named_a_permutation(recorded_sample):
+    """op=roll_rows: rank 1's ReLU returns its rows rolled by one from step 2, so the model's output
+    holds the reference's rows in another order (its gradients differ otherwise)."""
+    ref = recorded_sample("ddp")[0]
+    cand = recorded_sample("ddp", extra=("--fault", "op=roll_rows:1:2"))[0]
+    report = tracekit.diff(ref, cand)
+    rolled = [s for s in report.signatures if s.shape == "permuted rows"]
+    assert rolled and (rolled[0].step, rolled[0].kind, rolled[0].ranks) == (2, "outputs", [1])
+    assert not [s for s in report.signatures if s.step == 1]
+    d = report.first_divergence
+    assert (d.step, d.kind, d.signature.shape) == (2, "outputs", "permuted rows")
+    assert "rows match the reference's in another order (e.g. row 0 = ref row " in d.signature.text
+    jsonschema.validate(report.to_dict(), load("diff-report"))
+    out = CliRunner().invoke(main, ["diff", ref, cand])
+    assert out.exit_code == 1 and "permuted rows: outputs rank 1" in out.output
