@@ -35,14 +35,15 @@ def _sigs(change, **kw):
 def test_rolled_rows_are_named_with_an_example_row():
     sigs = _sigs(lambda r, n, ref: np.roll(ref, 1, axis=0) if (r, n) == (1, "w0") else ref)
     assert [(s.shape, s.ranks, s.tensor) for s in sigs] == [("permuted rows", [1], "w0")]
-    assert "outputs rank 1 w0 rows match the reference's in another order (e.g. row 0 = ref row 63; 64 rows moved)" in sigs[0].text
+    assert sigs[0].text.startswith("permuted rows: outputs rows match the reference's in another order on tensor w0, "
+                                   "rank 1 only (e.g. rank 1 w0: row 0 = ref row 63; 64 rows moved)")
     assert sigs[0].to_dict()["shape"] == "permuted rows"
 
 
 def test_a_square_matrix_transposed_is_named_transposed():
     sigs = _sigs(lambda r, n, ref: ref.T if n == "w1" else ref)
     assert [(s.shape, s.all_ranks, s.tensor) for s in sigs] == [("transposed", True, "w1")]
-    assert "equals the reference's transpose" in sigs[0].text
+    assert sigs[0].text.startswith("transposed: outputs equal the reference's transpose on tensor w1, all ranks")
 
 
 def test_noise_and_other_rows_of_the_same_norms_are_not_permutations():

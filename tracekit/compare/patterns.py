@@ -84,11 +84,10 @@ def row_signatures(step: int, kind: str, results) -> list[Signature]:
                         example=first, tensor=tensors[0], names=[(r.rank, r.tensor) for r in hit])
         if shape == "permuted rows":
             i, j = first.layout["example"]
-            sig.detail = (f"permuted rows: {kind} rank {first.rank} {shown(first.tensor)} rows match the reference's "
-                          f"in another order (e.g. row {i} = ref row {j}; {first.layout['moved']} rows moved), "
-                          f"on {sig.where}")
+            sig.detail = (f"permuted rows: {kind} rows match the reference's in another order on {sig.where} "
+                          f"(e.g. rank {first.rank} {shown(first.tensor)}: row {i} = ref row {j}; "
+                          f"{first.layout['moved']} rows moved)")
         else:
-            sig.detail = (f"transposed: {kind} rank {first.rank} {shown(first.tensor)} equals the reference's "
-                          f"transpose, on {sig.where}")
+            sig.detail = f"transposed: {kind} equal the reference's transpose on {sig.where}"
         out.append(sig)
     return out
