@@ -10,7 +10,10 @@ same on a GPU host. See docs/TORCHTITAN.md for why each one is there.
    `--parallelism.spmd-backend partial_dtensor` unless the command names one (train.py).
 3. attention: FlexAttention has no CPU backward. Each layer runs `scaled_dot_product_attention`
    with the same block-causal mask (the BlockMask's mask_mod, materialized), so the model computes
-   the same function; only the kernel differs.
+   the same function; only the kernel differs. Since only the mask_mod is used, the BlockMask is
+   built eagerly for CPU tensors: TorchTitan builds it through `torch.compile(create_block_mask)`,
+   which on CPU compiles it with inductor in every launch (~7 s of a 2-rank run's first step) for
+   block indices the SDPA path never reads.
 4. gloo has no PREMUL_SUM: TorchTitan sets FSDP2's gradient divide factor to 1.0, which FSDP2 sends
    as a PREMUL_SUM(1.0) reduce-scatter. On gloo, FSDP2 is told to reduce with SUM and divide after
    (its force-sum path), which with a factor of 1.0 divides by nothing: the same gradients.
@@ -118,6 +121,20 @@ def _flex_attention_to_sdpa_on_cpu() -> None:
         return out.transpose(1, 2)
 
     FlexAttention.forward = forward
+    _block_mask_eager_on_cpu()
+
+
+def _block_mask_eager_on_cpu() -> None:
+    from torch.nn.attention.flex_attention import create_block_mask
+    from torchtitan.models.common import attention
+
+    compiled = attention._compiled_create_block_mask  # create_attention_mask looks it up per call
+
+    def create(mask_mod, B, H, Q_LEN, KV_LEN, device=None, **kwargs):
+        build = create_block_mask if device is not None and torch.device(device).type == "cpu" else compiled
+        return build(mask_mod, B, H, Q_LEN, KV_LEN, device=device, **kwargs)
+
+    attention._compiled_create_block_mask = create
 
 
 def _gloo_reduce_scatter_without_premul_sum() -> None:

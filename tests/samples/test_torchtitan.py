@@ -95,7 +95,9 @@ def test_the_cpu_attention_is_block_causal_attention_over_packed_documents():
     from torchtitan.models.common.attention import (FlexAttention, get_causal_mask_mod,
                                                     get_efficient_causal_mask_mod_for_packed_document)
 
-    flex_forward = FlexAttention.forward
+    from torchtitan.models.common import attention
+
+    flex_forward, compiled = FlexAttention.forward, attention._compiled_create_block_mask
     cpu_shim._flex_attention_to_sdpa_on_cpu()
     try:
         torch.manual_seed(0)
@@ -111,12 +113,40 @@ def test_the_cpu_attention_is_block_causal_attention_over_packed_documents():
         q, k, v = (torch.randn(batch, length, heads, dim, dtype=torch.float64) for _ in range(3))
         out = FlexAttention.forward(None, q, k, v, attention_masks=mask)
     finally:
-        FlexAttention.forward = flex_forward
+        FlexAttention.forward, attention._compiled_create_block_mask = flex_forward, compiled
     for b, doc_starts in enumerate(starts):
         for s, e in zip(doc_starts, doc_starts[1:] + [length]):
             alone = F.scaled_dot_product_attention(*(t[b:b + 1, s:e].transpose(1, 2) for t in (q, k, v)),
                                                    is_causal=True).transpose(1, 2)
             assert torch.allclose(out[b:b + 1, s:e], alone, rtol=1e-12, atol=1e-12), (b, s, e)
+
+
+def test_the_cpu_block_mask_is_built_without_compiling_and_other_devices_keep_torchtitans():
+    """TorchTitan's compiled create_block_mask compiles with inductor in every CPU launch; the shim
+    builds CPU masks eagerly (the SDPA path reads only their mask_mod) and leaves others to it."""
+    import torch
+    import torch._dynamo.utils
+    from torch.nn.attention.flex_attention import create_block_mask
+    from torchtitan.models.common import attention
+
+    compiled, calls = attention._compiled_create_block_mask, []
+    attention._compiled_create_block_mask = lambda *a, **k: calls.append(k["device"]) or "compiled"
+    try:
+        cpu_shim._block_mask_eager_on_cpu()
+
+        def causal(b, h, q, kv):
+            return kv <= q
+
+        frames = torch._dynamo.utils.counters["frames"]["ok"]
+        mask = attention.create_attention_mask(causal, 2, None, 256, 256, device="cpu", BLOCK_SIZE=128)
+        assert torch._dynamo.utils.counters["frames"]["ok"] == frames  # nothing compiled
+        assert calls == []
+        assert mask.mask_mod is causal
+        assert torch.equal(mask.to_dense(), create_block_mask(causal, 2, None, 256, 256, device="cpu").to_dense())
+        assert attention.create_attention_mask(causal, 2, None, 256, 256, device="meta") == "compiled"
+        assert calls == ["meta"]
+    finally:
+        attention._compiled_create_block_mask = compiled
 
 
 @pytest.mark.parametrize("name", ["cuda", "neuron"])
