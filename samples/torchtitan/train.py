@@ -7,7 +7,10 @@ Every flag goes to TorchTitan as given. Before it runs, the runner
   (default: ./torchtitan-assets) and points TorchTitan at them unless the command names its own
   (`--hf-assets-path`, `--dataloader.dataset-path`);
 - on a CPU-only host passes `--parallelism.spmd-backend partial_dtensor` unless the command names
-  a backend, and applies cpu_shim.py (what else CPU/gloo needs).
+  a backend, and applies cpu_shim.py (what else CPU/gloo needs);
+- with `--fault ffn_act:RANK:STEP` (the runner's own flag, not passed on), plants a forward-op
+  fault: on rank RANK from step STEP on, `layers.1.feed_forward` computes gelu instead of silu
+  (fault.py), for docs/LOCATE.md's root cause on TorchTitan.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ sys.path.insert(0, HERE)
 
 import assets  # noqa: E402
 import cpu_shim  # noqa: E402
+import fault  # noqa: E402
 
 
 def has_flag(argv: list[str], flag: str) -> bool:
@@ -58,8 +62,16 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     cpu = cpu_shim.cpu_only()
-    sys.argv = [sys.argv[0], *torchtitan_args(sys.argv[1:], cpu)]
+    spec, argv = take_flag(sys.argv[1:], "--fault", "")
+    try:
+        planted = fault.parse(spec) if spec else None
+    except ValueError as e:
+        print(f"Error: {e}", file=sys.stderr)
+        sys.exit(2)
+    sys.argv = [sys.argv[0], *torchtitan_args(argv, cpu)]
     cpu_shim.apply()
+    if planted:
+        fault.install(*planted)
     from torchtitan.train import main as torchtitan_main
 
     torchtitan_main()

@@ -28,10 +28,14 @@ def is_assignment(line: str) -> bool:
     return re.match(r"^[A-Za-z_]\w*=", line) is not None
 
 
-def run_block(folder: Path, name: str) -> list[dict]:
+def run_block(folder: Path, name: str, reuse: dict[str, Path] | None = None) -> list[dict]:
     """Run the setup block, then block NAME, in folder; for each command of NAME (assignments
-    excepted) its text, exit status, stdout and stderr, in order."""
+    excepted) its text, exit status, stdout and stderr, in order. `reuse` links paths an earlier
+    block wrote (relative path in folder -> where it is) instead of recording them again."""
     os.symlink(os.path.join(REPO, "samples"), folder / "samples")
+    for relative, target in (reuse or {}).items():
+        (folder / relative).parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(target, folder / relative)
     logs = folder / "logs"
     logs.mkdir()
     commands = [line for line in block(name) if not is_assignment(line)]
