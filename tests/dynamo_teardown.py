@@ -33,21 +33,9 @@ def release_dynamo() -> None:
     import torch._dynamo
 
     torch._dynamo.reset()
-    manager_class = getattr(sys.modules.get("torch._dynamo.utils"), "CleanupManager", None)
-    manager = getattr(manager_class, "instance", None)
+    manager = getattr(getattr(sys.modules.get("torch._dynamo.utils"), "CleanupManager", None), "instance", None)
     if manager is not None:
         manager.clear()  # drops the weakrefs, so their callbacks never run at teardown
-    if manager_class is not None and hasattr(manager_class, "_remove_id"):
-        # CI (torch 2.14.1, the full suite under xdist) still printed 6 of these tracebacks after the
-        # clear above, from hooks armed after it or held elsewhere: never found which. The process is
-        # ending, so a hook that fires from now on has nothing left to clean: disarm them all.
-        manager_class._remove_id = _disarmed
-
-
-def _disarmed(self, idx: int) -> None:
-    """CleanupManager._remove_id once the session is over: forget the entry, run no hook."""
-    self.values.pop(idx, None)
-    self.refs.pop(idx, None)
 
 
 @pytest.hookimpl(trylast=True)
