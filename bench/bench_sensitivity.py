@@ -284,7 +284,9 @@ def titan_main(workdir: str, steps: int, layouts: bool) -> None:
     runner = [os.path.join(ROOT, "samples", "torchtitan", "train.py"), "--assets", os.path.join(workdir, "assets")]
 
     def rec(name, extra=(), ranks=2):
-        return _recorded(workdir, name, ["--loss-reduction", "sum"], ranks, [*runner, *tt, *extra])
+        # TorchTitan's logs go to its dump folder (default ./outputs): into the bench's work folder, not the caller's
+        dump = ["--dump-folder", os.path.join(workdir, f"{name}.dump")]
+        return _recorded(workdir, name, ["--loss-reduction", "sum"], ranks, [*runner, *tt, *dump, *extra])
 
     fp32 = rec("tt-fp32", ("--training.mixed-precision-param", "float32"))
     bf16 = rec("tt-bf16")
