@@ -9,13 +9,11 @@ themselves).
 from __future__ import annotations
 
 import functools
-import json
 import os
 import shutil
 from typing import Iterable
 
 import zarr
-from zarr.storage import LocalStore
 
 from tracekit.store.bytestore import ByteStore, byte_store
 # what the rest of tracekit (and its tests) use of the local implementation, by their old address
@@ -32,15 +30,6 @@ def compact_metadata(fn):
         with zarr.config.set({"json_indent": None}):
             return fn(*args, **kwargs)
     return compact
-
-
-def zarr_store(root: str, read_only: bool = False):
-    """The zarr store object for a store root."""
-    return LocalStore(os.fspath(root), read_only=read_only)
-
-
-def open_root_group(root: str, mode: str) -> zarr.Group:
-    return zarr.open_group(zarr_store(root, read_only=mode == "r"), mode=mode, use_consolidated=False)
 
 
 def array_key(array) -> tuple[str, str] | None:
@@ -65,17 +54,6 @@ def direct_writes(root) -> Direct | None:
     return byte_store(root).direct_writes()
 
 
-def read_json(root: str, key: str):
-    """A JSON document; FileNotFoundError / ValueError / OSError pass through for the caller to word."""
-    with open(local_path(root, key)) as f:
-        return json.load(f)
-
-
-def list_dir(root: str, key: str = "") -> list[str]:
-    try:
-        return sorted(os.listdir(local_path(root, key) if key else os.fspath(root)))
-    except (FileNotFoundError, NotADirectoryError):
-        return []
 
 
 def write_parts(root: str, key: str, parts: Iterable, pad_to: int | None = None) -> None:

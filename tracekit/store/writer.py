@@ -388,7 +388,7 @@ class _ObjectKindWriter:
         for a, arr in enumerate((self.hash_array, self.finite_array, self.summary_array)):
             self.array_meta[arr.path].resize((first + len(prepared), arr.shape[1]))
             chunks += [(arr, first + row, p[1 + a]) for row, p in enumerate(prepared)]
-        folder = getattr(io.byte_store(self.root), "folder", None)  # a local store's folder; None for an object store
+        folder = getattr(self.root, "folder", None)  # a local store's folder (LocalBytes); None for an object store
         if len(prepared) > 1 and folder is not None:  # each row's chunk a new folder: see io.concurrently
             io.concurrently(lambda c: _write_row_chunks(c[0], c[1], [c[2]]), chunks, folder)
         else:
