@@ -16,10 +16,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from dynamo_teardown import pytest_unconfigure  # noqa: F401  (a hook: dynamo's state released before exit)
+from tests.dynamo_teardown import pytest_unconfigure  # noqa: F401  (a hook: dynamo's state released before exit)
 from filelock import FileLock
 
-from launch_guard import Guard
+from tests.launch_guard import Guard
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SAMPLES = os.path.join(REPO, "samples")

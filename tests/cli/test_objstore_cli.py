@@ -11,7 +11,7 @@ import pytest
 import xarray as xr
 from click.testing import CliRunner
 
-from conftest import run_recorded
+from tests.conftest import run_recorded
 from tracekit import open_store
 from tracekit.cli.main import main
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from doc_blocks import missing_lines
-from doc_runs import all_groups, group_blocks, run_group
+from tests.docs.doc_blocks import missing_lines
+from tests.docs.doc_runs import all_groups, group_blocks, run_group
 
 
 def problems_of(group: str, result: dict) -> list[str]:

@@ -12,8 +12,8 @@ import pytest
 
 import tracekit
 
-from conftest import REPO
-from doc_runs import _bash, run_group
+from tests.conftest import REPO
+from tests.docs.doc_runs import _bash, run_group
 from tracekit.store import open_store
 from tracekit.store.traces import read_events, trace_steps
 

@@ -12,8 +12,8 @@ import pytest
 
 from tracekit import open_store
 
-import llama_like
-from conftest import TORCHRUN_TIMEOUT
+from tests.recorders import llama_like
+from tests.conftest import TORCHRUN_TIMEOUT
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 N = 30  # llama_like.TinyLlama's parameter tensors

@@ -12,7 +12,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from conftest import SAMPLES, TORCHRUN_TIMEOUT, mode_args
+from tests.conftest import SAMPLES, TORCHRUN_TIMEOUT, mode_args
 from tracekit import open_store
 from tracekit.cli.main import main
 

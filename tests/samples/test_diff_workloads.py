@@ -5,7 +5,7 @@ from click.testing import CliRunner
 
 from tracekit.cli.main import main
 
-from conftest import second_recording
+from tests.conftest import second_recording
 
 pytestmark = pytest.mark.torchrun
 

@@ -10,7 +10,7 @@ import pytest
 
 import tracekit
 
-from conftest import TORCHRUN_TIMEOUT
+from tests.conftest import TORCHRUN_TIMEOUT
 
 pytestmark = pytest.mark.torchrun
 

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from torchtitan_doc import logged_losses, ran, recorded_losses, run_block
+from tests.samples.torchtitan_doc import logged_losses, ran, recorded_losses, run_block
 
 pytestmark = [
     pytest.mark.torchrun,

@@ -34,7 +34,7 @@ from samples.common.data import GLOBAL_BATCH, batch_slice, global_batch  # noqa:
 from samples.common.faults import Faults, parse_faults  # noqa: E402
 from samples.common.model import build_model  # noqa: E402
 
-from conftest import MODE_RANKS, PLAIN_RECORD_ARGS  # noqa: E402
+from tests.conftest import MODE_RANKS, PLAIN_RECORD_ARGS  # noqa: E402
 
 TIMEOUT_S = 240  # a hung collective becomes a test failure, never a stuck CI
 

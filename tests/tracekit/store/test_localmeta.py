@@ -13,7 +13,7 @@ from tracekit.store.localmeta import local_members
 from tracekit.store.meta import TensorInfo, index_of, misplaced
 from tracekit.testing import write_store
 
-from tests.tracekit.test_fuzz_store import _data
+from tests.tracekit.store.test_fuzz import _data
 
 
 def _listed(members):

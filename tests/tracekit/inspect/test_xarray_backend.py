@@ -16,7 +16,7 @@ from tracekit.inspect.summary import summarize
 from tracekit.store.spans import TensorSteps
 from tracekit.testing import write_store
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
 
 def _data(world=2, steps=3, last=None):

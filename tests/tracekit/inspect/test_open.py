@@ -203,7 +203,7 @@ def test_open_returns_a_datatree_and_import_stays_light(tmp_path):
 
     code = "import sys, tracekit; tracekit.open; print('xarray' in sys.modules, 'dask' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
     assert out.stdout.split() == ["False", "False"]
 
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(__file__)), "cli", "scripts", "gloo_sum_order.py")
+SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "cli", "scripts", "gloo_sum_order.py")
 
 
 @pytest.mark.torchrun

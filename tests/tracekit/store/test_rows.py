@@ -12,7 +12,7 @@ from tracekit.errors import StoreError
 from tracekit.store.rows import RowFiles
 from tracekit.testing import write_store
 
-from tests.tracekit.test_fuzz_store import _data
+from tests.tracekit.store.test_fuzz import _data
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from tracekit.store.summaries import (BLOCK, LEGACY_FIELDS, NEG_INF, SUMMARY_FIE
 from tracekit.store.verify import verify_store
 from tracekit.testing import write_store
 
-SCHEMA = json.loads((Path(__file__).parents[2] / "schemas" / "diff-report.schema.json").read_text())
+SCHEMA = json.loads((Path(__file__).parents[3] / "schemas" / "diff-report.schema.json").read_text())
 f32 = np.float32
 FULL = ("parameters:*", "loss:*")  # gradients, deltas and outputs keep summaries and hashes only
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from test_compare_faults import train
+from tests.tracekit.compare.test_faults import train
 
 import tracekit
 from tracekit.errors import UsageError
