@@ -18,7 +18,8 @@ from tracekit.schemas import load
 from tracekit.store import open_store
 from tracekit.store.traces import read_events, trace_steps
 
-SAMPLES = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))), "samples")
+from tests.paths import SAMPLES
+
 sys.path.insert(0, SAMPLES)
 from common.model import build_model  # noqa: E402
 from common.op_faults import FaultSwitch, install_op_fault  # noqa: E402

@@ -13,6 +13,7 @@ import tracekit
 from tracekit.errors import StoreError
 from tracekit.store.format import FORMAT_VERSION
 from tracekit.store import RankWriter, TensorData, create_store
+from tests.paths import REPO
 
 
 def _bf16_bits(values):
@@ -203,7 +204,7 @@ def test_open_returns_a_datatree_and_import_stays_light(tmp_path):
 
     code = "import sys, tracekit; tracekit.open; print('xarray' in sys.modules, 'dask' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))))
+                         cwd=REPO)
     assert out.stdout.split() == ["False", "False"]
 
 

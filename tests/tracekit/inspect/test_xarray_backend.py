@@ -15,8 +15,9 @@ from tracekit.inspect.backend import TracekitBackendEntrypoint
 from tracekit.inspect.summary import summarize
 from tracekit.store.spans import TensorSteps
 from tracekit.testing import write_store
+from tests.paths import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+ROOT = REPO
 
 
 def _data(world=2, steps=3, last=None):

@@ -11,8 +11,8 @@ import pytest
 
 from tracekit import open_store
 from tracekit.launch import bootstrap_env as be
+from tests.paths import REPO
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 SITECUSTOMIZE = os.path.join(be.BOOTSTRAP_DIR, "sitecustomize.py")
 
 # A training script that never imports tracekit (a world of one: no torchrun).

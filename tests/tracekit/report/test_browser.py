@@ -11,8 +11,9 @@ import subprocess
 
 import numpy as np
 import pytest
+from tests.paths import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+ROOT = REPO
 BROWSER = next((b for b in ("chromium", "chromium-browser", "google-chrome", "chrome") if shutil.which(b)), None)
 
 pytestmark = pytest.mark.skipif(BROWSER is None, reason="no chromium/chrome on PATH")

@@ -26,8 +26,9 @@ from tracekit.store.summaries import (BLOCK, LEGACY_FIELDS, NEG_INF, SUMMARY_FIE
                                      digest_and_summary, seal, summarize, unseal)
 from tracekit.store.verify import verify_store
 from tracekit.testing import write_store
+from tests.paths import REPO
 
-SCHEMA = json.loads((Path(__file__).parents[3] / "schemas" / "diff-report.schema.json").read_text())
+SCHEMA = json.loads((Path(REPO) / "schemas" / "diff-report.schema.json").read_text())
 f32 = np.float32
 FULL = ("parameters:*", "loss:*")  # gradients, deltas and outputs keep summaries and hashes only
 

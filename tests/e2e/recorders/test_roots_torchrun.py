@@ -15,7 +15,6 @@ from tracekit import open_store
 from tests.recorders import llama_like
 from tests.conftest import TORCHRUN_TIMEOUT
 
-HERE = os.path.dirname(os.path.abspath(__file__))
 N = 30  # llama_like.TinyLlama's parameter tensors
 
 
@@ -27,7 +26,7 @@ def test_fsdp2_records_every_parameter_by_its_full_name(tmp_path, layout):
     store = str(tmp_path / "s")
     cmd = [sys.executable, "-m", "tracekit.cli.main", "record", "--strict", "-o", store, "--kinds", "outputs,parameters",
            "--", sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           os.path.join(HERE, "llama_like.py"), *layout, "--steps", "2"]
+           llama_like.__file__, *layout, "--steps", "2"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=TORCHRUN_TIMEOUT,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr[-4000:]

@@ -20,11 +20,12 @@ import time
 import pytest
 
 from tracekit import open_store
+from tests.paths import CLI_SCRIPTS
 
 # every test here runs `tracekit record` of a script and signals it (8-12 s each): the slow tier
 pytestmark = pytest.mark.torchrun
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "signal_train.py")
+SCRIPT = os.path.join(CLI_SCRIPTS, "signal_train.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
 WATCHDOG_S = 240
 # MB/s: the tiny model's ~50 KB spool entries take the writer ~0.2 s each, so the steps a signal

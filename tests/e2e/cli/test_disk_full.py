@@ -12,8 +12,9 @@ import sys
 import pytest
 
 from tracekit import open_store
+from tests.paths import CLI_SCRIPTS
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "signal_train.py")
+SCRIPT = os.path.join(CLI_SCRIPTS, "signal_train.py")
 TRACEKIT = [sys.executable, "-m", "tracekit.cli.main"]
 
 

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from tracekit import open_store
+from tests.paths import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = REPO
 TRAIN = os.path.join(ROOT, "samples", "replay", "train.py")
 STEPS = 3
 

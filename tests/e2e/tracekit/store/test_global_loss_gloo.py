@@ -6,8 +6,9 @@ import subprocess
 import sys
 
 import pytest
+from tests.paths import CLI_SCRIPTS
 
-SCRIPT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "cli", "scripts", "gloo_sum_order.py")
+SCRIPT = os.path.join(CLI_SCRIPTS, "gloo_sum_order.py")
 
 
 @pytest.mark.torchrun

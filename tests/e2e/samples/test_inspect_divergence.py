@@ -6,8 +6,9 @@ import subprocess
 import sys
 
 import pytest
+from tests.paths import REPO
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = REPO
 
 
 @pytest.mark.torchrun

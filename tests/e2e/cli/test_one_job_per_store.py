@@ -12,9 +12,9 @@ import zarr
 
 from tracekit import open_store
 from tracekit.store.ownership import job_alive
+from tests.paths import CLI_SCRIPTS
 
-HERE = os.path.dirname(__file__)
-TINY = os.path.join(HERE, "scripts", "tiny_train.py")
+TINY = os.path.join(CLI_SCRIPTS, "tiny_train.py")
 DEADLINE_S = 120  # a condition not met by then is a failure, never a stuck CI
 
 

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from tracekit import open_store
+from tests.paths import CLI_SCRIPTS
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "scripts", "peer_death_train.py")
+SCRIPT = os.path.join(CLI_SCRIPTS, "peer_death_train.py")
 TIMEOUT_S = 240  # a hang becomes a failure
 
 # point -> (rank 0's completed steps, rank 1's), rank 1 dying in step 2 of 3

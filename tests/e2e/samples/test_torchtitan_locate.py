@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from tests.samples.test_torchtitan_runs import doc_block, verdict
+from tests.e2e.samples.test_torchtitan_runs import doc_block, verdict
 from tests.samples.torchtitan_doc import ran, run_block
 
 pytestmark = [
