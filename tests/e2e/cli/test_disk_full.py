@@ -31,7 +31,6 @@ def tiny_disk(tmp_path):
         subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
-@pytest.mark.torchrun
 def test_a_full_disk_keeps_the_steps_written_before_and_says_so_in_one_line(tiny_disk, tmp_path):
     store = str(tiny_disk / "s")
     run = subprocess.run([*TRACEKIT, "record", "-o", store, "--", sys.executable, SCRIPT,

@@ -68,7 +68,6 @@ def wait_paused(proc):
     raise AssertionError(f"the job ended without pausing: {proc.stderr.read()}")
 
 
-@pytest.mark.torchrun
 def test_second_job_is_refused_while_the_first_lives_force_included(tmp_path):
     store, go = str(tmp_path / "s"), str(tmp_path / "go")
     first = paused_job(store, go, steps=3)
@@ -88,7 +87,6 @@ def test_second_job_is_refused_while_the_first_lives_force_included(tmp_path):
     assert s.job_state == "finished"
 
 
-@pytest.mark.torchrun
 def test_two_jobs_started_together_one_wins_and_the_store_is_consistent(tmp_path):
     store, go = str(tmp_path / "s"), str(tmp_path / "go")
     jobs = [paused_job(store, go, steps=3, force=True), paused_job(store, go, steps=5, force=True)]
@@ -110,7 +108,6 @@ def test_two_jobs_started_together_one_wins_and_the_store_is_consistent(tmp_path
     assert s.rank(0).attrs["run_id"] == s.meta["run_id"]
 
 
-@pytest.mark.torchrun  # launches `tracekit record` of a script: the slow tier
 def test_stale_lock_of_a_killed_launcher_is_reported_and_taken_over_with_force(tmp_path):
     store, go = str(tmp_path / "s"), str(tmp_path / "go")
     first = paused_job(store, go, steps=3)
@@ -168,7 +165,6 @@ def paused_torchrun_job(store, go, env=None):
     return launcher
 
 
-@pytest.mark.torchrun
 def test_killed_torchrun_agent_is_not_finalized_before_its_workers_end(tmp_path):
     store, go = str(tmp_path / "s"), str(tmp_path / "go")
     launcher = paused_torchrun_job(store, go, env={"TRACEKIT_WRITERS_WAIT_S": "100"})
@@ -188,7 +184,6 @@ def test_killed_torchrun_agent_is_not_finalized_before_its_workers_end(tmp_path)
         assert attrs["status"] == live.rank(r).status == "terminated"
 
 
-@pytest.mark.torchrun
 def test_killed_launcher_takes_the_torchrun_agent_and_its_workers_with_it(tmp_path):
     """`tracekit record` SIGKILLed under torchrun (2 ranks, paused in step 3): the agent gets SIGTERM
     (parent-death signal, set on it by the launcher), stops its workers, and every process of the

@@ -26,7 +26,6 @@ EXPECTED = {
 }
 
 
-@pytest.mark.torchrun
 @pytest.mark.parametrize("point", list(EXPECTED))
 def test_a_peer_dying_mid_step_costs_rank_0_no_completed_step(tmp_path, point):
     store = str(tmp_path / "s")

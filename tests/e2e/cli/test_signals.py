@@ -23,8 +23,6 @@ from tracekit import open_store
 from tests.paths import CLI_SCRIPTS
 
 # every test here runs `tracekit record` of a script and signals it (8-12 s each): the slow tier
-pytestmark = pytest.mark.torchrun
-
 SCRIPT = os.path.join(CLI_SCRIPTS, "signal_train.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
 WATCHDOG_S = 240
@@ -211,7 +209,6 @@ TORCHRUN_CELLS = [
 ]
 
 
-@pytest.mark.torchrun
 @pytest.mark.parametrize("sig, timing, target, mode", TORCHRUN_CELLS,
                          ids=[f"{s.name}-{t}-{g}-{m}" for s, t, g, m in TORCHRUN_CELLS])
 def test_signal_under_torchrun_keeps_every_completed_step(tmp_path, sig, timing, target, mode):

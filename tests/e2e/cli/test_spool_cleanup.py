@@ -4,7 +4,6 @@ import os
 import subprocess
 import sys
 
-import pytest
 
 WAIT = "import sys; print('ready', flush=True); sys.stdin.read()"  # runs until its stdin closes
 TIMEOUT_S = 120  # a hang is a failure, never a stuck CI
@@ -25,7 +24,6 @@ def started(root, known, store):
     return proc, made
 
 
-@pytest.mark.torchrun
 def test_a_killed_launchers_spool_folder_goes_at_the_next_start_a_live_ones_stays(tmp_path):
     root, elsewhere = tmp_path / "root", tmp_path / "elsewhere"
     root.mkdir()

@@ -37,7 +37,6 @@ def problems_of(group: str, result: dict) -> list[str]:
     return problems
 
 
-@pytest.mark.torchrun
 @pytest.mark.parametrize("group", all_groups())
 def test_doc_commands_run_as_written(group, recorded_sample, shared_once):
     folder, result = run_group(group, recorded_sample, shared_once)

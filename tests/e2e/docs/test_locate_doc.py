@@ -38,7 +38,6 @@ def locate(recorded_sample, shared_once):
     return os.path.join(folder, "runs", "locate"), commands, out
 
 
-@pytest.mark.torchrun
 def test_locate_doc_commands_show_what_the_doc_shows(locate):
     runs, commands, _ = locate
     assert len(commands) == 6, "the doc records two runs, then promises four commands"
@@ -52,7 +51,6 @@ def test_locate_doc_commands_show_what_the_doc_shows(locate):
     assert f"source: samples/common/op_faults.py:{cast}" in out["4"]["stdout"]
 
 
-@pytest.mark.torchrun
 def test_replayed_traced_step_is_recorded_from_the_reference_state(locate):
     """Command 3 (--replay-from REF --replay-steps 2:2 --trace ops): each rank's store holds the
     trace of step 2, and says step 2 started from REF's state."""
@@ -65,7 +63,6 @@ def test_replayed_traced_step_is_recorded_from_the_reference_state(locate):
         assert {e["phase"] for e in read_events(rank, "ops", 2)} == {"fwd", "bwd", "opt"}
 
 
-@pytest.mark.torchrun
 def test_clean_replay_names_no_root_cause(locate):
     """A candidate whose rank 1 left the reference in step 1 (its gradients scaled), replayed at
     step 2 from the reference: the step-level diff fails at step 1 only, and the traced step 2 is

@@ -5,7 +5,6 @@ import subprocess
 import sys
 
 import numpy as np
-import pytest
 
 from tracekit import open_store
 from tests.paths import REPO
@@ -25,7 +24,6 @@ def _record(out, *extra, train_args=()):
     return open_store(out)
 
 
-@pytest.mark.torchrun
 def test_fsdp_replay_restarts_each_step_from_the_reference_shards(tmp_path):
     ref = _record(tmp_path / "ref")
     # A candidate with another learning rate: free-running, its parameters and so its gradients

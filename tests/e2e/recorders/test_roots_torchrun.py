@@ -18,7 +18,6 @@ from tests.conftest import TORCHRUN_TIMEOUT
 N = 30  # llama_like.TinyLlama's parameter tensors
 
 
-@pytest.mark.torchrun
 @pytest.mark.parametrize("layout", [("--ac", "selective", "--chunked"), ("--ac", "full", "--compile-blocks")],
                          ids=["selective_ac_chunked_loss", "full_ac_compiled_blocks"])
 def test_fsdp2_records_every_parameter_by_its_full_name(tmp_path, layout):

@@ -16,8 +16,6 @@ from tests.conftest import SAMPLES, TORCHRUN_TIMEOUT, mode_args
 from tracekit import open_store
 from tracekit.cli.main import main
 
-pytestmark = pytest.mark.torchrun
-
 
 def record_crash(tmp_path, how: str, script: str) -> tuple[str, subprocess.CompletedProcess]:
     store = str(tmp_path / f"{script}-{how}")

@@ -36,7 +36,6 @@ def assert_same_bits(zero_code: str, explicit: str, ranks: list[int]) -> None:
                         (r, kind, step, name)
 
 
-@pytest.mark.torchrun
 @pytest.mark.parametrize("mode", list(MODE_RANKS))
 def test_plain_sample_recorded_zero_code_equals_the_instrumented_sample(recorded_sample, mode):
     explicit, _ = recorded_sample(mode, script="tutorial", steps=STEPS)
@@ -55,7 +54,6 @@ def test_plain_sample_recorded_zero_code_equals_the_instrumented_sample(recorded
 SELECTIVE = [("fsdp", 4, "0,3"), ("tp", 4, "1"), ("simplefsdp_tp", 2, "1")]
 
 
-@pytest.mark.torchrun
 @pytest.mark.parametrize("mode, ranks, writers", SELECTIVE)
 def test_rank_selection_gathers_everywhere_and_never_hangs(recorded_sample, mode, ranks, writers):
     store, _ = recorded_sample(mode, script="plain", steps=2, ranks=ranks, record_args=("--ranks", writers))
@@ -75,7 +73,6 @@ def test_rank_selection_gathers_everywhere_and_never_hangs(recorded_sample, mode
         full = params
 
 
-@pytest.mark.torchrun
 def test_a_rank_whose_recorder_cannot_start_does_not_hang_the_job(recorded_sample, tmp_path):
     import shutil
 
@@ -91,7 +88,6 @@ def test_a_rank_whose_recorder_cannot_start_does_not_hang_the_job(recorded_sampl
     assert open_store(store).rank(0).completed_steps == list(range(1, STEPS + 1))
 
 
-@pytest.mark.torchrun
 def test_zero_code_global_loss_is_the_scripts_own_at_4_ranks(recorded_sample):
     """Issue 9: `loss` is bitwise what the script computes (all_reduce SUM, then / world_size, in
     float32), read from the script's own printed losses; averaging in float64 missed by an ulp at

@@ -7,8 +7,6 @@ from tracekit.cli.main import main
 
 from tests.conftest import second_recording
 
-pytestmark = pytest.mark.torchrun
-
 MODES = ["ddp", "fsdp", "tp", "simplefsdp_tp"]
 RANKS = {"ddp": 2, "fsdp": 2, "tp": 2, "simplefsdp_tp": 4}
 

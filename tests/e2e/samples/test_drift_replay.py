@@ -6,13 +6,10 @@ import shutil
 import subprocess
 import sys
 
-import pytest
 
 import tracekit
 
 from tests.conftest import TORCHRUN_TIMEOUT
-
-pytestmark = pytest.mark.torchrun
 
 
 def test_the_printed_replay_command_runs_and_tells_an_error_from_drift(recorded_sample, tmp_path):

@@ -4,14 +4,11 @@ against the shared ddp reference; the verdict line, the first divergence, the JS
 and the accessor carry the signature."""
 
 import jsonschema
-import pytest
 from click.testing import CliRunner
 
 import tracekit
 from tracekit.cli.main import main
 from tracekit.schemas import load
-
-pytestmark = pytest.mark.torchrun
 
 FAULTS = ("--fault", "swap_data=2", "--fault", "stale_grad=2")
 

@@ -5,13 +5,11 @@ import re
 import subprocess
 import sys
 
-import pytest
 from tests.paths import REPO
 
 ROOT = REPO
 
 
-@pytest.mark.torchrun
 def test_sample_finds_the_planted_fault(tmp_path):
     out = subprocess.run([sys.executable, os.path.join(ROOT, "samples", "inspect_divergence.py"), "--keep", str(tmp_path)],
                          capture_output=True, text=True, timeout=300, cwd=str(tmp_path))

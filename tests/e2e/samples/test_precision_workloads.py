@@ -1,13 +1,10 @@
 """Low-precision candidates of the sample workloads against their float32 references (issue 35):
 the precision context is recorded by both recorders, and the diff judges by the arithmetic."""
 
-import pytest
 from click.testing import CliRunner
 
 from tracekit import open_store
 from tracekit.cli.main import main
-
-pytestmark = pytest.mark.torchrun
 
 
 def diff(*args):

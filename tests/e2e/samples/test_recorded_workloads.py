@@ -5,8 +5,6 @@ import pytest
 
 from tracekit import open_store
 
-pytestmark = pytest.mark.torchrun
-
 # mode -> (dp degree, tp degree, output rows per rank, parameter names)
 EXPECTED = {
     "ddp": (2, 1, 256, ["0.weight", "0.bias", "2.weight", "2.bias"]),

@@ -44,7 +44,6 @@ def _record(recorded_sample, layout, extra=()):
                            record_args=TRACE)[0]
 
 
-@pytest.mark.torchrun
 @pytest.mark.parametrize("layout, fault", CELLS, ids=[f"{l}-{f.replace(' ', '_')}" for l, f in CELLS])
 def test_planted_fault_is_named_and_the_clean_step_names_nothing(recorded_sample, layout, fault):
     args, (module, op, phase, kind) = FAULTS[fault]
@@ -60,7 +59,6 @@ def test_planted_fault_is_named_and_the_clean_step_names_nothing(recorded_sample
     assert got == (3, 1, module, phase, kind) and rc.event["op"].startswith(op), (got, rc.event["op"], rc.reason)
 
 
-@pytest.mark.torchrun
 def test_simplefsdp_tp_inplace_write_and_optimizer_op_in_one_launch(recorded_sample):
     """simplefsdp_tp (compiled, 2 x 2): two faults on two ranks of one candidate, each rank's own
     root cause checked: rank 0 writes a NaN into its first gradient through a view (after the

@@ -13,8 +13,6 @@ from tracekit.cli.main import main
 
 from tests.conftest import FOUR_RANK_DDP, second_recording
 
-pytestmark = pytest.mark.torchrun
-
 
 def cli_diff(*args):
     result = CliRunner().invoke(main, ["diff", *args])

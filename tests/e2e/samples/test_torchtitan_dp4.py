@@ -19,7 +19,6 @@ import pytest
 from tests.samples.torchtitan_doc import logged_losses, ran, recorded_losses, run_block
 
 pytestmark = [
-    pytest.mark.torchrun,
     pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,
                        reason="torchtitan is not installed (pip install -e '.[dev]' installs it)"),
 ]

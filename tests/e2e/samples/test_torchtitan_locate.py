@@ -17,7 +17,6 @@ from tests.e2e.samples.test_torchtitan_runs import doc_block, verdict
 from tests.samples.torchtitan_doc import ran, run_block
 
 pytestmark = [
-    pytest.mark.torchrun,
     pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,
                        reason="torchtitan is not installed (pip install -e '.[dev]' installs it)"),
 ]

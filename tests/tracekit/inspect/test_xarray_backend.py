@@ -1,7 +1,6 @@
 """xarray's engine="tracekit": the backend tracekit.open is built on; lazy, region-only reads;
 the same values with and without dask; bfloat16 decoded as it opens."""
 
-import os
 import subprocess
 import sys
 

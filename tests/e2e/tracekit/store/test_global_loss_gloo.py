@@ -5,13 +5,11 @@ import os
 import subprocess
 import sys
 
-import pytest
 from tests.paths import CLI_SCRIPTS
 
 SCRIPT = os.path.join(CLI_SCRIPTS, "gloo_sum_order.py")
 
 
-@pytest.mark.torchrun
 def test_the_derived_mean_is_gloos_all_reduce_bit_for_bit_at_3_ranks():
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=3", SCRIPT, "500"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**os.environ, "OMP_NUM_THREADS": "1"})
