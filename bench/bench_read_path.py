@@ -1,6 +1,6 @@
 """Benchmark of an old tree against the new one (not a test): is the read path no slower?
 
-Issue 37's proof of no change, its speed half (the golden reports in tests/tracekit/test_compare_golden.py
+Issue 37's proof of no change, its speed half (the golden reports in tests/tracekit/compare/test_golden.py
 are the other). Checks out --old REV (default: the merge-base of HEAD with main) with `git worktree
 add` into a temporary folder and times, for both trees, on the same stores built once by this tree:
   diff pair        bench_diff's measurement: tracekit.diff of two stores of --size-mb that differ by

@@ -9,7 +9,7 @@ name), written as indented JSON and compared byte for byte with golden/diff/<pai
 A change of the diff's report fails here on purpose. When the change is intended, regenerate the
 files and review their git diff before committing it:
 
-    TRACEKIT_UPDATE_GOLDEN=1 python -m pytest -q tests/tracekit/test_compare_golden.py
+    TRACEKIT_UPDATE_GOLDEN=1 python -m pytest -q tests/tracekit/compare/test_golden.py
 """
 
 import json
