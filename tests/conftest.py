@@ -134,7 +134,7 @@ def shared_once(tmp_path_factory):
 
 def second_recording(recorded_sample, mode: str) -> str:
     """Another recording of the same job, from its own launch, for run-to-run comparisons: samples/plain's
-    zero-code recording, which tests/recorders/test_zerocode_torchrun.py shows equal bit for bit to the
+    zero-code recording, which tests/e2e/recorders/test_zerocode_torchrun.py shows equal bit for bit to the
     explicit one (every rank's tensors and loss), so no launch is spent on it."""
     return recorded_sample(mode, script="plain", record_args=PLAIN_RECORD_ARGS.get(mode, ()))[0]
 
