@@ -243,13 +243,18 @@ def masked_output(result, tmp: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def stores(tmp_path_factory):
-    """Every store the pairs use, written once."""
-    root = tmp_path_factory.mktemp("golden")
-    built = {}
-    for name, spec in STORES.items():
-        args = spec()
-        built[name] = write_store(root / name, args.pop("data"), run=RUN, **args)
+def stores(shared_once):
+    """Every store the pairs use, written once per test run (whichever pytest-xdist worker asks
+    first): about 5 s of file creation on the 2-core CI machine."""
+
+    def write_all(root):
+        built = {}
+        for name, spec in STORES.items():
+            args = spec()
+            built[name] = write_store(root / name, args.pop("data"), run=RUN, **args)
+        return built
+
+    root, built = shared_once("golden-diff-stores", write_all)
     return str(root), built
 
 
