@@ -9,7 +9,7 @@ name), written as indented JSON and compared byte for byte with golden/diff/<pai
 A change of the diff's report fails here on purpose. When the change is intended, regenerate the
 files and review their git diff before committing it:
 
-    TRACEKIT_UPDATE_GOLDEN=1 python -m pytest -q tests/tracekit/test_compare_golden.py
+    TRACEKIT_UPDATE_GOLDEN=1 python -m pytest -q tests/tracekit/compare/test_golden.py
 """
 
 import json
@@ -71,9 +71,9 @@ def _grads(step):
 def run(world=2, *, dp=None, scale=None, one_rank=None, nan=None, shift=None, stale=None):
     """A 3-step data-parallel run of `world` ranks (dp: the data-parallel degree, default world).
     Faults on the candidate: scale=(step, factor) multiplies every rank's gradients from that step,
-    one_rank=(rank, step) bumps one rank's parameter w at one step (to no step's value), nan=(rank, step) puts a NaN in
-    a gradient, shift=(step, offset) adds to every rank's outputs at one step, stale=step records
-    the previous step's parameters at that step on every rank."""
+    one_rank=(rank, step) bumps one rank's parameter w at one step (to no step's value),
+    nan=(rank, step) puts a NaN in a gradient, shift=(step, offset) adds to every rank's outputs at
+    one step, stale=step records the previous step's parameters at that step on every rank."""
     dp = dp or world
     data = {}
     for r in range(world):
