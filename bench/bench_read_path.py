@@ -104,7 +104,8 @@ def measure(case: tuple, root: str, cwd: str, jobs: int) -> tuple[float, float, 
         code, argv = OPEN, args
     else:  # a command line, in a fresh process
         code, argv = MEASURE, [sys.executable, "-m", "tracekit.cli.main", *args]
-    out = subprocess.run([sys.executable, "-c", code, *argv], env=env_for(root), cwd=cwd, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", code, *argv], env=env_for(root), cwd=cwd, capture_output=True,
+                         text=True)
     if out.returncode:
         raise SystemExit(f"error: {case[0]} failed in {root}: {out.stderr.strip()[-500:]}")
     f = out.stdout.split(maxsplit=4)
