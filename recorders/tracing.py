@@ -40,6 +40,7 @@ from torch.utils._pytree import tree_flatten
 
 from tracekit.recorders.materialize import canonical_name
 from tracekit.store.kinds import TRACE_LEVELS
+from tracekit.store.trace_events import event_record, tensor_record
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _OWN_DIRS = tuple(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + d for d in ("tracekit", "recorders"))
@@ -114,29 +115,25 @@ _EMPTY_HASH = f"xxh3_64:{xxhash.xxh3_64_intdigest(b''):016x}"
 def summarize(t: torch.Tensor) -> dict:
     """Shape, dtype, device, summaries [min, max, mean, l2, nan, inf] and a hash of one tensor."""
     x = t  # no detach: the summaries run with grad off, and each detach is one more dispatch
-    out = {"shape": list(x.shape), "dtype": _plain_dtype(x.dtype), "device": str(x.device)}
+    shape, dtype, device = list(x.shape), _plain_dtype(x.dtype), str(x.device)
     if is_traceable_wrapper_subclass(x):
         # a DTensor (or other wrapper): any op on it here would dispatch to the subclass, maybe a
         # collective. Its local tensors show up in the ops the subclass runs next.
-        out["stats"], out["hash"], out["subclass"] = None, None, type(x).__name__
-        return out
+        return tensor_record(shape, dtype, device, None, None, subclass=type(x).__name__)
     if x.layout != torch.strided or x.is_complex() or x.is_quantized or x.device.type == "meta":
-        out["stats"], out["hash"] = None, None
-        return out
+        return tensor_record(shape, dtype, device, None, None)
     n = x.numel()
     if n == 0:
-        out["stats"], out["hash"] = None, _hash(x)
-        return out
+        return tensor_record(shape, dtype, device, None, _hash(x))
     # grad mode off by hand: torch.no_grad() as a decorator or context cost ~30 us a tensor
     grad = torch.is_grad_enabled()
     torch._C._set_grad_enabled(False)
     try:
         flat = _memory_order(x)
-        out["stats"] = _stats(x if flat is None else flat, n)
+        stats = _stats(x if flat is None else flat, n)
     finally:
         torch._C._set_grad_enabled(grad)
-    out["hash"] = _hash(x, flat)
-    return out
+    return tensor_record(shape, dtype, device, stats, _hash(x, flat))
 
 
 def _stats(x: torch.Tensor, n: int) -> list:
@@ -348,8 +345,7 @@ def _as_local(s: dict, t: torch.Tensor) -> dict:
 
 def _pending(t: torch.Tensor) -> dict:
     """What a trace shows of memory a collective is still writing: no values."""
-    return {"shape": list(t.shape), "dtype": _plain_dtype(t.dtype), "device": str(t.device), "stats": None,
-            "hash": None, "pending": True}
+    return tensor_record(list(t.shape), _plain_dtype(t.dtype), str(t.device), None, None, pending=True)
 
 
 def _work_of(result):
@@ -563,19 +559,16 @@ class StepTrace:
         for k, o in enumerate(outs):
             if relabel:
                 shown = enc.inputs[0]
-                s = {"shape": list(o.shape), "dtype": shown["dtype"], "device": shown["device"],
-                     "stats": shown.get("stats"), "hash": shown.get("hash")}
-                if shown.get("pending") or shown.get("uninitialized"):
-                    s["pending" if shown.get("pending") else "uninitialized"] = True
+                flag = "pending" if shown.get("pending") else "uninitialized" if shown.get("uninitialized") else None
+                s = tensor_record(list(o.shape), shown["dtype"], shown["device"], shown.get("stats"), shown.get("hash"),
+                                  **({flag: True} if flag else {}))
                 entry = self._entry(o)
                 entry[0], entry[1] = o._version, s
             elif collective or uninitialized:
                 # the collective may still be in flight (async work): no values yet; its consumers
                 # summarize what arrived once they run
-                s = {"shape": list(o.shape), "dtype": _plain_dtype(o.dtype), "device": str(o.device),
-                     "stats": None, "hash": None, "pending": True}
-                if uninitialized:
-                    s["uninitialized"] = s.pop("pending")
+                s = tensor_record(list(o.shape), _plain_dtype(o.dtype), str(o.device), None, None,
+                                  **{"uninitialized" if uninitialized else "pending": True})
                 entry = self._entry(o)
                 # uninitialized: what a read shows until a seen write bumps its version (its bytes
                 # are garbage, and summarizing them made two clean runs look different). Not under
@@ -612,15 +605,8 @@ class StepTrace:
                 if isinstance(t, torch.Tensor) and not is_traceable_wrapper_subclass(t):
                     e = self._entry(t)
                     e[0] = e[1] = e[5] = None
-        event = {"index": index, "phase": phase, "module": module, "op": op, "call": call,
-                 "args": enc_args, "kwargs": enc_kwargs, "inputs": enc.inputs, "outputs": outputs, "src": src}
-        if enc.group is not None:
-            event["group"] = enc.group
-        if info.view:
-            event["view"] = True
-        if compiled:
-            event["compiled"] = compiled
-        self.events.append(event)
+        self.events.append(event_record(index, phase, module, op, call, enc_args, enc_kwargs, enc.inputs, outputs,
+                                        src, group=enc.group, view=info.view, compiled=compiled))
         return result
 
     def _keep(self, index: int, side: str, tensors, refs, remember: bool = True) -> None:

@@ -1,0 +1,171 @@
+"""Typed trace events: what one traced op (or module call) recorded, parsed once by the store.
+
+The recorder writes an event through `event_record` and each tensor it saw through
+`tensor_record`, so the keys are spelled here and nowhere else; readers get `TraceEvent` and
+`TensorRef` from `parse_events` (tracekit.store.traces.read_events) and use attributes. The
+fields match schemas/trace-event.schema.json and docs/FORMAT.md ("Traces"); a value of the wrong
+type is a ValueError/TypeError that read_events turns into one StoreError line. Fields a recorder
+leaves out are None, False or empty (never a guessed value). No torch here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+N_STATS = 6  # min, max, mean, l2, nan count, inf count
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _ints(v, what: str) -> tuple[int, ...]:
+    if not isinstance(v, list) or not all(_is_int(x) for x in v):
+        raise ValueError(f"{what} is {v!r}, not a list of integers")
+    return tuple(v)
+
+
+def _opt_str(d: Mapping, key: str) -> str | None:
+    v = d.get(key)
+    if v is not None and not isinstance(v, str):
+        raise TypeError(f"{key!r} is a {type(v).__name__}, not a string")
+    return v
+
+
+def _flag(d: Mapping, key: str) -> bool:
+    v = d.get(key, False)
+    if not isinstance(v, bool):
+        raise TypeError(f"{key!r} is {v!r}, not a boolean")
+    return v
+
+
+@dataclass(frozen=True)
+class TensorRef:
+    """One tensor an event read or wrote: its summaries and hash, never its data (`$defs/tensor`)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+    device: str
+    stats: tuple[float, ...] | None  # min, max, mean, l2, nan count, inf count; None: not summarized
+    hash: str | None  # "xxh3_64:..." (or "xxh3_64@ORDER:...", "crc32:..." in older stores)
+    producer: tuple[int, int] | None = None  # (event index, output position) that made it in this step
+    name: str | None = None  # "param:NAME", "grad:NAME": the step-level tensor it is
+    pending: bool = False  # a collective's output, not summarized in flight
+    uninitialized: bool = False  # torch.empty and kin
+    subclass: str | None = None  # a tensor subclass's class name (DTensor): judged through its local ops
+    local: bool = False  # a DTensor's shard, summarized as the DTensor
+    global_shape: tuple[int, ...] | None = None  # that DTensor's shape
+    unseen_write: bool = False  # changed since its producer by a write the trace did not see
+    full: str | None = None  # the key of its bytes under the step's full/ group (--trace-full)
+
+    @classmethod
+    def from_json(cls, t) -> "TensorRef":
+        if not isinstance(t, dict):
+            raise TypeError(f"a tensor is a {type(t).__name__}, not an object")
+        for key in ("dtype", "device"):
+            if not isinstance(t.get(key), str):
+                raise TypeError(f"tensor {key} is {t.get(key)!r}, not a string")
+        stats = t.get("stats")
+        if stats is not None and (not isinstance(stats, list) or len(stats) != N_STATS or not all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) for x in stats)):
+            raise ValueError(f"tensor stats {stats!r} are not {N_STATS} numbers")
+        producer = t.get("producer")
+        if producer is not None and len(_ints(producer, "producer")) != 2:
+            raise ValueError(f"producer {producer!r} is not [event, output]")
+        glob = t.get("global_shape")
+        return cls(shape=_ints(t.get("shape"), "tensor shape"), dtype=t["dtype"], device=t["device"],
+                   stats=tuple(stats) if stats is not None else None, hash=_opt_str(t, "hash"),
+                   producer=tuple(producer) if producer is not None else None, name=_opt_str(t, "name"),
+                   pending=_flag(t, "pending"), uninitialized=_flag(t, "uninitialized"),
+                   subclass=_opt_str(t, "subclass"), local=_flag(t, "local"),
+                   global_shape=_ints(glob, "global_shape") if glob is not None else None,
+                   unseen_write=_flag(t, "unseen_write"), full=_opt_str(t, "full"))
+
+
+@dataclass(frozen=True, eq=False)
+class TraceEvent:
+    """One op (ops level) or module call (modules level) of a traced step (`$defs/event`). Events
+    are compared by identity: two equal-looking events are still two calls."""
+
+    index: int  # execution order within the step
+    phase: str  # fwd, bwd, opt
+    module: str  # canonical module path; "" outside any module
+    op: str  # "aten.addmm.default"; "forward"/"backward" at module level
+    call: int  # its count within (phase, module, op)
+    args: tuple = ()  # non-tensor arguments as JSON values; tensors {"t": k}, devices, groups encoded
+    kwargs: Mapping = field(default_factory=lambda: MappingProxyType({}))
+    inputs: tuple[TensorRef, ...] = ()
+    outputs: tuple[TensorRef, ...] = ()
+    src: str | None = None  # the user's file:line
+    group: tuple[int, ...] | None = None  # a collective's process-group ranks
+    view: bool = False  # the op returns a view of an input
+    compiled: str | None = None  # "inductor": called from inductor's generated code
+
+    @classmethod
+    def from_json(cls, e) -> "TraceEvent":
+        if not isinstance(e, dict):
+            raise TypeError(f"an event is a {type(e).__name__}, not an object")
+        for key in ("index", "call"):
+            if not _is_int(e.get(key)):
+                raise TypeError(f"event {key} is {e.get(key)!r}, not an integer")
+        for key in ("phase", "module", "op"):
+            if not isinstance(e.get(key), str):
+                raise TypeError(f"event {key} is {e.get(key)!r}, not a string")
+        args, kwargs = e.get("args", []), e.get("kwargs", {})
+        if not isinstance(args, list) or not isinstance(kwargs, dict):
+            raise TypeError("event args are not a list, or its kwargs not an object")
+        sides = {}
+        for key in ("inputs", "outputs"):
+            tensors = e.get(key, [])
+            if not isinstance(tensors, list):
+                raise TypeError(f"event {key} are not a list")
+            sides[key] = tuple(TensorRef.from_json(t) for t in tensors)
+        group = e.get("group")
+        return cls(index=e["index"], phase=e["phase"], module=e["module"], op=e["op"], call=e["call"],
+                   args=tuple(args), kwargs=MappingProxyType(kwargs), **sides, src=_opt_str(e, "src"),
+                   group=_ints(group, "group") if group is not None else None, view=_flag(e, "view"),
+                   compiled=_opt_str(e, "compiled"))
+
+
+def parse_events(raw) -> list[TraceEvent]:
+    """A step's events as stored (a JSON list), typed; ValueError/TypeError names the first bad one."""
+    if not isinstance(raw, list):
+        raise TypeError("events are not a list")
+    out = []
+    for k, e in enumerate(raw):
+        try:
+            out.append(TraceEvent.from_json(e))
+        except (TypeError, ValueError, KeyError) as err:
+            raise type(err)(f"event {k}: {err}") from None
+    return out
+
+
+def tensor_record(shape, dtype: str, device: str, stats, hash: str | None, **flags) -> dict:
+    """One tensor of an event as the recorder stores it. `flags`: the optional TensorRef fields
+    (pending, uninitialized, subclass, local, global_shape, producer, name, unseen_write, full)."""
+    unknown = flags and set(flags) - _TENSOR_OPTIONAL
+    if unknown:
+        raise TypeError(f"not a trace tensor field: {', '.join(sorted(unknown))}")
+    return {"shape": list(shape), "dtype": dtype, "device": device, "stats": stats, "hash": hash, **flags}
+
+
+def event_record(index: int, phase: str, module: str, op: str, call: int, args: list, kwargs: dict,
+                 inputs: list, outputs: list, src: str | None, group=None, view: bool = False,
+                 compiled: str | None = None) -> dict:
+    """One event as the recorder stores it (inputs and outputs: tensor_record()s). Optional fields
+    are left out when unset, as stores have always had them."""
+    event = {"index": index, "phase": phase, "module": module, "op": op, "call": call,
+             "args": args, "kwargs": kwargs, "inputs": inputs, "outputs": outputs, "src": src}
+    if group is not None:
+        event["group"] = group
+    if view:
+        event["view"] = True
+    if compiled:
+        event["compiled"] = compiled
+    return event
+
+
+_TENSOR_OPTIONAL = frozenset(f for f in TensorRef.__dataclass_fields__
+                             if f not in ("shape", "dtype", "device", "stats", "hash"))
