@@ -331,16 +331,17 @@ def test_trace_full_elementwise_uses_the_tolerance():
     import numpy as np
 
     from tracekit.compare.rootcause import compare_full
+    from tracekit.store.trace_events import TensorRef
 
-    ref = {"dtype": "float32", "shape": [4]}
+    ref = TensorRef((4,), "float32", "cpu", None, None)
     r = np.array([1.0, 2.0, 3.0, np.nan], dtype=np.float32)
-    assert compare_full(ref, dict(ref), r, r * (1 + 1e-7), rtol=1e-5, atol=0.0).status == "ok"
+    assert compare_full(ref, ref, r, r * (1 + 1e-7), rtol=1e-5, atol=0.0).status == "ok"
     bad = r.copy()
     bad[1] = 2.1
-    chk = compare_full(ref, dict(ref), r, bad, rtol=1e-5, atol=0.0)
+    chk = compare_full(ref, ref, r, bad, rtol=1e-5, atol=0.0)
     assert chk.status == "bad" and chk.metrics["elements_beyond"] == 1 and "[1]" in chk.reason
     nan_moved = np.array([1.0, 2.0, np.nan, 3.0], dtype=np.float32)
-    assert compare_full(ref, dict(ref), r, nan_moved, rtol=1e-5, atol=0.0).status == "bad"
+    assert compare_full(ref, ref, r, nan_moved, rtol=1e-5, atol=0.0).status == "bad"
 
 
 # inductor: its generated kernels are not aten ops, so the mode sees only the ops inductor's code

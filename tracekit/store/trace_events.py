@@ -18,27 +18,44 @@ N_STATS = 6  # min, max, mean, l2, nan count, inf count
 
 
 def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    return type(v) is int  # JSON integers only: a bool is no integer here
 
 
 def _ints(v, what: str) -> tuple[int, ...]:
-    if not isinstance(v, list) or not all(_is_int(x) for x in v):
+    if type(v) is not list or not all(type(x) is int for x in v):
         raise ValueError(f"{what} is {v!r}, not a list of integers")
     return tuple(v)
 
 
-def _opt_str(d: Mapping, key: str) -> str | None:
-    v = d.get(key)
-    if v is not None and not isinstance(v, str):
+def _str(key: str, v) -> str:
+    if type(v) is not str:
         raise TypeError(f"{key!r} is a {type(v).__name__}, not a string")
     return v
 
 
-def _flag(d: Mapping, key: str) -> bool:
-    v = d.get(key, False)
-    if not isinstance(v, bool):
+def _bool(key: str, v) -> bool:
+    if type(v) is not bool:
         raise TypeError(f"{key!r} is {v!r}, not a boolean")
     return v
+
+
+def _int_list(key: str, v) -> tuple[int, ...]:
+    return _ints(v, key)
+
+
+def _producer(key: str, v) -> tuple[int, int]:
+    got = _ints(v, key)
+    if len(got) != 2:
+        raise ValueError(f"producer {v!r} is not [event, output]")
+    return got
+
+
+# Optional fields of a tensor and of an event -> their check (a present null is the default);
+# keys no field has are left alone: a newer recorder's additions do not make a store unreadable
+_TENSOR_CHECKS = {"producer": _producer, "name": _str, "pending": _bool, "uninitialized": _bool, "subclass": _str,
+                  "local": _bool, "global_shape": _int_list, "unseen_write": _bool, "full": _str}
+_EVENT_CHECKS = {"src": _str, "group": _int_list, "view": _bool, "compiled": _str}
+_NUMBERS = (int, float)
 
 
 @dataclass(frozen=True)
@@ -62,26 +79,24 @@ class TensorRef:
 
     @classmethod
     def from_json(cls, t) -> "TensorRef":
-        if not isinstance(t, dict):
+        # (run for every tensor of every traced event: type() tests, and only the keys present)
+        if type(t) is not dict:
             raise TypeError(f"a tensor is a {type(t).__name__}, not an object")
-        for key in ("dtype", "device"):
-            if not isinstance(t.get(key), str):
-                raise TypeError(f"tensor {key} is {t.get(key)!r}, not a string")
-        stats = t.get("stats")
-        if stats is not None and (not isinstance(stats, list) or len(stats) != N_STATS or not all(
-                isinstance(x, (int, float)) and not isinstance(x, bool) for x in stats)):
-            raise ValueError(f"tensor stats {stats!r} are not {N_STATS} numbers")
-        producer = t.get("producer")
-        if producer is not None and len(_ints(producer, "producer")) != 2:
-            raise ValueError(f"producer {producer!r} is not [event, output]")
-        glob = t.get("global_shape")
-        return cls(shape=_ints(t.get("shape"), "tensor shape"), dtype=t["dtype"], device=t["device"],
-                   stats=tuple(stats) if stats is not None else None, hash=_opt_str(t, "hash"),
-                   producer=tuple(producer) if producer is not None else None, name=_opt_str(t, "name"),
-                   pending=_flag(t, "pending"), uninitialized=_flag(t, "uninitialized"),
-                   subclass=_opt_str(t, "subclass"), local=_flag(t, "local"),
-                   global_shape=_ints(glob, "global_shape") if glob is not None else None,
-                   unseen_write=_flag(t, "unseen_write"), full=_opt_str(t, "full"))
+        shape, dtype, device, stats, digest = t.get("shape"), t.get("dtype"), t.get("device"), t.get("stats"), t.get("hash")
+        if type(dtype) is not str or type(device) is not str:
+            raise TypeError(f"tensor dtype/device {dtype!r}/{device!r} are not strings")
+        if stats is not None:
+            if type(stats) is not list or len(stats) != N_STATS or not all(type(x) in _NUMBERS for x in stats):
+                raise ValueError(f"tensor stats {stats!r} are not {N_STATS} numbers")
+            stats = tuple(stats)
+        if digest is not None:
+            _str("hash", digest)
+        optional = {}
+        if len(t) > 5:
+            for key in t.keys() & _TENSOR_CHECKS.keys():
+                if t[key] is not None:
+                    optional[key] = _TENSOR_CHECKS[key](key, t[key])
+        return cls(_ints(shape, "tensor shape"), dtype, device, stats, digest, **optional)
 
 
 @dataclass(frozen=True, eq=False)
@@ -105,28 +120,22 @@ class TraceEvent:
 
     @classmethod
     def from_json(cls, e) -> "TraceEvent":
-        if not isinstance(e, dict):
+        if type(e) is not dict:
             raise TypeError(f"an event is a {type(e).__name__}, not an object")
         for key in ("index", "call"):
             if not _is_int(e.get(key)):
                 raise TypeError(f"event {key} is {e.get(key)!r}, not an integer")
         for key in ("phase", "module", "op"):
-            if not isinstance(e.get(key), str):
+            if type(e.get(key)) is not str:
                 raise TypeError(f"event {key} is {e.get(key)!r}, not a string")
-        args, kwargs = e.get("args", []), e.get("kwargs", {})
-        if not isinstance(args, list) or not isinstance(kwargs, dict):
+        args, kwargs, inputs, outputs = e.get("args", []), e.get("kwargs", {}), e.get("inputs", []), e.get("outputs", [])
+        if type(args) is not list or type(kwargs) is not dict:
             raise TypeError("event args are not a list, or its kwargs not an object")
-        sides = {}
-        for key in ("inputs", "outputs"):
-            tensors = e.get(key, [])
-            if not isinstance(tensors, list):
-                raise TypeError(f"event {key} are not a list")
-            sides[key] = tuple(TensorRef.from_json(t) for t in tensors)
-        group = e.get("group")
-        return cls(index=e["index"], phase=e["phase"], module=e["module"], op=e["op"], call=e["call"],
-                   args=tuple(args), kwargs=MappingProxyType(kwargs), **sides, src=_opt_str(e, "src"),
-                   group=_ints(group, "group") if group is not None else None, view=_flag(e, "view"),
-                   compiled=_opt_str(e, "compiled"))
+        if type(inputs) is not list or type(outputs) is not list:
+            raise TypeError("event inputs or outputs are not a list")
+        optional = {key: _EVENT_CHECKS[key](key, e[key]) for key in e.keys() & _EVENT_CHECKS.keys() if e[key] is not None}
+        return cls(e["index"], e["phase"], e["module"], e["op"], e["call"], tuple(args), MappingProxyType(kwargs),
+                   tuple(map(TensorRef.from_json, inputs)), tuple(map(TensorRef.from_json, outputs)), **optional)
 
 
 def parse_events(raw) -> list[TraceEvent]:
