@@ -40,7 +40,7 @@ from torch.utils._pytree import tree_flatten
 
 from tracekit.recorders.materialize import canonical_name
 from tracekit.store.kinds import TRACE_LEVELS
-from tracekit.store.trace_events import event_record, tensor_record
+from tracekit.store.trace_events import annotate, event_record, tensor_record
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _OWN_DIRS = tuple(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + d for d in ("tracekit", "recorders"))
@@ -338,9 +338,7 @@ def _local_of(t: torch.Tensor) -> torch.Tensor | None:
 
 def _as_local(s: dict, t: torch.Tensor) -> dict:
     """A shard's summary as a DTensor's: shape is the shard's (other shardings never pair up)."""
-    s = dict(s)
-    s["subclass"], s["local"], s["global_shape"] = type(t).__name__, True, list(t.shape)
-    return s
+    return annotate(dict(s), subclass=type(t).__name__, local=True, global_shape=list(t.shape))
 
 
 def _pending(t: torch.Tensor) -> dict:
@@ -429,7 +427,7 @@ class StepTrace:
         e = self._entry(getattr(t, "_local_tensor", t))
         e[3] = name
         if e[2] is not None and e[2][1] is not None:  # the event that computed it: the chain's end names the step-level tensor
-            self.events[e[2][0]]["outputs"][e[2][1]]["name"] = name
+            annotate(self.events[e[2][0]]["outputs"][e[2][1]], name=name)
 
     def _summary(self, t: torch.Tensor, fresh: bool = False) -> dict:
         # fresh: an op's output. An in-place op's version bump happens above this mode, after the
@@ -442,7 +440,7 @@ class StepTrace:
             e[0] = e[1] = e[5] = None  # whatever was summarized of it before is stale once it lands
             s = _pending(t)
             if e[2] is not None:
-                s["producer"] = list(e[2])
+                annotate(s, producer=list(e[2]))
             return s
         version = t._version
         if fresh or e[0] != version or e[1] is None:
@@ -459,12 +457,12 @@ class StepTrace:
                 # is no longer its producer. Only there: in eager code every write is an op the
                 # mode sees, and a view's bytes also change with its base's
                 e[2] = None
-                e[1]["unseen_write"] = True
+                annotate(e[1], unseen_write=True)
         s = dict(e[1])
         if e[2] is not None:
-            s["producer"] = list(e[2])
+            annotate(s, producer=list(e[2]))
         if e[3] is not None:
-            s["name"] = e[3]
+            annotate(s, name=e[3])
         return s
 
     def _in_flight(self, t: torch.Tensor) -> bool:
@@ -578,7 +576,7 @@ class StepTrace:
             elif _local_of(o) is not None:  # a DTensor: its shard (written by the subclass's local op, unseen)
                 local = _local_of(o)
                 s = _as_local(self._summary(local, fresh=True), o)
-                s.pop("producer", None)
+                annotate(s, producer=None)
                 entry = self._entry(local)
             elif self._inflight and self._in_flight(o):  # funcol's wrapper of an output in flight
                 s = _pending(o)
@@ -589,7 +587,7 @@ class StepTrace:
                 entry[0], entry[1] = o._version, summarize(o)
                 s = dict(entry[1])
                 if entry[3] is not None:
-                    s["name"] = entry[3]
+                    annotate(s, name=entry[3])
             outputs.append(s)
             # a wait or wrapper passes the collective's values on: readers after it pair their
             # inputs with the collective itself (which a differing result then blames)
@@ -618,10 +616,10 @@ class StepTrace:
             if t.layout == torch.strided and t.device.type != "meta" and not is_traceable_wrapper_subclass(t):
                 e = self._entry(t)
                 if reuse and e[5] is not None and e[5][0] == t._version:
-                    ref["full"] = e[5][1]
+                    annotate(ref, full=e[5][1])
                     continue
                 key = f"{index}.{side}{k}"
-                ref["full"] = key
+                annotate(ref, full=key)
                 # an in-place op's output is recorded before its version bump: a later read sees
                 # another version and keeps its own copy
                 if remember:  # (not uninitialized memory, which an unseen write may fill)

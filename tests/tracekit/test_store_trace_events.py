@@ -9,7 +9,7 @@ import pytest
 from tracekit.errors import StoreError
 from tracekit.schemas import load as load_schema
 from tracekit.store import open_store
-from tracekit.store.trace_events import TensorRef, TraceEvent, event_record, parse_events, tensor_record
+from tracekit.store.trace_events import TensorRef, TraceEvent, annotate, event_record, parse_events, tensor_record
 from tracekit.store.traces import read_events
 from tracekit.testing import write_store
 
@@ -66,3 +66,7 @@ def test_the_recorder_functions_own_the_keys():
     with pytest.raises(TypeError, match="not a trace tensor field: stat"):
         tensor_record([1], "float32", "cpu", None, None, stat=True)
     assert parse_events([event_record(0, "opt", "", "aten.add_.Tensor", 0, [], {}, [], [], None)])[0].view is False
+    t = annotate(_tensor(), producer=[3, 0], name="grad:w")
+    assert TensorRef.from_json(annotate(t, producer=None)).producer is None and TensorRef.from_json(t).name == "grad:w"
+    with pytest.raises(TypeError, match="not a trace tensor field: owner"):
+        annotate(t, owner="x")

@@ -1,7 +1,8 @@
 """Typed trace events: what one traced op (or module call) recorded, parsed once by the store.
 
 The recorder writes an event through `event_record` and each tensor it saw through
-`tensor_record`, so the keys are spelled here and nowhere else; readers get `TraceEvent` and
+`tensor_record` (and `annotate`, for what it learns of a tensor later), so the keys are written
+here and nowhere else; readers get `TraceEvent` and
 `TensorRef` from `parse_events` (tracekit.store.traces.read_events) and use attributes. The
 fields match schemas/trace-event.schema.json and docs/FORMAT.md ("Traces"); a value of the wrong
 type is a ValueError/TypeError that read_events turns into one StoreError line. Fields a recorder
@@ -158,6 +159,20 @@ def tensor_record(shape, dtype: str, device: str, stats, hash: str | None, **fla
     if unknown:
         raise TypeError(f"not a trace tensor field: {', '.join(sorted(unknown))}")
     return {"shape": list(shape), "dtype": dtype, "device": device, "stats": stats, "hash": hash, **flags}
+
+
+def annotate(record: dict, **fields) -> dict:
+    """Set optional fields of a tensor_record() in place, as the recorder learns them after the
+    summary (its producer, its name, the key of its kept bytes); None removes one."""
+    unknown = fields.keys() - _TENSOR_OPTIONAL
+    if unknown:
+        raise TypeError(f"not a trace tensor field: {', '.join(sorted(unknown))}")
+    for key, value in fields.items():
+        if value is None:
+            record.pop(key, None)
+        else:
+            record[key] = value
+    return record
 
 
 def event_record(index: int, phase: str, module: str, op: str, call: int, args: list, kwargs: dict,
