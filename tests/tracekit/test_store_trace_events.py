@@ -21,7 +21,7 @@ def _tensor(**kw):
 def _events():
     return [event_record(0, "fwd", "layer", "aten.mm.default", 0, [{"t": 0}], {}, [_tensor(name="param:w")],
                          [_tensor()], "train.py:3"),
-            event_record(1, "fwd", "", "aten.add.Tensor", 0, [{"t": 0}, 1.0], {"alpha": 2}, [_tensor(producer=[0, 0])],
+            event_record(1, "fwd", "", "aten.add.Tensor", 0, [{"t": 0}, 1.0], {"alpha": 2}, [_tensor(producer=[0, 0]), _tensor(producer=[0, None])],
                          [_tensor(pending=True)], None, group=[0, 1], view=True, compiled="inductor")]
 
 
@@ -43,7 +43,7 @@ def test_the_store_reads_typed_events(tmp_path):
     assert (first.index, first.module, first.op, first.src, first.inputs[0].name) == (0, "layer", "aten.mm.default",
                                                                                       "train.py:3", "param:w")
     assert first.outputs[0].shape == (2, 3) and first.outputs[0].producer is None and first.group is None
-    assert second.inputs[0].producer == (0, 0) and second.outputs[0].pending and second.group == (0, 1)
+    assert second.inputs[0].producer == (0, 0) and second.inputs[1].producer == (0, None) and second.outputs[0].pending and second.group == (0, 1)
     assert second.view and second.compiled == "inductor" and second.kwargs["alpha"] == 2
     with pytest.raises(dataclasses.FrozenInstanceError):
         first.op = "aten.add.Tensor"  # frozen: what the store parsed is what every reader sees

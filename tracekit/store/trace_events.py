@@ -44,11 +44,10 @@ def _int_list(key: str, v) -> tuple[int, ...]:
     return _ints(v, key)
 
 
-def _producer(key: str, v) -> tuple[int, int]:
-    got = _ints(v, key)
-    if len(got) != 2:
-        raise ValueError(f"producer {v!r} is not [event, output]")
-    return got
+def _producer(key: str, v) -> tuple[int, int | None]:
+    if type(v) is not list or len(v) != 2 or type(v[0]) is not int or not (v[1] is None or type(v[1]) is int):
+        raise ValueError(f"producer {v!r} is not [event, output or null]")
+    return v[0], v[1]
 
 
 # Optional fields of a tensor and of an event -> their check (a present null is the default);
@@ -68,7 +67,9 @@ class TensorRef:
     device: str
     stats: tuple[float, ...] | None  # min, max, mean, l2, nan count, inf count; None: not summarized
     hash: str | None  # "xxh3_64:..." (or "xxh3_64@ORDER:...", "crc32:..." in older stores)
-    producer: tuple[int, int] | None = None  # (event index, output position) that made it in this step
+    # (event index, output position) that made it in this step; position None: the event wrote its
+    # memory through an argument that is not one of its outputs (a view's base, an out= buffer)
+    producer: tuple[int, int | None] | None = None
     name: str | None = None  # "param:NAME", "grad:NAME": the step-level tensor it is
     pending: bool = False  # a collective's output, not summarized in flight
     uninitialized: bool = False  # torch.empty and kin
