@@ -64,7 +64,7 @@ class TensorRef:
 
     shape: tuple[int, ...]
     dtype: str
-    device: str
+    device: str | None  # None only in a store whose recorder left it out
     stats: tuple[float, ...] | None  # min, max, mean, l2, nan count, inf count; None: not summarized
     hash: str | None  # "xxh3_64:..." (or "xxh3_64@ORDER:...", "crc32:..." in older stores)
     # (event index, output position) that made it in this step; position None: the event wrote its
@@ -85,7 +85,8 @@ class TensorRef:
         if type(t) is not dict:
             raise TypeError(f"a tensor is a {type(t).__name__}, not an object")
         shape, dtype, device, stats, digest = t.get("shape"), t.get("dtype"), t.get("device"), t.get("stats"), t.get("hash")
-        if type(dtype) is not str or type(device) is not str:
+        # the recorder always writes a device; a store that left it out reads as None (not guessed)
+        if type(dtype) is not str or (device is not None and type(device) is not str):
             raise TypeError(f"tensor dtype/device {dtype!r}/{device!r} are not strings")
         if stats is not None:
             if type(stats) is not list or len(stats) != N_STATS or not all(type(x) in _NUMBERS for x in stats):
