@@ -215,7 +215,7 @@ class _Engine:
         views = [self.ref.ranks[kp.ref_rank].view, self.cand.ranks[kp.rank].view]
         if self.oracle is not None:
             views.append(self.oracle.ranks[kp.oracle_rank].view)
-        objects = all(v.store.format_version >= 2 for v in views)
+        objects = all(v.saves_pieces for v in views)
         out = {}
         for t in kp.tensors:
             infos = (t.ref, t.cand, t.oracle)[:len(views)]
