@@ -38,5 +38,8 @@ class FormatReader(Protocol):
         """An unsharded tensor's saved bytes as one piece (store.reader.Piece), or None where the
         format saves it only inside a storage array row (read through read_range)."""
 
+    def kind_writer(self, group, kind: str, io_root, full, rank: int):
+        """The writer of a new kind group of this format (store/writer.py)."""
+
     def fetch(self, view, kind: str, step: int, item) -> np.ndarray:
         """One ReadItem's bytes, flat in storage dtype, checked against the index (hash, finiteness)."""

@@ -49,6 +49,11 @@ class PackedArrays:
     def whole_piece(self, view, kind: str, step: int, info):
         return None  # a tensor is a range of a packed row, not a piece of its own
 
+    def kind_writer(self, group, kind: str, io_root, full, rank: int):
+        from tracekit.store.writer import _KindWriter
+
+        return _KindWriter(group, kind)
+
     def fetch(self, view, kind: str, step: int, item) -> np.ndarray:
         raise TypeError("format 1 saves no pieces to fetch")
 

@@ -45,6 +45,15 @@ class Objects:
     def whole_piece(self, view, kind: str, step: int, info):
         return view.object_piece(kind, step, info.name)
 
+    def pack_spec(self):
+        """How a new kind's small tensors are packed (format 3, store/packs.py); None: not at all."""
+        return None
+
+    def kind_writer(self, group, kind: str, io_root, full, rank: int):
+        from tracekit.store.writer import _ObjectKindWriter
+
+        return _ObjectKindWriter(group, kind, io_root, full, self.pack_spec(), rank if self.sealed_rows else None)
+
     def fetch(self, view, kind: str, step: int, item) -> np.ndarray:
         """The piece's object (or its range of a pack), hash-checked once per open store, and its
         finiteness flag checked against what the bytes say."""

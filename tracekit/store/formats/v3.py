@@ -8,7 +8,11 @@ so the one difference is in the pieces' Located, not in how they are read.
 from __future__ import annotations
 
 from tracekit.store.formats.v2 import Objects
+from tracekit.store.packs import PackSpec
 
 
 class PackedObjects(Objects):
     version = 3
+
+    def pack_spec(self):
+        return PackSpec()
