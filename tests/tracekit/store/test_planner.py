@@ -86,7 +86,7 @@ def test_a_format_no_reader_knows_is_one_line(tmp_path, version, message):
 
 def test_format_versions_are_tested_only_in_store_formats():
     """Adding or dropping a format touches store/formats/, not its readers or the writer."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     compared = re.compile(r"format_version\s*(==|!=|>=|<=|>|<)|(==|!=|>=|<=|>|<)\s*\S*format_version")
     found = [f"{p.relative_to(root)}:{n}" for folder in ("tracekit", "cli", "recorders") for p in (root / folder).rglob("*.py")
              if "formats" not in p.parts
