@@ -25,8 +25,8 @@ from tracekit.store.chunks import check_size_claims, chunk_cols, first_missing_c
 from tracekit.store.localmeta import ParsedNodes, local_members
 from tracekit.store.rows import MissingChunk, RowFiles
 from tracekit.store.scratch import thread_buffer
-from tracekit.store.format import (FINITE_ARRAY, HASH_ARRAY, MAX_STEP, RANK_PREFIX, ROOT_KEY, SUMMARY_ARRAY,
-                                   TRACES_GROUP)
+from tracekit.store.format import (FINITE_ARRAY, HASH_ARRAY, MAX_STEP, OBJECTS_DIR, RANK_PREFIX, ROOT_KEY,
+                                   SUMMARY_ARRAY, TRACES_GROUP, rank_group_name)
 from tracekit.store.hashing import HASH_BYTES, combined
 from tracekit.store.dtypes import all_finite
 from tracekit.store.hashing import hasher
@@ -1088,6 +1088,23 @@ class RunStore:
     @property
     def ranks(self) -> list[int]:
         return list(self._rank_groups)
+
+    def footprint(self) -> tuple[dict[int, int], int, int]:
+        """({rank: bytes of its own folder}, bytes shared by all ranks, bytes of the whole store).
+        From format 2 on every tensor's bytes live once per content under objects/, shared by all
+        ranks: a rank's own folder holds only its indexes, so its bytes are small beside the store's."""
+        sizes, total = self.location.sizes_under([*(rank_group_name(r) for r in self.ranks), OBJECTS_DIR])
+        shared = sizes.pop(OBJECTS_DIR)
+        return {r: sizes[rank_group_name(r)] for r in self.ranks}, shared, total
+
+    def unlisted_rank_folders(self) -> list[str]:
+        """Rank folders of a local store that are no readable rank group (zarr skips a folder
+        without metadata: a half-written store), by name; none for a URL (no folders to look at)."""
+        if not os.path.isdir(self.path):
+            return []
+        ranks = set(self.ranks)
+        on_disk = sorted(n for n in os.listdir(self.path) if n.startswith(RANK_PREFIX))
+        return [n for n in on_disk if n[len(RANK_PREFIX):].isdigit() and int(n[len(RANK_PREFIX):]) not in ranks]
 
     @cached_property
     def _views(self) -> dict[int, RankView]:
