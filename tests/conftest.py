@@ -19,7 +19,7 @@ import pytest
 from tests.dynamo_teardown import pytest_unconfigure  # noqa: F401  (a hook: dynamo's state released before exit)
 from filelock import FileLock
 
-from tests.launch_guard import Guard
+from tests.launch_guard import Guard, misplaced
 from tests.paths import REPO, SAMPLES  # noqa: F401  (REPO: tests import it from here)
 
 # Sample modes and the world size the tests run them at (simplefsdp_tp as a 2 x 2 mesh).
@@ -43,6 +43,12 @@ def pytest_configure(config):
 
 def pytest_unconfigure(config):
     _LAUNCH_GUARD.uninstall()
+
+
+def pytest_runtest_setup(item):
+    why = misplaced(item)  # tests/launch_guard.py: launching tests live in tests/e2e/, and only they
+    if why:
+        pytest.fail(why, pytrace=False)
 
 
 @pytest.hookimpl(hookwrapper=True)
