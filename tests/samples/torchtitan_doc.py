@@ -10,7 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import REPO, TORCHRUN_TIMEOUT
+from tests.launching import TORCHRUN_TIMEOUT
+from tests.paths import REPO
 
 DOC = os.path.join(REPO, "docs", "TORCHTITAN.md")
 

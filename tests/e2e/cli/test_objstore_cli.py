@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import xarray as xr
 
-from tests.conftest import run_recorded
+from tests.launching import run_recorded
 from tracekit import open_store
 from tests.cli.test_objstore_cli import cli
 

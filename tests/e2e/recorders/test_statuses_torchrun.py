@@ -12,7 +12,9 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from tests.conftest import SAMPLES, TORCHRUN_TIMEOUT, mode_args
+from tests.launching import TORCHRUN_TIMEOUT, mode_args
+
+from tests.paths import SAMPLES
 from tracekit import open_store
 from tracekit.cli.main import main
 
