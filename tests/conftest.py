@@ -8,9 +8,12 @@ import os
 
 import pytest
 
-from tests.dynamo_teardown import pytest_unconfigure  # noqa: F401  (a hook: dynamo's state released before exit)
 from tests.launch_guard import Guard, misplaced
 from tests.paths import SAMPLES
+
+# Dynamo's state released before exit. A plugin, not an imported `pytest_unconfigure`: the one
+# defined below rebound that name, so the teardown's hook never ran.
+pytest_plugins = ["tests.dynamo_teardown"]
 
 _LAUNCH_GUARD = Guard()
 
