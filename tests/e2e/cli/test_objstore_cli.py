@@ -11,7 +11,7 @@ import xarray as xr
 
 from tests.launching import run_recorded
 from tracekit import open_store
-from tests.cli.test_objstore_cli import cli
+from tests.cli.runner import cli
 
 
 TINY = os.path.join(os.path.dirname(__file__), "scripts", "tiny_train.py")

@@ -13,8 +13,7 @@ import sys
 
 import pytest
 
-from tests.e2e.samples.test_torchtitan_runs import doc_block, verdict
-from tests.samples.torchtitan_doc import ran, run_block
+from tests.samples.torchtitan_doc import doc_block, ran, run_block, verdict
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,
