@@ -1,6 +1,6 @@
 """Zero-code recording in-process: the step state machine, the model and output it finds, stand-down
-and failure handling. The bootstrap and real torchrun jobs are in tests/tracekit/launch/test_bootstrap.py
-and test_zerocode_torchrun.py."""
+and failure handling. The bootstrap and real torchrun jobs are in tests/e2e/tracekit/launch/test_bootstrap.py
+and tests/e2e/recorders/test_zerocode_torchrun.py."""
 
 import numpy as np
 import pytest
