@@ -9,11 +9,11 @@ import sys
 import numpy as np
 import xarray as xr
 
-from tests.launching import run_recorded
 from tracekit import open_store
-from tests.cli.runner import cli
-from tests.paths import CLI_SCRIPTS
 
+from tests.cli.runner import cli
+from tests.launching import run_recorded
+from tests.paths import CLI_SCRIPTS
 
 TINY = os.path.join(CLI_SCRIPTS, "tiny_train.py")
 
