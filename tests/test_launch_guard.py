@@ -1,10 +1,16 @@
 """tests/launch_guard.py tells a launch of training workers from the other processes tests start."""
 
+import os
+import re
+import subprocess
 import sys
 
 import pytest
 
-from tests.launch_guard import launches_workers
+from tracekit.launch import launcher
+
+from tests.launch_guard import E2E, in_e2e, launches_workers, misplaced
+from tests.paths import REPO
 
 PY = sys.executable
 
@@ -35,5 +41,29 @@ def test_other_processes_are_not_launches(argv):
 
 
 def test_whatever_tracekits_launcher_starts_is_a_launch():
-    assert launches_workers(["true"], caller_module="tracekit.recorders.launch")
+    assert launches_workers(["true"], caller_module=launcher.__name__)  # the module that starts the job
     assert not launches_workers(["true"], caller_module="subprocess")
+
+
+class _Item:
+    def __init__(self, path, marked):
+        self.path, self.nodeid, self._marked = path, str(path) + "::t", marked
+
+    def get_closest_marker(self, name):
+        return object() if self._marked and name == "torchrun" else None
+
+
+def test_the_torchrun_mark_belongs_to_tests_e2e_only(tmp_path):
+    inside, outside = os.path.join(E2E, "cli", "test_x.py"), os.path.join(os.path.dirname(E2E), "cli", "test_x.py")
+    assert in_e2e(inside) and not in_e2e(outside) and not in_e2e(E2E + "_not_it/test_x.py")
+    assert misplaced(_Item(inside, marked=True)) is None and misplaced(_Item(outside, marked=False)) is None
+    assert "move it to the same path under tests/e2e/" in misplaced(_Item(outside, marked=True))
+
+
+def test_the_fast_tier_leaves_out_all_of_tests_e2e():
+    """tests/e2e/conftest.py marks what is collected there, though no file there says torchrun.
+    (`not (torchrun)`: a bare ` torchrun` word on a command line is what the guard takes for a launch.)"""
+    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
+                          "-m", "not (torchrun)", E2E], capture_output=True, text=True, timeout=120, cwd=REPO)
+    found = re.search(r"no tests collected \((\d+) deselected\)", out.stdout)
+    assert found and int(found.group(1)) > 100, out.stdout[-2000:] + out.stderr[-2000:]

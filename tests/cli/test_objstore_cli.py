@@ -1,18 +1,11 @@
 """The commands on stores in a bucket of a loopback S3 server (moto): record, diff, show, loss,
 export, import, plain xarray; credentials never land in a store or an output."""
 
-
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from tracekit import open_store
-from tracekit.cli.main import main
-
-
-def cli(*args):
-    result = CliRunner().invoke(main, [str(a) for a in args])
-    return result.exit_code, result.output
+from tests.cli.runner import cli
 
 
 def test_a_bad_storage_option_is_one_line(s3):

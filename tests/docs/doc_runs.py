@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 
-from tests.conftest import TORCHRUN_TIMEOUT
+from tests.launching import TORCHRUN_TIMEOUT
 
 from tests.docs.doc_blocks import DOCS, REPO, as_sample, assignment, blocks, chain, commands, expand
 

@@ -5,17 +5,17 @@ import torch
 
 from tracekit import open_store
 from tracekit.recorders import RecordConfig, Recorder
-from tests.recorders.test_recorder_full import _check, _model, _train
+from tests.recorders import full_runs
 
 
 def test_full_into_a_bucket_keeps_bytes_of_matching_tensors_only(s3):
     url = s3.url("runs/full")
-    model = _model()
+    model = full_runs.make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     grads = {}
     with Recorder(model, opt, config=RecordConfig(store=url, full=("parameters:*,loss:*",))) as rec:
-        _train(model, opt, rec, 2, grads)
-    _check(url, grads)
+        full_runs.train(model, opt, rec, 2, grads)
+    full_runs.check_store(url, grads)
     view = open_store(url).rank(0)
     assert open_store(url).format_version == 4  # summaries and --full: format 2 and later
     # the objects of the kept tensors, or the packs they lie in (format 3)

@@ -9,58 +9,19 @@ from tracekit import open_store
 from tracekit.schemas import load, part
 from tracekit.errors import UsageError
 from tracekit.recorders import RecordConfig, Recorder
-from tracekit.launch.config import parse_kinds, parse_step_range
+from tracekit.launch.config import parse_step_range
 from tracekit.recorders.replay import ReplayError
 
-KINDS = parse_kinds("+optimizer_state")
-STEPS = 5
-
-
-def _model():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4))
-
-
-def _optimizer(name, params):
-    if name == "momentum":
-        return torch.optim.SGD(params, lr=0.05, momentum=0.9)
-    return torch.optim.Adam(params, lr=0.01)
-
-
-def _batch(step):
-    g = torch.Generator().manual_seed(step)
-    return torch.randn(32, 8, generator=g), torch.randn(32, 4, generator=g)
-
-
-def _train_step(model, opt, step, autocast, rec=None):
-    x, y = _batch(step)
-    # the planted per-step error: a bfloat16 forward, as mixed precision on an accelerator would do
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        out = model(x)
-    loss = torch.nn.functional.mse_loss(out.float(), y)
-    loss.backward()
-    if rec is not None:
-        rec.observe(output=out, loss=loss)
-    opt.step()
-    opt.zero_grad()
-
-
-def _run(store, optimizer="momentum", autocast=False, steps=STEPS, **config):
-    model = _model()
-    opt = _optimizer(optimizer, model.parameters())
-    with Recorder(model, opt, config=RecordConfig(store=str(store), kinds=KINDS, **config)) as rec:
-        for step in range(1, steps + 1):
-            _train_step(model, opt, step, autocast, rec)
-    return open_store(store).rank(0)
+from tests.recorders.replay_runs import KINDS, STEPS, make_model, make_optimizer, record_run, train_step
 
 
 def _one_step_from(ref, step, optimizer, autocast=True):
     """Independently: the parameters after one candidate step taken from ref's state after step-1."""
-    model = _model()
+    model = make_model()
     with torch.no_grad():
         for name, p in model.named_parameters():
             p.copy_(torch.from_numpy(ref.read("parameters", step - 1, name).copy()))
-    opt = _optimizer(optimizer, model.parameters())
+    opt = make_optimizer(optimizer, model.parameters())
     if step > 1:  # the reference's optimizer state, loaded through torch's own load_state_dict
         state = ref.read_kind("optimizer_state", step - 1)
         sd = opt.state_dict()
@@ -68,7 +29,7 @@ def _one_step_from(ref, step, optimizer, autocast=True):
         sd["state"] = {i: {k.removeprefix(n + "."): torch.from_numpy(v.copy()) for k, v in state.items()
                            if k.removeprefix(n + ".") != k} for i, n in enumerate(names)}
         opt.load_state_dict(sd)
-    _train_step(model, opt, step, autocast)
+    train_step(model, opt, step, autocast)
     return {n: p.detach().numpy() for n, p in model.named_parameters()}
 
 
@@ -79,8 +40,8 @@ def _max_err(a, b, step):
 
 @pytest.mark.parametrize("optimizer", ["momentum", "adam"])
 def test_replay_of_a_run_against_itself_is_exact_at_every_step(tmp_path, optimizer):
-    ref = _run(tmp_path / "ref", optimizer)
-    rep = _run(tmp_path / "rep", optimizer, replay_from=str(tmp_path / "ref"))
+    ref = record_run(tmp_path / "ref", optimizer)
+    rep = record_run(tmp_path / "rep", optimizer, replay_from=str(tmp_path / "ref"))
     assert rep.completed_steps == list(range(1, STEPS + 1))
     assert rep.attrs["replay"]["replayed_steps"] == list(range(1, STEPS + 1))
     assert set(rep.kinds) == set(ref.kinds) >= {"outputs", "loss", "gradients", "parameters", "deltas", "optimizer_state"}
@@ -93,9 +54,9 @@ def test_replay_of_a_run_against_itself_is_exact_at_every_step(tmp_path, optimiz
 
 @pytest.mark.parametrize("optimizer", ["momentum", "adam"])
 def test_replayed_error_at_step_k_is_the_error_of_one_step_from_the_reference_state(tmp_path, optimizer):
-    ref = _run(tmp_path / "ref", optimizer)
-    free = _run(tmp_path / "free", optimizer, autocast=True)
-    rep = _run(tmp_path / "rep", optimizer, autocast=True, replay_from=str(tmp_path / "ref"))
+    ref = record_run(tmp_path / "ref", optimizer)
+    free = record_run(tmp_path / "free", optimizer, autocast=True)
+    rep = record_run(tmp_path / "rep", optimizer, autocast=True, replay_from=str(tmp_path / "ref"))
     for step in range(1, STEPS + 1):
         expected = _one_step_from(ref, step, optimizer)
         for name, value in expected.items():
@@ -109,9 +70,9 @@ def test_replayed_error_at_step_k_is_the_error_of_one_step_from_the_reference_st
 
 
 def test_replay_steps_limit_which_steps_restart_from_the_reference(tmp_path):
-    ref = _run(tmp_path / "ref")
-    free = _run(tmp_path / "free", autocast=True)
-    rep = _run(tmp_path / "rep", autocast=True, replay_from=str(tmp_path / "ref"), replay_steps=(3, 4))
+    ref = record_run(tmp_path / "ref")
+    free = record_run(tmp_path / "free", autocast=True)
+    rep = record_run(tmp_path / "rep", autocast=True, replay_from=str(tmp_path / "ref"), replay_steps=(3, 4))
     assert rep.attrs["replay"]["replayed_steps"] == [3, 4]
     names = [t.name for t in ref.tensors("parameters")]
     for step in (1, 2):  # before the range: the candidate's own trajectory, bit for bit
@@ -127,10 +88,10 @@ def test_replay_steps_limit_which_steps_restart_from_the_reference(tmp_path):
 
 
 def test_optimizer_state_is_recorded_under_parameter_names(tmp_path):
-    model = _model()
-    opt = _optimizer("adam", model.parameters())
+    model = make_model()
+    opt = make_optimizer("adam", model.parameters())
     with Recorder(model, opt, config=RecordConfig(store=str(tmp_path / "s"), kinds=KINDS)) as rec:
-        _train_step(model, opt, 1, False, rec)
+        train_step(model, opt, 1, False, rec)
         expected = {f"{n}.{k}": v.clone() for n, p in model.named_parameters() for k, v in opt.state[p].items()}
     view = open_store(tmp_path / "s").rank(0)
     assert view.steps("optimizer_state") == [1]
@@ -141,8 +102,8 @@ def test_optimizer_state_is_recorded_under_parameter_names(tmp_path):
 
 
 def test_replay_is_recorded_in_root_and_rank_metadata(tmp_path):
-    _run(tmp_path / "ref", steps=2)
-    rep = _run(tmp_path / "rep", steps=2, replay_from=str(tmp_path / "ref"), replay_steps=(2, None))
+    record_run(tmp_path / "ref", steps=2)
+    rep = record_run(tmp_path / "rep", steps=2, replay_from=str(tmp_path / "ref"), replay_steps=(2, None))
     store = open_store(tmp_path / "rep")
     assert store.meta["replay_of"] == str(tmp_path / "ref")
     assert rep.attrs["replay_of"] == str(tmp_path / "ref")
@@ -153,26 +114,26 @@ def test_replay_is_recorded_in_root_and_rank_metadata(tmp_path):
 
 
 def test_reference_lacking_a_parameter_is_refused_with_names(tmp_path):
-    _run(tmp_path / "ref", steps=1, params=("0.*",))
+    record_run(tmp_path / "ref", steps=1, params=("0.*",))
     with pytest.raises(ReplayError, match=r"no parameters named 2\.weight, 2\.bias"):
-        _run(tmp_path / "rep", steps=1, replay_from=str(tmp_path / "ref"))
+        record_run(tmp_path / "rep", steps=1, replay_from=str(tmp_path / "ref"))
 
 
 def test_reference_without_optimizer_state_restores_parameters_and_says_so(tmp_path, capsys):
-    model = _model()
-    opt = _optimizer("momentum", model.parameters())
+    model = make_model()
+    opt = make_optimizer("momentum", model.parameters())
     with Recorder(model, opt, config=RecordConfig(store=str(tmp_path / "ref"))) as rec:
         for step in (1, 2):
-            _train_step(model, opt, step, False, rec)
-    rep = _run(tmp_path / "rep", steps=2, autocast=True, replay_from=str(tmp_path / "ref"))
+            train_step(model, opt, step, False, rec)
+    rep = record_run(tmp_path / "rep", steps=2, autocast=True, replay_from=str(tmp_path / "ref"))
     assert "no optimizer_state" in capsys.readouterr().err
     assert rep.attrs["replay"]["replayed_steps"] == [1, 2]
     assert rep.attrs["replay"]["optimizer_state"] is False
 
 
 def test_steps_the_reference_lacks_run_on_from_the_candidate_state(tmp_path, capsys):
-    _run(tmp_path / "ref", steps=2)
-    rep = _run(tmp_path / "rep", steps=4, replay_from=str(tmp_path / "ref"))
+    record_run(tmp_path / "ref", steps=2)
+    rep = record_run(tmp_path / "rep", steps=4, replay_from=str(tmp_path / "ref"))
     assert rep.attrs["replay"]["replayed_steps"] == [1, 2, 3]  # step 3 starts from the ref's step 2
     assert "no state after step 3" in capsys.readouterr().err
 
@@ -195,7 +156,7 @@ def test_record_command_refuses_bad_replay_settings_in_one_line(tmp_path):
 
     from tracekit.cli.main import main
 
-    _run(tmp_path / "ref", steps=1)
+    record_run(tmp_path / "ref", steps=1)
     ref, out = str(tmp_path / "ref"), str(tmp_path / "out")
     cases = [
         (["--replay-from", ref, "-o", ref], "is the output store itself"),
@@ -218,8 +179,8 @@ def test_zero_code_replay_restarts_steps_from_the_second_on(tmp_path, monkeypatc
     from tracekit.recorders import recorder as recorder_module, zerocode
     from tracekit.launch.config import ENV_KINDS, ENV_REPLAY_FROM, ENV_REPLAY_STEPS, ENV_STORE
 
-    ref = _run(tmp_path / "ref")
-    free = _run(tmp_path / "free", autocast=True)
+    ref = record_run(tmp_path / "ref")
+    free = record_run(tmp_path / "free", autocast=True)
     monkeypatch.setenv("RANK", "0")  # a worker of the recorded job
     # the explicit Recorders above ran in this process, which makes the bootstrap stand down
     monkeypatch.setattr(recorder_module, "explicit_recorder_started", False)
@@ -227,10 +188,10 @@ def test_zero_code_replay_restarts_steps_from_the_second_on(tmp_path, monkeypatc
            ENV_REPLAY_FROM: str(tmp_path / "ref"), ENV_REPLAY_STEPS: "1:"}
     assert zerocode.install(env) is not None
     try:
-        model = _model()
-        opt = _optimizer("momentum", model.parameters())
+        model = make_model()
+        opt = make_optimizer("momentum", model.parameters())
         for step in range(1, STEPS + 1):
-            _train_step(model, opt, step, autocast=True)
+            train_step(model, opt, step, autocast=True)
     finally:
         zerocode.uninstall()
     rep = open_store(tmp_path / "zc").rank(0)
@@ -248,9 +209,9 @@ def test_report_plots_local_against_accumulated_error(tmp_path):
     from tracekit.report.html import fmt
     from tracekit.report.replay import replay_errors
 
-    ref = _run(tmp_path / "ref")
-    free = _run(tmp_path / "free", autocast=True)
-    rep = _run(tmp_path / "rep", autocast=True, replay_from=str(tmp_path / "ref"))
+    ref = record_run(tmp_path / "ref")
+    free = record_run(tmp_path / "free", autocast=True)
+    rep = record_run(tmp_path / "rep", autocast=True, replay_from=str(tmp_path / "ref"))
     rows, notes = replay_errors(str(tmp_path / "ref"), str(tmp_path / "free"), str(tmp_path / "rep"))
     assert notes == [] and [r.step for r in rows] == list(range(1, STEPS + 1))
     for r in rows:

@@ -3,13 +3,13 @@
 import numpy as np
 
 from tracekit import open_store
-from tests.recorders.test_replay import _run
+from tests.recorders.replay_runs import record_run
 
 
 def test_replay_from_a_bucket_store_is_exact_at_every_step(s3, tmp_path):
     ref_url = s3.url("runs/ref")
-    ref = _run(ref_url)
-    rep = _run(tmp_path / "rep", replay_from=ref_url)
+    ref = record_run(ref_url)
+    rep = record_run(tmp_path / "rep", replay_from=ref_url)
     assert open_store(tmp_path / "rep").meta["replay_of"] == ref_url
     for step in ref.completed_steps:
         for t in ref.tensors("parameters"):

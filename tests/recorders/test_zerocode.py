@@ -1,6 +1,6 @@
 """Zero-code recording in-process: the step state machine, the model and output it finds, stand-down
-and failure handling. The bootstrap and real torchrun jobs are in tests/tracekit/launch/test_bootstrap.py
-and test_zerocode_torchrun.py."""
+and failure handling. The bootstrap and real torchrun jobs are in tests/e2e/tracekit/launch/test_bootstrap.py
+and tests/e2e/recorders/test_zerocode_torchrun.py."""
 
 import numpy as np
 import pytest
@@ -11,11 +11,10 @@ from tracekit.recorders import Recorder
 from tracekit.recorders import recorder as recorder_module
 from tracekit.writer.handoff import WriterFailed
 from tracekit.recorders.outermost import OutermostCalls
-from tracekit.recorders.zerocode import ZeroCode
-from tracekit.store import create_store, finalize_store, is_store
+from tracekit.store import create_store
 
-ORIGINAL_CALL = torch.nn.Module.__call__
-ORIGINAL_BACKWARD = torch.autograd.backward
+from tests.recorders.zerocode_runs import ORIGINAL_BACKWARD, ORIGINAL_CALL, ZeroCodeRun
+
 KINDS = ("outputs", "loss", "gradients", "parameters", "deltas")
 
 
@@ -32,26 +31,6 @@ def store_at(tmp_path, name="zero"):
     path = str(tmp_path / name)
     create_store(path, {"launcher": "test"})
     return path
-
-
-class ZeroCodeRun:
-    """ZeroCode installed for the duration of a with block, as the bootstrap would install it; the
-    store is then finalized as `tracekit record` finalizes it (which derives the global loss)."""
-
-    def __init__(self, store, **env):
-        self.store = store
-        self.zero = ZeroCode({"TRACEKIT_STORE": store, **env})
-
-    def __enter__(self):
-        return self.zero.install()
-
-    def __exit__(self, *exc):
-        try:
-            self.zero._at_exit()
-        finally:
-            self.zero.stand_down(final=True)
-        if self.zero.recorder is not None and exc[0] is None and is_store(self.store):
-            finalize_store(self.store, 0)
 
 
 def model_of(seed=0):
@@ -369,7 +348,8 @@ def test_replay_refuses_a_second_optimizer_in_the_step(tmp_path, capfd):
 def test_a_chunked_loss_is_recorded_as_the_total_the_loop_logs(tmp_path):
     """torchtitan's chunked loss runs backward() per chunk and then on the total (step_loss.py):
     zero-code records the total once, not the sum of every backward() scalar (twice the loss)."""
-    from tests.recorders.test_step_loss import StepLoss, batch, chunked_step, model_of as chunked_model
+    from tests.recorders.step_loss_runs import batch, chunked_step, model_of as chunked_model
+    from tracekit.recorders.step_loss import StepLoss
 
     zero = store_at(tmp_path)
     decoder, head = chunked_model()

@@ -10,7 +10,7 @@ import shlex
 
 import pytest
 
-from tests.conftest import SAMPLES
+from tests.paths import SAMPLES
 from tests.samples.torchtitan_doc import block
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,

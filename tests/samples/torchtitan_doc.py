@@ -10,7 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import REPO, TORCHRUN_TIMEOUT
+from tests.launching import TORCHRUN_TIMEOUT
+from tests.paths import REPO
 
 DOC = os.path.join(REPO, "docs", "TORCHTITAN.md")
 
@@ -78,3 +79,18 @@ def recorded_losses(store: str) -> dict[int, float]:
                          capture_output=True, text=True, check=True).stdout
     name = json.loads(out)["columns"][1]
     return {row["step"]: row[name] for row in json.loads(out)["rows"]}
+
+
+def doc_block(shared_once, name: str):
+    """(folder, results) of the doc's block NAME, run once per test run; its launches succeeded."""
+    folder, results = shared_once(f"torchtitan-{name}", lambda f: run_block(f, name))
+    for r in results:
+        if r["command"].startswith(("tracekit record", "torchrun")):
+            assert r["rc"] == 0, (r["command"], r["err"][-3000:])
+    return folder, results
+
+
+def verdict(result: dict) -> str:
+    lines = [line for line in (result["out"] + result["err"]).splitlines() if re.match(r"(PASS|FAIL) ", line)]
+    assert lines, result["err"][-2000:]
+    return lines[-1]

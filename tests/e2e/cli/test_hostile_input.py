@@ -3,10 +3,12 @@
 import os
 import sys
 
+from tests.paths import CLI_SCRIPTS
 
 
 
-TINY = os.path.join(os.path.dirname(__file__), "scripts", "tiny_train.py")
+
+TINY = os.path.join(CLI_SCRIPTS, "tiny_train.py")
 
 
 def test_a_selection_matching_no_rank_fails_the_record(tmp_path):

@@ -9,12 +9,13 @@ import sys
 import numpy as np
 import xarray as xr
 
-from tests.conftest import run_recorded
 from tracekit import open_store
-from tests.cli.test_objstore_cli import cli
 
+from tests.cli.runner import cli
+from tests.launching import run_recorded
+from tests.paths import CLI_SCRIPTS
 
-TINY = os.path.join(os.path.dirname(__file__), "scripts", "tiny_train.py")
+TINY = os.path.join(CLI_SCRIPTS, "tiny_train.py")
 
 
 def test_a_two_rank_recording_straight_into_a_bucket(s3, recorded_sample, tmp_path, monkeypatch):

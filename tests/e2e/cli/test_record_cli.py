@@ -9,11 +9,9 @@ import pytest
 from tracekit import open_store
 from tracekit.schemas import load
 
+from tests.paths import CLI_SCRIPTS
 
-HERE = os.path.dirname(__file__)
-
-
-TINY = os.path.join(HERE, "scripts", "tiny_train.py")
+TINY = os.path.join(CLI_SCRIPTS, "tiny_train.py")
 
 
 def run_cli(*args, timeout=120):

@@ -12,13 +12,9 @@ from click.testing import CliRunner
 from tracekit import open_store
 from tracekit.cli.main import main
 
+from tests.paths import TESTS
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-LLAMA_LIKE = os.path.join(os.path.dirname(HERE), "recorders", "llama_like.py")
-
-
+LLAMA_LIKE = os.path.join(TESTS, "recorders", "llama_like.py")
 N = 30  # TinyLlama's parameter tensors
 
 

@@ -9,6 +9,8 @@ from tracekit.cli.main import main
 from tracekit.store import open_store
 from tracekit.store.traces import read_events, trace_steps
 
+from tests.paths import CLI_SCRIPTS
+
 
 TRACE = ["--trace", "ops", "--trace-steps", "2"]
 
@@ -54,7 +56,7 @@ def test_cli_traces_modules_over_a_step_range_and_keeps_the_bytes_it_is_asked_fo
 
     from tracekit.store.traces import read_full
 
-    tiny = [sys.executable, os.path.join(os.path.dirname(__file__), "scripts", "tiny_train.py")]
+    tiny = [sys.executable, os.path.join(CLI_SCRIPTS, "tiny_train.py")]
 
     def record(store, *args):
         r = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "record", "-o", store, *args, "--", *tiny,
@@ -85,7 +87,7 @@ def _record_plain(store, *args, steps=3):
     import subprocess
     import sys
 
-    script = os.path.join(os.path.dirname(__file__), "scripts", "plain_tiny_train.py")
+    script = os.path.join(CLI_SCRIPTS, "plain_tiny_train.py")
     return subprocess.run([sys.executable, "-m", "tracekit.cli.main", "record", "-o", store, *args, "--", sys.executable,
                            script, "--steps", str(steps)], capture_output=True, text=True, timeout=120)
 

@@ -12,7 +12,7 @@ import pytest
 
 import tracekit
 
-from tests.conftest import REPO
+from tests.paths import REPO
 from tests.docs.doc_runs import _bash, run_group
 from tracekit.store import open_store
 from tracekit.store.traces import read_events, trace_steps

@@ -13,7 +13,7 @@ import pytest
 from tracekit import open_store
 
 from tests.recorders import llama_like
-from tests.conftest import TORCHRUN_TIMEOUT
+from tests.launching import TORCHRUN_TIMEOUT
 
 N = 30  # llama_like.TinyLlama's parameter tensors
 

@@ -10,11 +10,12 @@ import subprocess
 import sys
 
 import pytest
-from click.testing import CliRunner
 
-from tests.conftest import SAMPLES, TORCHRUN_TIMEOUT, mode_args
+from tests.launching import TORCHRUN_TIMEOUT, mode_args
+
+from tests.paths import SAMPLES
 from tracekit import open_store
-from tracekit.cli.main import main
+from tests.cli.runner import cli
 
 
 def record_crash(tmp_path, how: str, script: str) -> tuple[str, subprocess.CompletedProcess]:
@@ -26,11 +27,6 @@ def record_crash(tmp_path, how: str, script: str) -> tuple[str, subprocess.Compl
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode != 0, result.stderr[-3000:]
     return store, result
-
-
-def cli(*args):
-    r = CliRunner().invoke(main, list(args))
-    return r.exit_code, r.output
 
 
 @pytest.mark.parametrize("how, script, status, cause", [

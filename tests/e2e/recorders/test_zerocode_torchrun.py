@@ -11,7 +11,7 @@ import pytest
 
 from tracekit import open_store
 
-from tests.conftest import FOUR_RANK_DDP, MODE_RANKS, PLAIN_RECORD_ARGS
+from tests.launching import FOUR_RANK_DDP, MODE_RANKS, PLAIN_RECORD_ARGS
 
 COMPARED = ("outputs", "gradients", "parameters", "deltas")
 STEPS = 3  # the tutorial stores are shared with tests/samples (same arguments, recorded once)
@@ -76,7 +76,7 @@ def test_rank_selection_gathers_everywhere_and_never_hangs(recorded_sample, mode
 def test_a_rank_whose_recorder_cannot_start_does_not_hang_the_job(recorded_sample, tmp_path):
     import shutil
 
-    from tests.conftest import run_recorded
+    from tests.launching import run_recorded
 
     ref = str(tmp_path / "ref")
     shutil.copytree(recorded_sample("ddp", script="tutorial", steps=STEPS)[0], ref)

@@ -5,7 +5,7 @@ from click.testing import CliRunner
 
 from tracekit.cli.main import main
 
-from tests.conftest import second_recording
+from tests.launching import second_recording
 
 MODES = ["ddp", "fsdp", "tp", "simplefsdp_tp"]
 RANKS = {"ddp": 2, "fsdp": 2, "tp": 2, "simplefsdp_tp": 4}

@@ -9,7 +9,7 @@ import sys
 
 import tracekit
 
-from tests.conftest import TORCHRUN_TIMEOUT
+from tests.launching import TORCHRUN_TIMEOUT
 
 
 def test_the_printed_replay_command_runs_and_tells_an_error_from_drift(recorded_sample, tmp_path):

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 import tracekit
 from tracekit.cli.main import main
 
-from tests.conftest import FOUR_RANK_DDP, second_recording
+from tests.launching import FOUR_RANK_DDP, second_recording
 
 
 def cli_diff(*args):

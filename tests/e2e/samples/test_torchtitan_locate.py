@@ -13,8 +13,7 @@ import sys
 
 import pytest
 
-from tests.e2e.samples.test_torchtitan_runs import doc_block, verdict
-from tests.samples.torchtitan_doc import ran, run_block
+from tests.samples.torchtitan_doc import doc_block, ran, run_block, verdict
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,
@@ -52,7 +51,7 @@ def test_the_planted_feed_forward_fault_is_named_and_the_clean_step_names_nothin
 
 
 def test_a_bad_fault_spec_is_one_line_and_exit_2():
-    from tests.conftest import REPO
+    from tests.paths import REPO
 
     out = subprocess.run([sys.executable, f"{REPO}/samples/torchtitan/train.py", "--fault", "ffn_act:1"],
                          capture_output=True, text=True, timeout=60)

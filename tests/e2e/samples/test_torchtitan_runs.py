@@ -13,7 +13,10 @@ import sys
 
 import pytest
 
-from tests.samples.torchtitan_doc import logged_losses, ran, recorded_losses, run_block
+from tests.samples.torchtitan_doc import logged_losses, ran, recorded_losses
+
+from tests.samples.torchtitan_doc import doc_block, verdict
+
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,
@@ -23,25 +26,10 @@ pytestmark = [
 N_PARAMETERS = 45  # the llama3 debug model's parameter tensors, every one of them in the optimizer
 
 
-def doc_block(shared_once, name: str):
-    """(folder, results) of the doc's block NAME, run once per test run; its launches succeeded."""
-    folder, results = shared_once(f"torchtitan-{name}", lambda f: run_block(f, name))
-    for r in results:
-        if r["command"].startswith(("tracekit record", "torchrun")):
-            assert r["rc"] == 0, (r["command"], r["err"][-3000:])
-    return folder, results
-
-
 def show_json(store) -> dict:
     out = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "show", "--json", str(store)],
                          capture_output=True, text=True, check=True).stdout
     return json.loads(out)
-
-
-def verdict(result: dict) -> str:
-    lines = [line for line in (result["out"] + result["err"]).splitlines() if re.match(r"(PASS|FAIL) ", line)]
-    assert lines, result["err"][-2000:]
-    return lines[-1]
 
 
 def assert_passes(results: list[dict], diff_command: str, ranks: int) -> None:

@@ -1,10 +1,10 @@
-"""The reference workloads in samples/: data, model and flags in-process; each mode under torchrun.
+"""The reference workloads in samples/ under torchrun (in-process: tests/samples/test_workloads.py).
 
 The torchrun tests read the output of samples/plain/train.py (no tracekit import) run once per
 mode, 2 ranks (simplefsdp_tp as a 2 x 2 mesh, compiled with aot_eager), 3 steps: the zero-code
 recordings that tests/e2e/recorders/test_zerocode_torchrun.py proves bitwise equal to the explicit
-ones (conftest's `recorded_sample`, shared by the whole test run), so checking the training itself
-costs no extra launch. One launch without tracekit at all stays: the refused no-op step.
+ones (tests/e2e/conftest.py's `recorded_sample`, shared by the whole test run), so checking the
+training itself costs no extra launch. One launch without tracekit at all stays: the refused no-op step.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.conftest import MODE_RANKS, PLAIN_RECORD_ARGS
+from tests.launching import MODE_RANKS, PLAIN_RECORD_ARGS
 from tests.paths import REPO, SAMPLES
 
 PLAIN = Path(SAMPLES) / "plain" / "train.py"
@@ -29,7 +29,7 @@ TIMEOUT_S = 240  # a hung collective becomes a test failure, never a stuck CI
 
 
 # mode -> (ranks, steps, expected local shapes of the weights at that world size); the ranks and
-# flags are conftest's MODE_RANKS and mode_args
+# flags are tests/launching.py's MODE_RANKS and mode_args
 RUNS = {
     "ddp": (2, 3, {"0.weight": "256x128", "2.weight": "128x256"}),
     "fsdp": (2, 3, {"0.weight": "128x128", "2.weight": "64x256"}),  # (256/N, 128), (128/N, 256)

@@ -2,16 +2,17 @@
 
 import numpy as np
 import pytest
-from tests.tracekit.compare.test_faults import train
 
 import tracekit
 from tracekit.errors import UsageError
 from tracekit.testing import write_store
 
+from tests.builders import simulated_ddp
+
 
 def test_global_2_ranks_against_4_ranks_passes(tmp_path):
-    ref = write_store(tmp_path / "ddp2", train(world=2))
-    cand = write_store(tmp_path / "ddp4", train(world=4))
+    ref = write_store(tmp_path / "ddp2", simulated_ddp(world=2))
+    cand = write_store(tmp_path / "ddp4", simulated_ddp(world=4))
     report = tracekit.diff(ref, cand, align="global", details="all")
     assert report.status == "pass", report.structural
     assert report.summary_line == "PASS comparison ranks=4 steps=6"
@@ -28,15 +29,15 @@ def test_global_2_ranks_against_4_ranks_passes(tmp_path):
 
 
 def test_global_catches_a_fault_on_every_candidate_rank(tmp_path):
-    ref = write_store(tmp_path / "ddp2", train(world=2))
-    cand = write_store(tmp_path / "ddp4", train(world=4, lr_scale=1.01))
+    ref = write_store(tmp_path / "ddp2", simulated_ddp(world=2))
+    cand = write_store(tmp_path / "ddp4", simulated_ddp(world=4, lr_scale=1.01))
     d = tracekit.diff(ref, cand, align="global").first_divergence
     assert (d.step, d.kind, d.ranks) == (1, "parameters", [0, 1, 2, 3])
 
 
 def test_global_compares_outputs_when_the_data_layout_matches(tmp_path):
-    ref = write_store(tmp_path / "a", train(world=2))
-    cand = write_store(tmp_path / "b", train(world=2))
+    ref = write_store(tmp_path / "a", simulated_ddp(world=2))
+    cand = write_store(tmp_path / "b", simulated_ddp(world=2))
     report = tracekit.diff(ref, cand, align="global", details="all")
     assert report.passed and report.not_comparable == []
     outs = {(r.rank, r.ref_rank) for r in report.results if r.kind == "outputs"}
@@ -99,8 +100,8 @@ def test_structural_problems_are_listed_and_allow_missing_compares_the_rest(tmp_
 
 
 def test_kinds_option(tmp_path):
-    ref = write_store(tmp_path / "ref", train(steps=1))
-    cand = write_store(tmp_path / "cand", train(steps=1, lr_scale=1.01))  # the update is off, nothing before it
+    ref = write_store(tmp_path / "ref", simulated_ddp(steps=1))
+    cand = write_store(tmp_path / "cand", simulated_ddp(steps=1, lr_scale=1.01))  # the update is off, nothing before it
     assert not tracekit.diff(ref, cand).passed
     report = tracekit.diff(ref, cand, kinds=["outputs", "loss", "gradients"])
     assert report.passed and {s.kind for s in report.summary} == {"outputs", "loss", "gradients"}

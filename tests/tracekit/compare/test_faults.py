@@ -3,74 +3,20 @@ recorded with the writer, once as the reference and once with a fault."""
 
 import numpy as np
 import pytest
-import torch
 
 import tracekit
 from tracekit.testing import assert_stores_close, write_store
 
-IN, HIDDEN, OUT, BATCH = 8, 16, 4, 16
-
-
-def train(world=2, steps=6, lr=0.1, lr_scale=1.0, loss_scale=None, nan_grad=None, reported_loss_scale=None, target_scale=3.0):
-    """Simulated DDP: each rank sees its slice of a fixed global batch, gradients are averaged.
-
-    Computed in float64 and recorded in float32, so runs with different world sizes record the
-    same full tensors. Faults: lr_scale (the candidate's SGD uses lr * lr_scale),
-    loss_scale=(rank, step, factor) scales one rank's local loss before backward,
-    nan_grad=(rank, step) puts a NaN in one rank's averaged gradient (and so in its update),
-    reported_loss_scale=(step, factor) scales only the recorded loss.
-    """
-    g = torch.Generator().manual_seed(0)
-    init = {"0.weight": torch.randn(HIDDEN, IN, generator=g, dtype=torch.float64) * 0.5,
-            "0.bias": torch.randn(HIDDEN, generator=g, dtype=torch.float64) * 0.1,
-            "2.weight": torch.randn(OUT, HIDDEN, generator=g, dtype=torch.float64) * 0.5,
-            "2.bias": torch.zeros(OUT, dtype=torch.float64)}
-    params = [{k: v.clone() for k, v in init.items()} for _ in range(world)]  # one replica per rank
-    f32 = lambda t: t.detach().to(torch.float32).numpy().copy()  # noqa: E731
-    data = {r: {0: {"parameters": {k: f32(v) for k, v in init.items()}}} for r in range(world)}
-    per = BATCH // world
-    for step in range(1, steps + 1):
-        gs = torch.Generator().manual_seed(1000 + step)
-        x = torch.randn(BATCH, IN, generator=gs, dtype=torch.float64)
-        y = torch.randn(BATCH, OUT, generator=gs, dtype=torch.float64) * target_scale
-        outs, local_losses, grads = [], [], []
-        for r in range(world):
-            p = {k: v.clone().requires_grad_(True) for k, v in params[r].items()}
-            xs, ys = x[r * per:(r + 1) * per], y[r * per:(r + 1) * per]
-            h = torch.relu(xs @ p["0.weight"].T + p["0.bias"])
-            out = h @ p["2.weight"].T + p["2.bias"]
-            loss = ((out - ys) ** 2).mean()
-            scaled = loss * (loss_scale[2] if loss_scale and loss_scale[:2] == (r, step) else 1.0)
-            scaled.backward()
-            outs.append(out)
-            local_losses.append(loss.detach())
-            grads.append({k: v.grad for k, v in p.items()})
-        avg = {k: sum(gr[k] for gr in grads) / world for k in init}
-        global_loss = sum(local_losses) / world
-        for r in range(world):
-            g_r = {k: v.clone() for k, v in avg.items()}
-            if nan_grad == (r, step):
-                g_r["0.weight"][0, 0] = float("nan")
-            before = params[r]
-            params[r] = {k: before[k] - lr * lr_scale * g_r[k] for k in init}
-            reported = global_loss * (reported_loss_scale[1] if reported_loss_scale and reported_loss_scale[0] == step else 1.0)
-            data[r][step] = {
-                "outputs": {"output": f32(outs[r])},
-                "loss": {"loss": np.float32(reported.item())},
-                "gradients": {k: f32(v) for k, v in g_r.items()},
-                "parameters": {k: f32(v) for k, v in params[r].items()},
-                "deltas": {k: f32(params[r][k] - before[k]) for k in init},
-            }
-    return data
+from tests.builders import BATCH, OUT, simulated_ddp
 
 
 @pytest.fixture(scope="module")
 def ref(tmp_path_factory):
-    return write_store(tmp_path_factory.mktemp("ref") / "s", train(), run={"device": "cpu", "backend": "gloo"})
+    return write_store(tmp_path_factory.mktemp("ref") / "s", simulated_ddp(), run={"device": "cpu", "backend": "gloo"})
 
 
 def _cand(tmp_path, **fault):
-    return write_store(tmp_path / "cand", train(**fault), run={"device": "cpu", "backend": "gloo"})
+    return write_store(tmp_path / "cand", simulated_ddp(**fault), run={"device": "cpu", "backend": "gloo"})
 
 
 def test_identical_stores_pass_exactly(ref, tmp_path):
@@ -104,8 +50,8 @@ def test_learning_rate_one_percent_off(ref, tmp_path):
 def test_learning_rate_one_percent_off_with_small_updates(tmp_path):
     """Updates of ~1e-5 (the reference workloads' size): the update is off by less than float32's
     default atol of 1e-5, so the parameters' own default (atol 1e-7) is what catches it at step 1."""
-    ref = write_store(tmp_path / "ref", train(steps=2, lr=3e-4, target_scale=1.0))
-    cand = write_store(tmp_path / "cand", train(steps=2, lr=3e-4, target_scale=1.0, lr_scale=1.01))
+    ref = write_store(tmp_path / "ref", simulated_ddp(steps=2, lr=3e-4, target_scale=1.0))
+    cand = write_store(tmp_path / "cand", simulated_ddp(steps=2, lr=3e-4, target_scale=1.0, lr_scale=1.01))
     d = tracekit.diff(ref, cand).first_divergence
     assert (d.step, d.kind) == (1, "parameters") and d.worst.abs_err < 1e-5
     # torch's atol alone (the norm rule off) sees it a step late, and in the wrong place
@@ -148,7 +94,7 @@ def test_only_the_reported_loss_scaled(ref, tmp_path):
 
 
 def test_a_run_that_stopped_early_is_structural(ref, tmp_path):
-    cand = write_store(tmp_path / "short", train(steps=3))
+    cand = write_store(tmp_path / "short", simulated_ddp(steps=3))
     report = tracekit.diff(ref, cand)
     assert report.status == "error" and report.exit_code == 2 and not report.passed
     assert report.summary == [] and report.steps == []
@@ -197,7 +143,7 @@ def test_progress_counts_every_byte_compared(ref, tmp_path):
     assert dones == sorted(dones) and len(calls) > 10
     assert calls[-1] == (report.bytes_compared, report.bytes_compared)
     # both sides x 2 ranks x (initial parameters + 6 steps of gradients, parameters, deltas, outputs, loss)
-    params = sum(a.nbytes for a in train(steps=0)[0][0]["parameters"].values())
+    params = sum(a.nbytes for a in simulated_ddp(steps=0)[0][0]["parameters"].values())
     per_step = 3 * params + (BATCH // 2) * OUT * 4 + 4
     # format 2: tensors equal by content hash on both sides are decided without reading
     assert report.bytes_compared + report.bytes_identical_by_hash == 2 * 2 * (params + 6 * per_step)

@@ -2,24 +2,15 @@
 
 import importlib.util
 import os
-import subprocess
-import sys
 
 import pytest
 
 from tracekit.launch import bootstrap_env as be
 
+from tests.processes import clean_env, run_python
+
+
 SITECUSTOMIZE = os.path.join(be.BOOTSTRAP_DIR, "sitecustomize.py")
-
-
-def clean_env(**extra):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRACEKIT_") and k not in ("RANK", "PYTHONPATH")}
-    env.update(extra)
-    return env
-
-
-def run_python(args, env, cwd=None, timeout=120):
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=timeout)
 
 
 @pytest.fixture

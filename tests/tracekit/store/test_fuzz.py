@@ -24,7 +24,6 @@ import shutil
 import signal
 import tempfile
 
-import numpy as np
 import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
@@ -35,23 +34,15 @@ from tracekit.cli.main import main
 from tracekit.errors import TracekitError
 from tracekit.testing import write_store
 
+from tests.builders import small_run_data
+
 EXAMPLES = int(os.environ.get("TRACEKIT_FUZZ_EXAMPLES", "25"))
 HANG_S = 30  # a command still running after this is a hang: the test fails instead of CI stalling
 
 
-def _data():
-    # no zeros and no NaNs: under --exact every flipped bit is a visible difference
-    def t(n, step, rank):
-        return (np.arange(1, n + 1, dtype=np.float32) + 0.25) * (step + 1) * (rank + 1)
-
-    return {r: {s: {"parameters": {"layer.weight": t(6, s, r).reshape(2, 3), "layer.bias": t(2, s, r)},
-                    **({"loss": {"loss": np.float32(1.5 * (s + 1))}} if s else {})}
-                for s in range(4)} for r in range(2)}
-
-
 @pytest.fixture(scope="module", params=[1, 2], ids=["format1", "format2"])
 def pristine(request, tmp_path_factory):
-    return write_store(tmp_path_factory.mktemp(f"fuzz{request.param}") / "ref", _data(), format_version=request.param)
+    return write_store(tmp_path_factory.mktemp(f"fuzz{request.param}") / "ref", small_run_data(), format_version=request.param)
 
 
 def _version(store: str) -> int:
@@ -287,7 +278,7 @@ def test_a_fifo_for_an_index_arrays_metadata_is_one_line_not_a_hang(tmp_path, in
     import subprocess
     import sys
 
-    ref = write_store(tmp_path / "ref", _data(), format_version=2)
+    ref = write_store(tmp_path / "ref", small_run_data(), format_version=2)
     cand = str(tmp_path / "cand")
     shutil.copytree(ref, cand)
     meta = os.path.join(cand, "rank_0", "parameters", index, "zarr.json")
@@ -334,7 +325,7 @@ def _traced_events(step):
 
 @pytest.fixture(scope="module")
 def traced_pristine(tmp_path_factory):
-    data = _data()
+    data = small_run_data()
     traces = {r: {s: {"ops": _traced_events(s), "modules": _traced_events(s)[:3]} for s in (1, 3)} for r in data}
     return write_store(tmp_path_factory.mktemp("fuzztraced") / "ref", data, traces=traces)
 

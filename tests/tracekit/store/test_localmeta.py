@@ -13,7 +13,7 @@ from tracekit.store.localmeta import local_members
 from tracekit.store.meta import TensorInfo, index_of, misplaced
 from tracekit.testing import write_store
 
-from tests.tracekit.store.test_fuzz import _data
+from tests.builders import small_run_data
 
 
 def _listed(members):
@@ -22,7 +22,7 @@ def _listed(members):
 
 @pytest.mark.parametrize("version", [1, 2, 3])
 def test_the_members_are_the_ones_zarr_lists(tmp_path, version):
-    path = write_store(tmp_path / "s", _data(), format_version=version)
+    path = write_store(tmp_path / "s", small_run_data(), format_version=version)
     root = zarr.open_group(path, mode="r")
     assert _listed(local_members(root)) == _listed(root.members())
     rank = root["rank_0"]
@@ -35,7 +35,7 @@ def test_the_members_are_the_ones_zarr_lists(tmp_path, version):
 
 
 def test_stray_files_and_folders_without_metadata_are_no_members(tmp_path):
-    path = write_store(tmp_path / "s", _data(), format_version=3)
+    path = write_store(tmp_path / "s", small_run_data(), format_version=3)
     open(os.path.join(path, "rank_0", "notes.txt"), "w").close()
     os.makedirs(os.path.join(path, "rank_0", "scratch"))
     rank = zarr.open_group(os.path.join(path, "rank_0"), mode="r")
@@ -44,7 +44,7 @@ def test_stray_files_and_folders_without_metadata_are_no_members(tmp_path):
 
 @pytest.mark.parametrize("damage", ["fifo", "json", "v2", "node_type"])
 def test_anything_unexpected_is_left_to_zarr(tmp_path, damage):
-    path = write_store(tmp_path / "s", _data(), format_version=3)
+    path = write_store(tmp_path / "s", small_run_data(), format_version=3)
     meta = os.path.join(path, "rank_0", "parameters", "zarr.json")
     if damage == "fifo":
         if not hasattr(os, "mkfifo"):
@@ -66,7 +66,7 @@ def test_anything_unexpected_is_left_to_zarr(tmp_path, damage):
 
 
 def test_damaged_metadata_is_still_one_line_from_the_reader(tmp_path):
-    path = write_store(tmp_path / "s", _data(), format_version=3)
+    path = write_store(tmp_path / "s", small_run_data(), format_version=3)
     with open(os.path.join(path, "rank_0", "parameters", "zarr.json"), "w") as f:
         f.write("{not json")
     with pytest.raises(StoreError, match="rank 0: unreadable metadata below it .JSONDecodeError"):
@@ -88,7 +88,7 @@ def test_equal_indexes_are_parsed_once_per_comparison_and_damage_is_never_masked
     damaged one."""
     from tracekit.store import open_store as open_
 
-    data = _data()
+    data = small_run_data()
     ref = open_(write_store(tmp_path / "ref", data, format_version=3))
     same = open_(write_store(tmp_path / "same", data, format_version=3), share_with=ref)
     other = {r: {s: {k: {n: v * 2 for n, v in ts.items()} for k, ts in kinds.items()} for s, kinds in steps.items()}
@@ -134,7 +134,7 @@ def test_byte_equal_metadata_is_parsed_once_and_each_store_still_reads_its_own_b
 
     from tracekit.store import open_store as open_
 
-    data = _data()
+    data = small_run_data()
     doubled = {r: {s: {k: {n: v * 2 for n, v in ts.items()} for k, ts in kinds.items()} for s, kinds in steps.items()}
                for r, steps in data.items()}
     ref = open_(write_store(tmp_path / "ref", data, format_version=3))

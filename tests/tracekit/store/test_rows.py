@@ -12,12 +12,12 @@ from tracekit.errors import StoreError
 from tracekit.store.rows import RowFiles
 from tracekit.testing import write_store
 
-from tests.tracekit.store.test_fuzz import _data
+from tests.builders import small_run_data
 
 
 @pytest.fixture
 def store(tmp_path):
-    return write_store(tmp_path / "s", _data(), format_version=3)
+    return write_store(tmp_path / "s", small_run_data(), format_version=3)
 
 
 def test_rows_read_as_files_are_the_rows_zarr_reads(store):

@@ -10,7 +10,7 @@ import pytest
 from tracekit import open_store
 from tracekit.launch import bootstrap_env as be
 from tests.paths import REPO
-from tests.tracekit.launch.test_bootstrap import clean_env, run_python
+from tests.processes import clean_env, run_python
 
 
 # A training script that never imports tracekit (a world of one: no torchrun).
