@@ -12,14 +12,12 @@ import shutil
 import pytest
 from filelock import FileLock
 
+from tests.dynamo_teardown import release_dynamo
 from tests.launch_guard import Guard, misplaced
 from tests.paths import SAMPLES
 from tests.sharing import shared_root
 from tests.launching import TORCHRUN_TIMEOUT
 
-# Dynamo's state released before exit. A plugin, not an imported `pytest_unconfigure`: the one
-# defined below rebound that name, so the teardown's hook never ran.
-pytest_plugins = ["tests.dynamo_teardown"]
 
 _LAUNCH_GUARD = Guard()
 
@@ -28,8 +26,12 @@ def pytest_configure(config):
     _LAUNCH_GUARD.install()  # tests/launch_guard.py: an unmarked test that launches workers fails
 
 
+# One pytest_unconfigure per module: a second `def` (or an imported hook of the same name) silently
+# replaces the first, which is how dynamo's release went unrun at session end (issue 38).
+@pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
     _LAUNCH_GUARD.uninstall()
+    release_dynamo()  # tests/dynamo_teardown.py: no dynamo cleanup hook left to fire at interpreter teardown
 
 
 def pytest_runtest_setup(item):
