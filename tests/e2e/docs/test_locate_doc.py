@@ -17,7 +17,9 @@ from tests.docs.doc_runs import _bash, run_group
 from tracekit.store import open_store
 from tracekit.store.traces import read_events, trace_steps
 
-T = "torchrun --standalone --nproc-per-node=2 samples/tutorial/train.py --parallelism ddp --steps 3"
+# samples/plain, as tests/e2e/cli/test_trace_cli.py records it: the doc's traced reference is that test's
+# (conftest's recorded_sample, one launch for both)
+T = "torchrun --standalone --nproc-per-node=2 samples/plain/train.py --parallelism ddp --steps 3"
 # a candidate whose rank 1 differs from step 1 on (gradients scaled in step 1 only) and whose
 # model is clean: replayed from the reference at step 2, its traced step 2 is the reference's
 CLEAN_REPLAY = (f"tracekit record -o runs/locate/clean-replay --replay-from runs/locate/ref --replay-steps 2:2 "
