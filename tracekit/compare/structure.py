@@ -18,7 +18,8 @@ every data-parallel rank) pool one rank's worth of elements over all ranks, so t
 tensor do not count as independent evidence. A tensor is also fitted on its own (over its ranks)
 for a sign flip or a shift, with |rho| >= RHO_TENSOR: one wrong tensor among many is diluted in the
 kind's pooled fit. The patterns that need no fit (one rank only, NaN/Inf) are in compare/patterns.py,
-the exact matches with another step or rank (stale values, swapped shards) in compare/matches.py.
+the exact and near matches with another step or rank (stale values, swapped shards) in
+compare/matches.py and near.py.
 Measured thresholds and the clean pairs they were checked on: docs/DIFF.md "Structured errors".
 """
 
