@@ -58,3 +58,20 @@ def test_a_bad_fault_spec_is_one_line_and_exit_2():
     out = subprocess.run([sys.executable, f"{REPO}/samples/torchtitan/train.py", "--fault", "ffn_act:1"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2 and re.fullmatch(r"Error: --fault 'ffn_act:1': .*\n", out.stderr), out.stderr
+
+
+def test_the_runners_fault_specs_parse_or_name_the_problem():
+    # the bench's faults (bench/bench_sensitivity.py --workload titan): the factor only for grad_scale
+    from conftest import REPO
+
+    sys.path.insert(0, f"{REPO}/samples/torchtitan")
+    try:
+        import fault
+    finally:
+        sys.path.remove(f"{REPO}/samples/torchtitan")
+    assert fault.parse("ffn_act:1:3") == ("ffn_act", 1, 3, None)
+    assert fault.parse("ffn_bf16:0:2") == ("ffn_bf16", 0, 2, None)
+    assert fault.parse("grad_scale:1:2:1.001") == ("grad_scale", 1, 2, 1.001)
+    for bad in ("grad_scale:1:2", "ffn_bf16:1:2:1.5", "grad_scale:1:0:2", "grad_scale:1:2:x", "other:1:2"):
+        with pytest.raises(ValueError, match="expected ffn_act:RANK:STEP"):
+            fault.parse(bad)
