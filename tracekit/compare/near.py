@@ -30,7 +30,7 @@ from tracekit.compare import rows
 from tracekit.errors import StoreError
 
 NEAR_RATIO = 10.0
-READ_BUDGET = 1 << 24  # elements read per (step, kind), both sides together
+READ_BUDGET = 1 << 22  # elements read per (step, kind), both sides together (16 MiB of float32)
 
 
 @dataclass(frozen=True)
