@@ -80,6 +80,12 @@ def test_a_stale_gradient_computed_elsewhere_is_named_with_how_close(tmp_path):
     assert "gradients: stale: gradients on tensor w, all ranks equal the reference's step 2 within" in out.output
 
 
+def test_an_oracle_verdict_looks_for_near_matches_by_the_two_way_bound(tmp_path):
+    ref, cand = _pair(tmp_path, change_grads=lambda r, s, g: g[2] if s == 3 else g[s])
+    (sig,) = _matches(tracekit.diff(ref, cand, precision="bf16", oracle=ref))
+    assert (sig.shape, sig.source_step) == ("stale", 2) and sig.near["closer"] >= near.NEAR_RATIO
+
+
 def test_swapped_outputs_computed_elsewhere_are_named(tmp_path):
     ref, cand = _pair(tmp_path, change_outputs=lambda r, s, o: o[(1 - r, s)] if s == 2 else o[(r, s)])
     report = tracekit.diff(ref, cand, precision="bf16")

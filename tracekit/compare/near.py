@@ -27,6 +27,7 @@ from typing import Callable
 import numpy as np
 
 from tracekit.compare import rows
+from tracekit.compare.metrics import MetricsAccumulator
 from tracekit.errors import StoreError
 
 NEAR_RATIO = 10.0
@@ -44,11 +45,13 @@ class Near:
 class NearMatcher:
     """The near-match search of one (step, kind): values read once each, within READ_BUDGET.
 
-    read(view, kind, step, info) -> numpy values of one side's whole tensor; new_acc(kind, dtype,
-    tensor) -> a MetricsAccumulator with that tensor's own tolerance."""
+    read(view, kind, step, info) -> numpy values of one side's whole tensor; tol(kind, dtype,
+    tensor) -> that tensor's own Tolerance (compare/tolerances.py), applied two-way (an --oracle
+    verdict has no third value here)."""
 
-    def __init__(self, read: Callable, new_acc: Callable, ref_catalog, cand_catalog, step: int, kind: str):
-        self.read, self.new_acc = read, new_acc
+    def __init__(self, read: Callable, tol: Callable, equal_nan: bool, ref_catalog, cand_catalog, step: int,
+                 kind: str):
+        self.read, self.tol, self.equal_nan = read, tol, equal_nan
         self.ref, self.cand = ref_catalog, cand_catalog
         self.step, self.kind = step, kind
         self.budget = READ_BUDGET
@@ -90,7 +93,8 @@ class NearMatcher:
     def _near(self, other, cand, t, result) -> Near | None:
         if other is None or other.shape != cand.shape:
             return None
-        acc = self.new_acc(self.kind, t.dtype, t.name)()
+        tol = self.tol(self.kind, t.dtype, t.name)
+        acc = MetricsAccumulator(tol.rtol, tol.atol, self.equal_nan, None, tol.rel_l2, tol.elementwise)
         acc.update(other.reshape(-1), cand.reshape(-1))
         m = acc.result(cand.shape)
         if not m.passed or m.nonfinite or acc.ss_ref == 0.0:

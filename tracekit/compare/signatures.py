@@ -14,7 +14,8 @@ def matcher(engine, pairs, align: str, read=None):
         return None
 
     def match(step, kind, rs):
-        finder = None if read is None else near.NearMatcher(read, engine.new_acc, engine.ref, engine.cand, step, kind)
+        finder = None if read is None else near.NearMatcher(read, engine.tol, engine.equal_nan, engine.ref, engine.cand,
+                                                              step, kind)
         return matches.match_signatures(step, kind, [kp for kp in pairs if kp.kind == kind], engine.ref, engine.cand,
                                         rs, finder)
     return match
