@@ -155,10 +155,11 @@ def main() -> None:
     ref = rec("ddp")
     oracle = rec("ddp-f64", extra=("--dtype", "float64"))
     print(f"tracekit diff sensitivity: tutorial ddp, 2 ranks, {steps} steps, CPU/gloo; recordings in {workdir}")
-    print(f"{'family':<11} {'e':>6}  {'default: flagged step kind':<34} {'margin':>8}  "
-          f"{'--oracle: flagged step kind':<34} {'--exact: differs step kind':<30}")
     smallest: dict[tuple[str, str], float] = {}
     families = [f for f in ("lr", "grad_scale") if f in WANTED]
+    if families:
+        print(f"{'family':<11} {'e':>6}  {'default: flagged step kind':<34} {'margin':>8}  "
+              f"{'--oracle: flagged step kind':<34} {'--exact: differs step kind':<30}")
     for family in families:
         for x in EXPONENTS:
             e = 10.0 ** -x
@@ -173,7 +174,8 @@ def main() -> None:
             margin = cells[0][1]
             print(f"{family:<11} {f'1e-{x}':>6}  {cells[0][0]:<34} {'n/a' if margin is None else f'{margin:.3g}':>8}  "
                   f"{cells[1][0]:<34} {cells[2][0]:<30}")
-    print()
+    if families:
+        print()
     for family in families:
         parts = [f"{way} {smallest[(family, way)]:.0e}" if (family, way) in smallest else f"{way} none"
                  for way in ("default", "oracle", "exact")]
