@@ -10,7 +10,7 @@
                                  the optimizer step (samples' `--fault grad_scale`)
 
 Its parameters, names and call structure stay as they are. `tracekit diff` of a traced ffn_act
-step must name rank RANK, that module and `aten.gelu` (tests/samples/test_torchtitan_locate.py).
+step must name rank RANK, that module and `aten.gelu` (tests/e2e/samples/test_torchtitan_locate.py).
 
 TorchTitan's files are not edited: the runner wraps `Trainer.train_step`, which knows the step
 (`self.step`) and the model (`self.model_parts`), and replaces the module's forward on first call;
