@@ -332,7 +332,7 @@ def titan_main(workdir: str, steps: int, layouts: bool) -> None:
         faults += [("grad_scale rank 1 step 2", 10.0 ** -x,
                     rec(f"tt-bf16-gs-1e-{x}", ("--fault", f"grad_scale:1:2:{1 + 10.0 ** -x!r}")), both) for x in (2, 3, 4)]
     if "cast" in WANTED:  # one op's result in bfloat16 in a float32 run
-        faults += [("ffn w2 output in bf16 (rank 1 from step 2), fp32 run", None,
+        faults += [("one op bf16 (rank 1 from step 2), fp32", None,
                     rec("tt-fp32-ffn-bf16", (*fp32_args, "--fault", "ffn_bf16:1:2")), (("fp32 ref", fp32),))]
     for family, e, cand, refs in faults:
         for against, ref in refs:
