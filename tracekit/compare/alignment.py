@@ -56,6 +56,7 @@ class KindPair:
     oracle_rank: int | None
     tensors: list[TensorPair]
     steps: list[int]
+    key: int = -1  # its place in the plan's pairs (set by plan()): what results of it are kept under
 
 
 @dataclass
@@ -282,6 +283,8 @@ def plan(ref: StoreCatalog, cand: StoreCatalog, oracle: StoreCatalog | None = No
                     pairs.append(kp)
         ranks = sorted(c.rank for _, c, _ in rank_pairs)
     structural, mixed = problems.split()
+    for i, kp in enumerate(pairs):
+        kp.key = i
     return Plan(align, pairs, structural, not_comparable, ranks, mixed)
 
 

@@ -7,13 +7,11 @@ recognise) becomes one StoreError line naming the store, instead of a traceback 
 
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import dataclass, field
 
 from tracekit.errors import StoreError
 from tracekit.store import RunStore, TensorInfo, open_store
-from tracekit.store.format import RANK_PREFIX
 from tracekit.store.kinds import kind_order
 from tracekit.store.runmeta import RankCoords
 
@@ -64,10 +62,8 @@ class StoreCatalog:
         return self.store.path
 
     def describe(self) -> dict:
-        run = self.store.run
         steps = sorted({s for r in self.ranks.values() for k in r.kinds.values() for s in k.steps if s > 0})
-        out = {"path": self.path, "ranks": len(self.ranks), "steps": len(steps),
-               **{k: run.get(k) for k in ("device", "backend", "mode", "dtype") if run.get(k) is not None}}
+        out = {"path": self.path, "ranks": len(self.ranks), "steps": len(steps), **self.store.setup.known()}
         # how the ranks ended, where one did not finish: a partial run must not read as a whole one
         unfinished = {}
         for r in sorted(self.ranks):
@@ -94,11 +90,9 @@ def load_catalog(store_or_path, share_with: StoreCatalog | None = None) -> Store
             raise  # the reader's own line already names the store and the damage
         except Exception as e:
             raise StoreError(f"{path}: unreadable rank metadata ({e.__class__.__name__}: {e})") from None
-        if os.path.isdir(path):
-            on_disk = sorted(n for n in os.listdir(path) if n.startswith(RANK_PREFIX))
-            lost = [n for n in on_disk if n[len(RANK_PREFIX):].isdigit() and int(n[len(RANK_PREFIX):]) not in ranks]
-            if lost:
-                raise StoreError(f"{path}: {lost[0]} has no readable metadata (half-written store?)")
+        lost = store.unlisted_rank_folders()
+        if lost:
+            raise StoreError(f"{path}: {lost[0]} has no readable metadata (half-written store?)")
         if not ranks:
             raise StoreError(f"{path} has no ranks: a half-written store (the run recorded nothing)")
         out = {}

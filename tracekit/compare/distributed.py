@@ -78,7 +78,7 @@ class DaskExecutor:
         self.spec, self.task, self.workers, self.scheduler = spec, task, workers, scheduler
 
     def compare_steps(self, plan, steps: list[int], tick: Callable[[int], None]):
-        """Yields (step, {(id(pair), tensor): [(start, metrics)]}) in step order, like the one-process engine."""
+        """Yields (step, {(pair.key, tensor): [(start, metrics)]}) in step order, like the one-process engine."""
         spec = self.spec
         client, cluster = _client(self.workers, self.scheduler)
         futures = []
@@ -100,7 +100,7 @@ class DaskExecutor:
                     for kp, result in done:
                         parts, n = result.get(step, ([], 0))
                         for name, start, acc in parts:
-                            partial.setdefault((id(kp), name), []).append((start, acc))
+                            partial.setdefault((kp.key, name), []).append((start, acc))
                         nbytes += n
                     tick(nbytes)
                     yield step, partial

@@ -22,6 +22,7 @@ import numpy as np
 
 from tracekit.compare import alignment
 from tracekit.compare.alignment import KindPair, TensorPair
+from tracekit.compare.options import DiffOptions
 from tracekit.compare.by_summary import compare_summaries
 from tracekit.compare.catalog import StoreCatalog, load_catalog
 from tracekit.compare.metrics import MetricsAccumulator, identical_metrics
@@ -52,6 +53,7 @@ class _Segment:
     tensor: TensorPair
     start: int  # element range within the tensor
     stop: int
+    index: int = 0  # its place in its unit's segments: where run_unit keeps its metrics
 
 
 @dataclass
@@ -88,6 +90,8 @@ def _units(pair: KindPair, step: int, ref_rc, skip: frozenset = frozenset()) -> 
                 chunks.setdefault(c, []).append(_Segment(t, s - t.ref.offset, stop - t.ref.offset))
                 s = stop
         for c, segs in sorted(chunks.items()):
+            for i, sg in enumerate(segs):
+                sg.index = i
             start = min(sg.tensor.ref.offset + sg.start for sg in segs)
             stop = max(sg.tensor.ref.offset + sg.stop for sg in segs)
             out.append(_Unit(pair, step, key, start, stop, segs))
@@ -172,9 +176,9 @@ def _by_summaries(pair: KindPair, same: frozenset) -> frozenset:
         and not (t.ref.keeps_bytes and t.cand.keeps_bytes and (t.oracle is None or t.oracle.keeps_bytes)))
 
 
-def _summary(rc, kind: str, step: int, info, cache: dict) -> np.ndarray:
+def _summary(side: str, rc, kind: str, step: int, info, cache: dict) -> np.ndarray:
     """A tensor's summary at a step: as stored, or (a store without summaries) from its bytes."""
-    key = (id(rc), kind, step)
+    key = (side, rc.rank, kind, step)
     if key not in cache:
         cache[key] = rc.view.summaries(kind, step)
     stored = cache[key]
@@ -215,7 +219,7 @@ class _Engine:
         views = [self.ref.ranks[kp.ref_rank].view, self.cand.ranks[kp.rank].view]
         if self.oracle is not None:
             views.append(self.oracle.ranks[kp.oracle_rank].view)
-        objects = all(v.store.format_version >= 2 for v in views)
+        objects = all(v.saves_pieces for v in views)
         out = {}
         for t in kp.tensors:
             infos = (t.ref, t.cand, t.oracle)[:len(views)]
@@ -251,10 +255,10 @@ class _Engine:
         sides = self._sides(u.pair)
         buffers = self._local.__dict__.setdefault("buffers", Buffers())
         readers: dict[tuple[str, str], RowReader] = {}
-        accs = {}
+        accs = []  # one per segment, in segment order
         for sg in u.segments:
             tol = self.tol(kind, sg.tensor.dtype, sg.tensor.name)
-            accs[id(sg)] = MetricsAccumulator(tol.rtol, tol.atol, self.equal_nan, self.oracle_factor, tol.rel_l2, tol.elementwise)
+            accs.append(MetricsAccumulator(tol.rtol, tol.atol, self.equal_nan, self.oracle_factor, tol.rel_l2, tol.elementwise))
         nbytes = 0
         try:
             for side, rc, info_of in sides:
@@ -276,12 +280,12 @@ class _Engine:
                 for sg, f, t in batch:
                     k = t - f
                     vals = [to_numpy_values(block[pos : pos + k], dtype) for block, dtype in data]
-                    accs[id(sg)].update(vals[0], vals[1], vals[2] if len(vals) > 2 else None, offset=f)
+                    accs[sg.index].update(vals[0], vals[1], vals[2] if len(vals) > 2 else None, offset=f)
                     pos += k
         finally:
             for r in readers.values():
                 r.close()
-        return [(sg.tensor.name, sg.start, accs[id(sg)]) for sg in u.segments], nbytes
+        return [(sg.tensor.name, sg.start, acc) for sg, acc in zip(u.segments, accs)], nbytes
 
 
 def _resolve_options(rtol, atol, tol, exact, config, tolerances, equal_nan, oracle_factor, rel_l2=None):
@@ -306,14 +310,10 @@ def _resolve_options(rtol, atol, tol, exact, config, tolerances, equal_nan, orac
     return tolerances, bool(equal_nan), float(oracle_factor)
 
 
-def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: float | None = None,
-         rel_l2: float | None = None, tol=None, exact: bool = False, equal_nan: bool | None = None, config: str | None = None,
-         tolerances: Tolerances | None = None, kinds: list[str] | None = None, allow_missing: bool = False,
-         fail_fast: bool = False, oracle=None, oracle_factor: float | None = None, details: str = "violations",
-         jobs: int | None = None, progress: Callable[[int, int], None] | None = None,
-         workers: int | None = None, scheduler: str | None = None, trust_index: bool = True,
-         precision: str = "auto", structure: bool = True) -> DiffReport:
+def diff(ref, cand, options: DiffOptions | None = None, **keywords) -> DiffReport:
     """Compare two stores of the same job (a reference and a candidate); return a DiffReport.
+
+    options: a DiffOptions (compare/options.py); keywords: its fields, over `options` (or the defaults).
 
     ref, cand, oracle: store paths or opened RunStores. align: "rank" (default), "coords" or
     "global". Tolerances: `rtol`/`atol` (elementwise) and `rel_l2` (the norm rule's bound) for
@@ -341,10 +341,14 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
     Raises StoreError/UsageError (one-line messages) on unusable input.
     """
     t0 = time.perf_counter()
+    o = dataclasses.replace(options or DiffOptions(), **keywords)
+    align, kinds, oracle, details, fail_fast, allow_missing = o.align, o.kinds, o.oracle, o.details, o.fail_fast, o.allow_missing
+    jobs, progress, workers, scheduler, trust_index = o.jobs, o.progress, o.workers, o.scheduler, o.trust_index
+    precision, equal_nan, oracle_factor, tolerances = o.precision, o.equal_nan, o.oracle_factor, o.tolerances
     if details not in DETAILS:
         raise UsageError(f"details must be one of {', '.join(DETAILS)}, not {details!r}")
-    tolerances, equal_nan, oracle_factor = _resolve_options(rtol, atol, tol, exact, config, tolerances, equal_nan,
-                                                            oracle_factor, rel_l2)
+    tolerances, equal_nan, oracle_factor = _resolve_options(o.rtol, o.atol, o.tol, o.exact, o.config, tolerances, equal_nan,
+                                                            oracle_factor, o.rel_l2)
     refc = load_catalog(ref)
     candc = load_catalog(cand, share_with=refc)  # one model and layout: equal indexes, parsed once
     orac = load_catalog(oracle, share_with=refc) if oracle is not None else None
@@ -355,7 +359,7 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
     options = {"align": align, "exact": tolerances.exact, "equal_nan": equal_nan, "allow_missing": allow_missing,
                "fail_fast": fail_fast, "oracle_factor": oracle_factor if orac is not None else None,
                "kinds": kinds, "details": details, "trust_index": bool(trust_index), "precision": precision,
-               "structure": bool(structure)}
+               "structure": bool(o.structure)}
     report = DiffReport(refc.describe(), candc.describe(), orac.describe() if orac else None, align, options,
                         structural=plan.structural, not_comparable=plan.not_comparable, ranks=plan.ranks,
                         mixed_dtypes=plan.mixed_dtypes)
@@ -368,10 +372,10 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
 
     steps = sorted({s for kp in plan.pairs for s in kp.steps})
     # Decided by content hash (format 2), before any data is read: these bytes are never read.
-    same = {(id(kp), s): _identical_by_hash(kp, s, refc.ranks[kp.ref_rank], candc.ranks[kp.rank], orac is not None)
+    same = {(kp.key, s): _identical_by_hash(kp, s, refc.ranks[kp.ref_rank], candc.ranks[kp.rank], orac is not None)
             for kp in plan.pairs if kp.tensors for s in kp.steps}
     # Where a side kept no bytes (--full): compared by summaries, never read.
-    by_summary = {(id(kp), s): _by_summaries(kp, same[(id(kp), s)]) for kp in plan.pairs if kp.tensors for s in kp.steps}
+    by_summary = {(kp.key, s): _by_summaries(kp, same[(kp.key, s)]) for kp in plan.pairs if kp.tensors for s in kp.steps}
     unread = {k: v | by_summary[k] for k, v in same.items()}
 
     def pair_bytes(t) -> int:
@@ -381,9 +385,9 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
     # Hash-equal tensors are read by no one: here they are skipped below, Dask workers skip the
     # same ones (step_parts), so the report and its byte counts are the same either way.
     total = sum(pair_bytes(t) for kp in plan.pairs if kp.tensors for s in kp.steps
-                for t in kp.tensors if t.name not in unread[(id(kp), s)])
+                for t in kp.tensors if t.name not in unread[(kp.key, s)])
     report.bytes_identical_by_hash = sum(
-        pair_bytes(t) for kp in plan.pairs if kp.tensors for s in kp.steps for t in kp.tensors if t.name in same[(id(kp), s)])
+        pair_bytes(t) for kp in plan.pairs if kp.tensors for s in kp.steps for t in kp.tensors if t.name in same[(kp.key, s)])
     done = 0
 
     def tick(nbytes: int) -> None:
@@ -404,8 +408,8 @@ def diff(ref, cand, *, align: str = "rank", rtol: float | None = None, atol: flo
     try:
         for step, partial in stepwise:
             pairs = [kp for kp in plan.pairs if step in kp.steps and kp.tensors]
-            skip = {id(kp): same[(id(kp), step)] for kp in pairs}
-            summ = {id(kp): by_summary[(id(kp), step)] for kp in pairs}
+            skip = {kp.key: same[(kp.key, step)] for kp in pairs}
+            summ = {kp.key: by_summary[(kp.key, step)] for kp in pairs}
             results = _step_results(step, pairs, partial, engine, skip, summ)
             report.identical_by_hash += sum(len(v) for v in skip.values())
             report.compared_by_summaries += sum(len(v) for v in summ.values())
@@ -451,7 +455,7 @@ def step_parts(engine: "_Engine", kp: KindPair, step: int) -> tuple[list[tuple[s
 
 class ThreadExecutor:
     """The Executor (compare/executors.py) of this process: a thread pool of `jobs` threads; the
-    tensors in unread[(id(pair), step)] (equal content hashes, same[...], or no bytes) are not read."""
+    tensors in unread[(pair.key, step)] (equal content hashes, same[...], or no bytes) are not read."""
 
     def __init__(self, engine: "_Engine", jobs: int | None, same: dict, unread: dict):
         self.engine, self.jobs, self.same, self.unread = engine, jobs, same, unread
@@ -486,8 +490,8 @@ def worker_task(spec, pair_index: int, steps: list[int]) -> dict[int, tuple[list
 
 
 def _compare_steps_here(engine: "_Engine", plan, steps: list[int], jobs: int | None, tick, same: dict, unread: dict):
-    """In this process, on a thread pool: yields (step, {(id(pair), tensor): [(start, metrics)]}) in step order;
-    the tensors in unread[(id(pair), step)] (equal content hashes, same[...], or no bytes) are not read."""
+    """In this process, on a thread pool: yields (step, {(pair.key, tensor): [(start, metrics)]}) in step order;
+    the tensors in unread[(pair.key, step)] (equal content hashes, same[...], or no bytes) are not read."""
     if jobs is None:
         jobs = min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1))
     ahead = Readahead()
@@ -498,13 +502,13 @@ def _compare_steps_here(engine: "_Engine", plan, steps: list[int], jobs: int | N
         read-ahead in the order they will be submitted."""
         pairs = [kp for kp in plan.pairs if step in kp.steps and kp.tensors]
         # sharded tensors: region by region; a region pair that several rank pairs share is compared once
-        plans = {id(kp): engine.sharded_plans(kp, step, unread[(id(kp), step)]) for kp in pairs}
+        plans = {kp.key: engine.sharded_plans(kp, step, unread[(kp.key, step)]) for kp in pairs}
         units = [u for kp in pairs for u in _units(kp, step, engine.ref.ranks[kp.ref_rank],
-                                                     unread[(id(kp), step)] | set(plans[id(kp)]))]
-        for u in units:
-            ahead.add(("unit", id(u)), u.nbytes(sides), lambda u=u: engine.hint_unit(u))
+                                                     unread[(kp.key, step)] | set(plans[kp.key]))]
+        for i, u in enumerate(units):
+            ahead.add(("unit", step, i), u.nbytes(sides), lambda u=u: engine.hint_unit(u))
         for kp in pairs:
-            for tp in plans[id(kp)].values():
+            for tp in plans[kp.key].values():
                 if tp.shared:
                     for i in range(len(tp.regions)):
                         ahead.add(("region", step, tp.key(i)), tp.region_nbytes(i), lambda tp=tp, i=i: tp.hint(i))
@@ -516,12 +520,12 @@ def _compare_steps_here(engine: "_Engine", plan, steps: list[int], jobs: int | N
             if isinstance(prepared, Exception):
                 raise prepared  # the step's plan failed (a damaged index): reported in step order
             pairs, plans, units = prepared
-            futures = [pool.submit(ahead.run, ("unit", id(u)), engine.run_unit, u) for u in units]
+            futures = [pool.submit(ahead.run, ("unit", step, i), engine.run_unit, u) for i, u in enumerate(units)]
             regions: dict[tuple, object] = {}
             wholes: dict[tuple[int, str], object] = {}
             for kp in pairs:
                 for t in kp.tensors:
-                    tp = plans[id(kp)].get(t.name)
+                    tp = plans[kp.key].get(t.name)
                     if tp is None:
                         continue
                     new_acc = engine.new_acc(kp.kind, t.dtype, t.name)
@@ -531,7 +535,7 @@ def _compare_steps_here(engine: "_Engine", plan, steps: list[int], jobs: int | N
                                 regions[tp.key(i)] = pool.submit(ahead.run, ("region", step, tp.key(i)),
                                                                  pieces.compare_shared_region, tp, i, new_acc)
                     else:
-                        wholes[(id(kp), t.name)] = pool.submit(pieces.compare_regions, tp, new_acc)
+                        wholes[(kp.key, t.name)] = pool.submit(pieces.compare_regions, tp, new_acc)
             if n_step + 1 < len(steps):
                 # the next step's comparisons are known now, so the disk can read into them while
                 # this step's last ones finish (its results are waited for below)
@@ -540,26 +544,26 @@ def _compare_steps_here(engine: "_Engine", plan, steps: list[int], jobs: int | N
                 except Exception as e:  # raised when that step comes: an earlier one's problem goes first
                     prepared = e
             checks = [pool.submit(_check_hash_decided, kp, step, engine.ref.ranks[kp.ref_rank],
-                                  engine.cand.ranks[kp.rank], same[(id(kp), step)])
-                      for kp in pairs if same[(id(kp), step)] and not engine.trust_index]
+                                  engine.cand.ranks[kp.rank], same[(kp.key, step)])
+                      for kp in pairs if same[(kp.key, step)] and not engine.trust_index]
             partial: dict[tuple[int, str], list[tuple[int, MetricsAccumulator]]] = {}  # (pair, tensor) -> parts
             try:
                 for u, f in zip(units, futures):
                     parts, nbytes = f.result()
                     for name, start, acc in parts:
-                        partial.setdefault((id(u.pair), name), []).append((start, acc))
+                        partial.setdefault((u.pair.key, name), []).append((start, acc))
                     tick(nbytes)
                 for kp in pairs:
                     for t in kp.tensors:
-                        tp = plans[id(kp)].get(t.name)
+                        tp = plans[kp.key].get(t.name)
                         if tp is None:
                             continue
                         if tp.shared:
                             accs = [regions[tp.key(i)].result() for i in range(len(tp.regions))]
                             pieces.check_entries(tp)  # this pair's own index entries (flags)
                         else:
-                            accs = wholes[(id(kp), t.name)].result()
-                        partial[(id(kp), t.name)] = [(0, pieces.merged(accs, engine.new_acc(kp.kind, t.dtype, t.name)))]
+                            accs = wholes[(kp.key, t.name)].result()
+                        partial[(kp.key, t.name)] = [(0, pieces.merged(accs, engine.new_acc(kp.kind, t.dtype, t.name)))]
                         tick(tp.nbytes)
                 for f in checks:
                     f.result()
@@ -610,7 +614,7 @@ def _step_results(step, pairs, partial, engine, same, summ) -> list[TensorResult
         # a summary row is part of the store: damage to it is reported even where bytes decided
         engine.ref.ranks[kp.ref_rank].view.check_summaries(kp.kind, step)
         engine.cand.ranks[kp.rank].view.check_summaries(kp.kind, step)
-        by_hash, by_summaries = same[id(kp)], summ[id(kp)]
+        by_hash, by_summaries = same[kp.key], summ[kp.key]
         for t in kp.tensors:
             tol = engine.tol(kp.kind, t.dtype, t.name)
             if t.name in by_hash:
@@ -619,13 +623,13 @@ def _step_results(step, pairs, partial, engine, same, summ) -> list[TensorResult
                                             compared_by="hash"))
                 continue
             if t.name in by_summaries:
-                rs = _summary(engine.ref.ranks[kp.ref_rank], kp.kind, step, t.ref, cache)
-                cs = _summary(engine.cand.ranks[kp.rank], kp.kind, step, t.cand, cache)
+                rs = _summary("ref", engine.ref.ranks[kp.ref_rank], kp.kind, step, t.ref, cache)
+                cs = _summary("cand", engine.cand.ranks[kp.rank], kp.kind, step, t.cand, cache)
                 results.append(TensorResult(step, kp.kind, kp.rank, kp.ref_rank, t.name, t.dtype, t.ref.shape,
                                             compare_summaries(rs, cs, t.ref.shape, tol.rtol, tol.atol, engine.equal_nan),
                                             tol.source, kp.oracle_rank, compared_by="summaries"))
                 continue
-            parts = sorted(partial.get((id(kp), t.name), []), key=lambda x: x[0])
+            parts = sorted(partial.get((kp.key, t.name), []), key=lambda x: x[0])
             if not parts:
                 if t.ref.numel:
                     continue

@@ -1,6 +1,6 @@
 """Where a diff's comparisons run: one interface the engine chooses an executor by.
 
-An executor compares the plan's steps and yields, in step order, (step, {(id(pair), tensor):
+An executor compares the plan's steps and yields, in step order, (step, {(pair.key, tensor):
 [(start, metrics)]}), calling tick(bytes read) as it goes; closing the generator stops the work
 left (a fail-fast diff). Two exist: engine.ThreadExecutor (this process, a thread pool) and
 distributed.DaskExecutor (Dask workers, running the engine's worker_task, handed to it). The

@@ -86,14 +86,7 @@ def plan_tensor(kind: str, step: int, sides: list[tuple[object, object]]) -> Ten
     """The regions of a tensor, and how each side supplies them. A tensor sharded on some side is
     cut along that side's pieces; an unsharded one (format 2 on every side) is one region, its
     object on each side being the piece."""
-    def pieces_of(view, info):
-        if info.shard is not None:
-            return view.pieces(kind, step, info.name)
-        if view.store.format_version >= 2:
-            return [view.object_piece(kind, step, info.name)]
-        return None
-
-    pieces = [pieces_of(view, info) for view, info in sides]
+    pieces = [view.saved_pieces(kind, step, info.name) for view, info in sides]
     lead = next(p for p, (_, info) in zip(pieces, sides) if info.shard is not None) if is_sharded(
         [i for _, i in sides]) else pieces[0]
     regions = sorted({p.region for p in lead if p.numel > 0})

@@ -8,7 +8,6 @@ from tracekit.store.location import canonical
 from tracekit.store.consistency import missing_ranks
 from tracekit.store.derived_loss import loss_derivation_line
 from tracekit.store.dtypes import storage_dtype, to_numpy_values
-from tracekit.store.format import OBJECTS_DIR, RANK_PREFIX
 
 
 def _kinds(store) -> list[dict]:
@@ -102,10 +101,7 @@ def summarize(path) -> dict:
     store = open_store(path)
     facts = rank_facts(store)
     ranks = []
-    # format 2 and 3 keep every tensor's bytes once per content under objects/, shared by all ranks:
-    # a rank's own folder holds only its indexes, so its bytes are small beside the store's
-    rank_bytes, total_bytes = store.location.sizes_under([*(f"{RANK_PREFIX}{r}" for r in store.ranks), OBJECTS_DIR])
-    shared_bytes = rank_bytes.pop(OBJECTS_DIR)
+    rank_bytes, shared_bytes, total_bytes = store.footprint()
     for r in store.ranks:
         view = store.rank(r)
         # a step listed as completed with no data in any kind is damaged metadata: not counted as
@@ -129,7 +125,7 @@ def summarize(path) -> dict:
             "last_step": done[-1] if done else None,
             "completed_without_data": empty,
             "kinds": view.kinds,
-            "bytes": rank_bytes[f"{RANK_PREFIX}{r}"],
+            "bytes": rank_bytes[r],
             "precision": ctx.to_attrs() if (ctx := view.precision) is not None else None,
         })
     trace_damage: list[dict] = []  # show names a rank whose trace step lists are damaged, and goes on

@@ -10,9 +10,8 @@ Only tracekit/store uses these: everything else reads and writes through the sto
 # such a reader refuses the store in one line instead. 3: format 2 with each row's small tensors
 # packed together (store/packs.py). 2: content-addressed objects + per-(rank, kind) index rows of
 # hashes. 1: packed arrays.
-FORMAT_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)
-SEALED_ROWS_FROM = 4  # the first format whose index rows are sealed to their rank, kind and step
+# What each version reads and writes as is its module of tracekit/store/formats/ (formats.READERS).
+FORMAT_VERSION = 4  # what new stores are written as
 # Root group attribute under which all tracekit metadata lives; a zarr group without it is foreign.
 ROOT_KEY = "tracekit"
 RANK_PREFIX = "rank_"

@@ -17,7 +17,6 @@ node's metadata must go through its NodeMeta. Any other store (a URL) takes zarr
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 from tracekit.store import io

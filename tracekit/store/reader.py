@@ -10,7 +10,6 @@ rows, tensors, arrays, hashes), whatever the format version.
 from __future__ import annotations
 
 import json
-import math
 import os
 import threading
 from dataclasses import dataclass
@@ -26,8 +25,8 @@ from tracekit.store.chunks import check_size_claims, chunk_cols, first_missing_c
 from tracekit.store.localmeta import ParsedNodes, local_members
 from tracekit.store.rows import MissingChunk, RowFiles
 from tracekit.store.scratch import thread_buffer
-from tracekit.store.format import (FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX_STEP, RANK_PREFIX, ROOT_KEY,
-                                   SEALED_ROWS_FROM, SUMMARY_ARRAY, TRACES_GROUP)
+from tracekit.store.format import (FINITE_ARRAY, HASH_ARRAY, MAX_STEP, OBJECTS_DIR, RANK_PREFIX, ROOT_KEY,
+                                   SUMMARY_ARRAY, TRACES_GROUP, rank_group_name)
 from tracekit.store.hashing import HASH_BYTES, combined
 from tracekit.store.dtypes import all_finite
 from tracekit.store.hashing import hasher
@@ -38,8 +37,10 @@ from tracekit.store.summaries import N_FIELDS, combine, fields_of, row_identity,
 from tracekit.store.kinds import kind_order
 from tracekit.store.location import Location, resolve
 from tracekit.store.coverage import KEY as COVERAGE_KEY, Coverage
-from tracekit.store.meta import STEPS, TENSORS, KindMeta, SharedIndexes, TensorInfo, misplaced
-from tracekit.store.runmeta import RankMeta, RunMeta
+from tracekit.store.meta import STEPS, TENSORS, KindMeta, SharedIndexes, TensorInfo
+from tracekit.store.runmeta import RankMeta, RunMeta, RunSetup
+from tracekit.store.formats import reader_for
+from tracekit.store import planner
 
 
 def _read_root_attrs(path: str, location: Location) -> dict:
@@ -67,13 +68,6 @@ def _read_root_attrs(path: str, location: Location) -> dict:
     if not isinstance(meta, dict):
         raise StoreError(f"{path}: the '{ROOT_KEY}' metadata is not an object (damaged store?)")
     _check_types(meta, _ROOT_TYPES, f"{path}: root")
-    version = meta.get("format_version")
-    if not isinstance(version, int):
-        raise StoreError(f"{path}: tracekit metadata has no format version (half-written store?)")
-    if version > FORMAT_VERSION:
-        raise StoreError(
-            f"{path} has store format {version}, newer than this tracekit reads ({FORMAT_VERSION}); upgrade tracekit"
-        )
     return meta
 
 
@@ -226,19 +220,6 @@ class PieceReader:
         if self.reader is not None:
             self.reader.close()
             self.reader = None
-
-
-def _check_tiling(pieces: list[Piece], t: TensorInfo, where: str) -> None:
-    """StoreError (damage) unless the pieces tile the tensor: no two overlap and together they
-    hold every element (boxes compared pairwise: no mask the size of the tensor)."""
-    boxes = [(p.info.shard.offset, p.info.shard.shape) for p in pieces]
-    boxes = [b for b in boxes if all(n > 0 for n in b[1])]
-    for i, (o1, s1) in enumerate(boxes):
-        for o2, s2 in boxes[i + 1:]:
-            if all(a < b + m and b < a + n for a, n, b, m in zip(o1, s1, o2, s2)):
-                raise StoreError(f"damaged store: {where}: the pieces of ranks {list(t.shard.peers)} overlap")
-    if sum(math.prod(s) for _, s in boxes) != t.numel:
-        raise StoreError(f"damaged store: {where}: the pieces of ranks {list(t.shard.peers)} do not cover it")
 
 
 class RankView:
@@ -414,7 +395,7 @@ class RankView:
     def _parse_index(self, kind: str, g: zarr.Group) -> dict[str, TensorInfo]:
         attrs = dict(g.attrs)
         entries = attrs.get(TENSORS)
-        known = self.store.indexes.get(entries, self.store.format_version)
+        known = self.store.indexes.get(entries, self.store.format.version)
         if known is not None:  # equal to an index parsed and checked before (another rank's, the other store's)
             return known
         try:
@@ -422,17 +403,14 @@ class RankView:
         except (TypeError, KeyError, ValueError, OverflowError) as e:
             raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: malformed tensor index "
                              f"({e.__class__.__name__}: {e})") from None
-        if self.store.format_version >= 2:
-            # v2 addresses are virtual (tensors live in objects): they follow from the names,
-            # dtypes and shapes, so any other value is damage, not a place to read from
-            bad = misplaced(infos)
-            if bad is not None:
-                raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: malformed tensor index (the address of "
-                                 f"{bad.name!r} does not follow from the index; damaged store?)")
+        bad = self.store.format.check_addresses(infos)  # (format 1: none; later formats: virtual addresses)
+        if bad is not None:
+            raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: malformed tensor index (the address of "
+                             f"{bad.name!r} does not follow from the index; damaged store?)")
         out = {info.name: info for info in infos}
         if len(out) != len(infos):
             raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: malformed tensor index (a name occurs twice)")
-        self.store.indexes.put(entries, self.store.format_version, out)
+        self.store.indexes.put(entries, self.store.format.version, out)
         return out
 
     def tensors(self, kind: str) -> list[TensorInfo]:
@@ -531,22 +509,9 @@ class RankView:
         return rows.index(step)
 
     def array(self, kind: str, key: str):
-        """The storage array `key` of a kind, shaped (row, element): a zarr array (v1), or the same
-        view over content-addressed objects (v2, hash-checked on read)."""
-        if self.store.format_version == 1:
-            with self._lock:
-                arr = self._packed_arrays.get((kind, key))
-                if arr is None:
-                    extents = [(i.name, i.offset, i.numel) for i in self.tensors(kind) if i.array == key]
-                    arr = self._packed_arrays[(kind, key)] = self._checked_array(kind, key, extents)
-            return arr
-        with self._lock:
-            arr = self._object_rows.get((kind, key))
-            if arr is None:
-                if key not in {t.array for t in self.tensors(kind)}:
-                    raise KeyError(key)
-                arr = self._object_rows[(kind, key)] = ObjectRows(self, kind, key)
-        return arr
+        """The storage array `key` of a kind, shaped (row, element), as its format reads it
+        (store/formats/: a zarr array, or the same view over content-addressed objects)."""
+        return self.store.format.storage_array(self, kind, key)
 
     def _refuse_irregular(self, kind: str, key: str) -> None:
         """StoreError when a member's metadata is not a regular file: zarr, asked anything about the
@@ -618,12 +583,7 @@ class RankView:
     def check_index_arrays(self, kind: str) -> None:
         """StoreError (damage) unless each of the kind's index arrays (v1: storage arrays) opens and
         holds the rows its step list names: one answer for the kind, not one per row."""
-        if self.store.format_version == 1:
-            for key in sorted({t.array for t in self.tensors(kind)}):
-                self.array(kind, key)
-            return
-        for name in (HASH_ARRAY, FINITE_ARRAY) + ((SUMMARY_ARRAY,) if self.has_summaries(kind) else ()):
-            self._index_array(kind, name)
+        self.store.format.check_index_arrays(self, kind)
 
     def listed_rows(self, kind: str) -> int:
         """Rows of `kind` listed in its steps (written completely; rows are appended in order)."""
@@ -650,7 +610,7 @@ class RankView:
     @property
     def sealed(self) -> bool:
         """Whether index rows are sealed to their rank, kind and step (format 4, summaries.row_identity)."""
-        return self.store.format_version >= SEALED_ROWS_FROM
+        return self.store.format.sealed_rows
 
     def row_bound(self, kind: str, row: int, step: int | None = None, rank: int | None = None) -> bytes:
         """What a format-4 row's seal covers besides its summaries, for this rank (or `rank`) and the
@@ -755,7 +715,7 @@ class RankView:
     def digests(self, kind: str, step: int) -> dict[str, bytes] | None:
         """{tensor: content hash} at a step; None for a format v1 store (it has no hashes). A sharded
         tensor's hash is that of its pieces' hashes in peer order (hashing.combined)."""
-        if self.store.format_version == 1:
+        if not self.store.format.hashed:
             return None
         out = dict(zip((t.name for t in self.tensors(kind)), self.row_digests(kind, self._row(kind, step))))
         out.update(self._of_row_pieces("digest", kind, step, lambda ps: combined(d for _, _, _, d, _ in ps)))
@@ -859,7 +819,7 @@ class RankView:
 
     def has_summaries(self, kind: str) -> bool:
         """Whether `kind` holds per-tensor summaries (format 2 stores written since summaries exist)."""
-        if self.store.format_version == 1:
+        if not self.store.format.hashed:
             return False
         return self._member(kind, SUMMARY_ARRAY) is not None
 
@@ -943,11 +903,30 @@ class RankView:
         if not t.keeps_bytes:
             raise no_bytes(where)
         pieces = self.pieces(kind, step, name)
-        _check_tiling(pieces, t, where)  # before reading: no full-size coverage mask is needed
-        full = np.empty(t.shape, dtype=storage_dtype(t.dtype))
-        for piece in pieces:
-            full[piece.info.shard.slices()] = self.read_piece(kind, step, piece).reshape(piece.info.shard.shape)
-        return full
+        # before reading: no full-size coverage mask is needed
+        planner.check_tiling(pieces, t.numel, t.shard.peers, where)
+        return self.read_region(kind, step, name)
+
+    def saved_pieces(self, kind: str, step: int, name: str) -> list["Piece"] | None:
+        """The saved pieces tensor `name` is read from at `step`: a sharded tensor's (on the ranks
+        that wrote them, peer order), or an unsharded one's own object as one piece; None where the
+        format saves no pieces (format 1: ranges of packed rows, read_bits)."""
+        t = self.tensor(kind, name)
+        if t.shard is not None:
+            return self.pieces(kind, step, name)
+        piece = self.store.format.whole_piece(self, kind, step, t)
+        return None if piece is None else [piece]
+
+    @property
+    def saves_pieces(self) -> bool:
+        """Whether every tensor is saved as checked pieces (saved_pieces never None): a reader may
+        then take a tensor piece by piece, each read once and hashed as it passes."""
+        return self.store.format.hashed
+
+    def read_region(self, kind: str, step: int, name: str, region=None) -> np.ndarray:
+        """Region (offset, shape) of a tensor at a step (default: all of it), storage dtype, its
+        shape: the saved pieces overlapping it read and checked (store/planner.py)."""
+        return planner.execute(self, planner.plan_read(self, kind, step, name, region))
 
     def _finite_flags(self, kind: str, row: int) -> np.ndarray:
         def checked():
@@ -962,7 +941,7 @@ class RankView:
     def finite(self, kind: str, step: int) -> dict[str, bool] | None:
         """{tensor: True when it holds no NaN/Inf} at a step; None for v1. Index values, checked
         against the bytes whenever those are read (check_finite_flag, check_entry)."""
-        if self.store.format_version == 1:
+        if not self.store.format.hashed:
             return None
         names = [t.name for t in self.tensors(kind)]
         flags = self._finite_flags(kind, self._row(kind, step))
@@ -997,7 +976,7 @@ class RankView:
         the object only if this open store has not verified it yet. StoreError (damage) otherwise.
         The diff calls this for tensors it decides by equal hashes, so it never trusts an index
         whose bytes it has not seen (docs/FORMAT.md, "Diff by hash")."""
-        if self.store.format_version == 1:
+        if not self.store.format.hashed:
             return
         row = self._row(kind, step)
         info = self.tensor(kind, name)
@@ -1015,25 +994,8 @@ class RankView:
         finite = self.store.ensure_verified(digest, info, where, self.locations(kind, row)[position])
         self.check_finite_flag(kind, row, position, finite, where)
 
-    def _require_chunks(self, kind: str, key: str, row: int, start: int, stop: int) -> None:
-        """zarr 3.1 silently returns fill values for a missing chunk; a store must never do that."""
-        array = self.array(kind, key)
-        missing = first_missing_chunk(array, [row], chunk_cols(start, stop, array.chunks[1]))
-        if missing is not None:
-            raise FileNotFoundError(f"chunk c/{missing[0]}/{missing[1]} of {key} is missing")
-
     def _read_row(self, kind: str, step: int, key: str, start: int, stop: int) -> np.ndarray:
-        row = self._row(kind, step)
-        if self.store.format_version != 1:
-            arr = self.array(kind, key)
-            return arr.read_into(row, start, stop, np.empty(stop - start, dtype=arr.dtype))
-        try:
-            self._require_chunks(kind, key, row, start, stop)
-            return self.array(kind, key)[row, start:stop]
-        except Exception as e:  # a missing or corrupt chunk must surface as one line, not a zarr traceback
-            raise StoreError(
-                f"{self.store.path}: rank {self.rank} {kind} step {step}: unreadable data ({e.__class__.__name__}: {e})"
-            ) from None
+        return self.store.format.read_range(self, kind, step, key, start, stop)
 
     def read_bits(self, kind: str, step: int, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         """A tensor's stored data, flat, in storage dtype (bfloat16 as uint16 bits); a slice of it with start/stop."""
@@ -1098,7 +1060,8 @@ class RunStore:
         # as given for local folders (messages name what the user typed), the URL otherwise
         self.path = os.fspath(path) if self.location.is_local and not isinstance(path, Location) else str(self.location)
         self.meta = _read_root_attrs(self.path, self.location)
-        self.format_version: int = self.meta["format_version"]
+        self.format = reader_for(self.meta.get("format_version"), self.path)  # store/formats/: picked once
+        self.format_version: int = self.format.version
         self.verified = Verified()  # objects whose bytes matched their hash (immutable: checked once)
         self._verify_lock = threading.Lock()
         self._object_locks: dict[tuple, threading.Lock] = {}
@@ -1126,6 +1089,23 @@ class RunStore:
     def ranks(self) -> list[int]:
         return list(self._rank_groups)
 
+    def footprint(self) -> tuple[dict[int, int], int, int]:
+        """({rank: bytes of its own folder}, bytes shared by all ranks, bytes of the whole store).
+        From format 2 on every tensor's bytes live once per content under objects/, shared by all
+        ranks: a rank's own folder holds only its indexes, so its bytes are small beside the store's."""
+        sizes, total = self.location.sizes_under([*(rank_group_name(r) for r in self.ranks), OBJECTS_DIR])
+        shared = sizes.pop(OBJECTS_DIR)
+        return {r: sizes[rank_group_name(r)] for r in self.ranks}, shared, total
+
+    def unlisted_rank_folders(self) -> list[str]:
+        """Rank folders of a local store that are no readable rank group (zarr skips a folder
+        without metadata: a half-written store), by name; none for a URL (no folders to look at)."""
+        if not os.path.isdir(self.path):
+            return []
+        ranks = set(self.ranks)
+        on_disk = sorted(n for n in os.listdir(self.path) if n.startswith(RANK_PREFIX))
+        return [n for n in on_disk if n[len(RANK_PREFIX):].isdigit() and int(n[len(RANK_PREFIX):]) not in ranks]
+
     @cached_property
     def _views(self) -> dict[int, RankView]:
         return {r: RankView(self, r, g) for r, g in self._rank_groups.items()}
@@ -1144,6 +1124,11 @@ class RunStore:
             info.update(self.rank(self.ranks[0]).attrs.get("run", {}))
         info.update({k: v for k, v in self.meta.items() if v is not None})
         return info
+
+    @property
+    def setup(self) -> RunSetup:
+        """What the run computed on (device, backend, mode, dtype), typed, from `run`."""
+        return RunSetup.from_attrs(self.run)
 
     def run_facts(self) -> dict:
         """The run's facts, flat: `run` without the launcher's per-rank completion table (`ranks`,

@@ -47,6 +47,7 @@ class VerifyResult:
     entries: int = 0  # (rank, kind, step, tensor) entries checked
     objects: int = 0  # distinct objects read (v2) or chunk files checked (v1)
     bytes_read: int = 0
+    hashed: bool = True  # the format hashes tensors (store/formats/): objects are hashed, not only counted
 
     @property
     def ok(self) -> bool:
@@ -54,7 +55,7 @@ class VerifyResult:
 
     def summary(self) -> str:
         what = (f"{self.entries} tensor entries, {self.objects} objects, {self.bytes_read} bytes hashed"
-                if self.format_version >= 2 else
+                if self.hashed else
                 f"{self.entries} tensor entries, {self.objects} chunk files (format 1 has no hashes: structure only)")
         verdict = "OK" if self.ok else f"{len(self.problems)} problem{'s' * (len(self.problems) != 1)}"
         return f"verify: {verdict}: {self.path} ({what})"
@@ -63,7 +64,7 @@ class VerifyResult:
 def verify_store(path, on_problem: Callable[[Problem], None] | None = None) -> VerifyResult:
     """Check every rank, kind and listed step of a store; StoreError only if it cannot be opened at all."""
     store = path if isinstance(path, RunStore) else open_store(path)
-    result = VerifyResult(store.path, store.format_version)
+    result = VerifyResult(store.path, store.format_version, hashed=store.format.hashed)
 
     def report(p: Problem) -> None:
         result.problems.append(p)
@@ -95,7 +96,7 @@ def verify_store(path, on_problem: Callable[[Problem], None] | None = None) -> V
                 report(Problem(r, kind, None, None, _strip(str(e), store.path).removeprefix(f"rank {r} {kind}: ")
                                .removeprefix(f"rank {r} {kind}/")))
                 continue
-            if store.format_version == 1:
+            if not store.format.hashed:
                 _verify_v1_kind(view, kind, tensors, rows, result, report)
             else:
                 _verify_v2_kind(view, kind, tensors, rows, result, report, known, buf)

@@ -28,8 +28,9 @@ from tracekit.errors import StoreError
 from tracekit.store import io
 from tracekit.store.chunks import chunk_key
 from tracekit.store.dtypes import all_finite, storage_dtype
-from tracekit.store.format import (FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX_CHUNK_BYTES, OBJECTS_DIR, READABLE_VERSIONS,
-                                   ROOT_KEY, SEALED_ROWS_FROM, SUMMARY_ARRAY, object_key, rank_group_name)
+from tracekit.store.format import (FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX_CHUNK_BYTES, OBJECTS_DIR, ROOT_KEY,
+                                   SUMMARY_ARRAY, object_key, rank_group_name)
+from tracekit.store.formats import READERS
 from tracekit.store.hashing import ALGORITHM, HASH_BYTES, identity
 from tracekit.store.keep import keeps_bytes, parse_full
 from tracekit.store.location import resolve
@@ -86,9 +87,10 @@ def holds_pieces(path, storage_options=None) -> bool:
     so all decide alike (the gather this replaces was a collective)."""
     raw = resolve(path, storage_options).read_bytes("zarr.json")
     try:
-        return int(json.loads(raw)["attributes"][ROOT_KEY]["format_version"]) >= 2
+        fmt = READERS.get(int(json.loads(raw)["attributes"][ROOT_KEY]["format_version"]))
     except (TypeError, ValueError, KeyError):
         return False
+    return fmt is not None and fmt.hashed
 
 
 def _lock_files() -> tuple[str, ...]:
@@ -169,7 +171,8 @@ def create_store(path, meta: dict, force: bool = False, storage_options=None, fo
     location = resolve(path, storage_options)
     if format_version is None:
         format_version = FORMAT_VERSION
-    if format_version not in READABLE_VERSIONS:
+    fmt = READERS.get(format_version)
+    if fmt is None:
         raise StoreError(f"cannot write store format {format_version} at {path}")
     root_meta = {"format_version": format_version, "start_time": now_iso(), **meta}
     if location.is_local:
@@ -184,7 +187,7 @@ def create_store(path, meta: dict, force: bool = False, storage_options=None, fo
             location.clear(keep=_lock_files())
         # "a", not "w": "w" deletes everything under the prefix, the job's claim object included (cleared above)
         root = _open_group(location.zarr_store(), mode="a", attributes={ROOT_KEY: root_meta})
-    if format_version >= 2:
+    if fmt.hashed:
         # The object folder is declared an empty zarr array: zarr and xarray then treat it as a
         # leaf and never list (or warn about) the files inside, which are not zarr chunks.
         root.create_array(OBJECTS_DIR, shape=(0,), dtype=np.uint8, chunks=(1,), dimension_names=("object_byte",),
@@ -466,12 +469,8 @@ class _KindWriter:
         self.group_meta.update_attrs({STEPS: self.steps})
 
 
-def _new_kind_writer(rank_group: zarr.Group, kind: str, format_version: int, io_root, full, rank: int):
-    group = rank_group.create_group(kind)
-    if format_version == 1:
-        return _KindWriter(group, kind)
-    return _ObjectKindWriter(group, kind, io_root, full, PackSpec() if format_version >= 3 else None,
-                             rank if format_version >= SEALED_ROWS_FROM else None)
+def _new_kind_writer(rank_group: zarr.Group, kind: str, fmt, io_root, full, rank: int):
+    return fmt.kind_writer(rank_group.create_group(kind), kind, io_root, full, rank)
 
 
 @io.compact_metadata
@@ -482,12 +481,12 @@ def add_kind(store_path, rank: int, kind: str, rows: Sequence[tuple[int, Sequenc
     already holds is refused (its rows are the rank's own)."""
     location = resolve(store_path, storage_options)
     root = _open_group(location.zarr_store(), mode="r+", use_consolidated=False)
-    version = root.attrs[ROOT_KEY].get("format_version")
+    fmt = READERS[root.attrs[ROOT_KEY].get("format_version")]
     group = root[rank_group_name(rank)]
     if kind in group:
         raise StoreError(f"{store_path}: rank {rank} already holds {kind}")
-    writer = _new_kind_writer(group, kind, version, io.byte_store(location), (), rank)  # a few scalars: their bytes always kept
-    if version == 1:
+    writer = _new_kind_writer(group, kind, fmt, io.byte_store(location), (), rank)  # a few scalars: their bytes always kept
+    if not fmt.hashed:
         for step, tensors in rows:
             writer.append(step, tensors)
     else:  # every row's index at once: per-row metadata rewrites made finalize grow with ranks x steps
@@ -535,10 +534,11 @@ class RankWriter:
             root_meta = dict(root.attrs[ROOT_KEY])
             self.run_id = self._check_owner(root_meta, run_id)
             self.format_version = root_meta.get("format_version")
-            if self.format_version not in READABLE_VERSIONS:
+            self.format = READERS.get(self.format_version) if isinstance(self.format_version, int) else None
+            if self.format is None:
                 raise StoreError(f"{store_path}: cannot append to store format {self.format_version} here")
             self.full = parse_full(full)
-            if self.full and self.format_version == 1:
+            if self.full and not self.format.hashed:
                 raise StoreError(f"{store_path}: store format 1 keeps every tensor's bytes; --full needs format 2")
             name = rank_group_name(rank)
             if name in root:
@@ -586,12 +586,12 @@ class RankWriter:
             return
         self._still_ours(step)
         shards = [t.shard for t in tensors]
-        if self.format_version == 1 and any(sh is not None for sh in shards):
+        if not self.format.hashed and any(sh is not None for sh in shards):
             raise StoreError(f"{self.path}: store format 1 holds whole tensors only, not the shards of {kind}")
         kw = self.kinds.get(kind)
         if kw is None:
-            kw = self.kinds[kind] = _new_kind_writer(self.group, kind, self.format_version, self.io_root, self.full, self.rank)
-        if self.format_version == 1:
+            kw = self.kinds[kind] = _new_kind_writer(self.group, kind, self.format, self.io_root, self.full, self.rank)
+        if not self.format.hashed:
             kw.append(step, tensors)
         else:
             kw.append(step, tensors, shards)

@@ -53,9 +53,9 @@ def _mixed(step):
 
 
 def _write(path, monkeypatch, spec, steps=(1, 2, 3)):
-    import tracekit.store.writer as writer
+    import tracekit.store.formats.v3 as v3  # the format that packs chooses a new kind's spec
 
-    monkeypatch.setattr(writer, "PackSpec", lambda: spec)
+    monkeypatch.setattr(v3, "PackSpec", lambda: spec)
     create_store(path, {})
     w = RankWriter(path, 0, {"coords": {"rank": 0}})
     rows = {}

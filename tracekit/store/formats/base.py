@@ -1,0 +1,45 @@
+"""What a store format's reader does, whatever the format: the protocol behind store/formats/v*.py.
+
+RankView (store/reader.py) is the logical API: ranks, kinds, steps, tensors, their bytes. How a
+format lays those bytes out is answered here, one class per format version, chosen once when a
+store opens (formats.reader_for). Like PyTorch DCP's StorageReader behind its LoadPlanner: the
+planner (store/planner.py) turns a logical request into ReadItems, the format reader says where
+each saved piece's bytes lie and reads them, checked.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+
+class FormatReader(Protocol):
+    version: int
+    # Tensors are content-addressed objects: each index row holds their hashes and finiteness
+    # flags (and summaries, where written), and a tensor is read as one or more hashed pieces.
+    hashed: bool
+    # Index rows are sealed to their rank, kind and step (summaries.row_identity).
+    sealed_rows: bool
+
+    def check_addresses(self, infos) -> object | None:
+        """The first index entry whose address the format does not allow, else None."""
+
+    def storage_array(self, view, kind: str, key: str):
+        """The kind's storage array `key` shaped (row, element): what element-range readers use."""
+
+    def check_index_arrays(self, view, kind: str) -> None:
+        """StoreError (damage) unless the kind's index (or storage) arrays hold its listed rows."""
+
+    def read_range(self, view, kind: str, step: int, key: str, start: int, stop: int) -> np.ndarray:
+        """Elements [start, stop) of storage array `key` at a step, checked (StoreError: damage)."""
+
+    def whole_piece(self, view, kind: str, step: int, info):
+        """An unsharded tensor's saved bytes as one piece (store.reader.Piece), or None where the
+        format saves it only inside a storage array row (read through read_range)."""
+
+    def kind_writer(self, group, kind: str, io_root, full, rank: int):
+        """The writer of a new kind group of this format (store/writer.py)."""
+
+    def fetch(self, view, kind: str, step: int, item) -> np.ndarray:
+        """One ReadItem's bytes, flat in storage dtype, checked against the index (hash, finiteness)."""
