@@ -10,7 +10,9 @@ Every flag goes to TorchTitan as given. Before it runs, the runner
   a backend, and applies cpu_shim.py (what else CPU/gloo needs);
 - with `--fault ffn_act:RANK:STEP` (the runner's own flag, not passed on), plants a forward-op
   fault: on rank RANK from step STEP on, `layers.1.feed_forward` computes gelu instead of silu
-  (fault.py), for docs/LOCATE.md's root cause on TorchTitan.
+  (fault.py), for docs/LOCATE.md's root cause on TorchTitan; `ffn_bf16:RANK:STEP` rounds that
+  module's output to bfloat16 and `grad_scale:RANK:STEP:FACTOR` scales one rank's gradients in one
+  step (bench/bench_sensitivity.py --workload titan).
 """
 
 from __future__ import annotations

@@ -217,3 +217,14 @@ def test_gloo_refuses_premul_sum_and_the_shims_set_timeout_sets_gloos(tmp_path):
         dist.barrier()  # the group still works under the new timeout
     finally:
         dist.destroy_process_group()
+
+
+def test_the_runners_fault_specs_parse_or_name_the_problem():
+    # the bench's faults (bench/bench_sensitivity.py --workload titan): the factor only for grad_scale
+    parse = train.fault.parse
+    assert parse("ffn_act:1:3") == ("ffn_act", 1, 3, None)
+    assert parse("ffn_bf16:0:2") == ("ffn_bf16", 0, 2, None)
+    assert parse("grad_scale:1:2:1.001") == ("grad_scale", 1, 2, 1.001)
+    for bad in ("grad_scale:1:2", "ffn_bf16:1:2:1.5", "grad_scale:1:0:2", "grad_scale:1:2:x", "other:1:2"):
+        with pytest.raises(ValueError, match="expected ffn_act:RANK:STEP"):
+            parse(bad)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from tracekit.compare.options import ALIGN_MODES
 from tracekit.compare.catalog import RankCatalog, StoreCatalog
+from tracekit.compare.tolerances import coarser_dtype, real_float
 from tracekit.errors import UsageError
 from tracekit.store import TensorInfo
 from tracekit.store.kinds import LAYOUT_DEPENDENT_KINDS, REPLICATED_KINDS, kind_order
@@ -36,19 +37,13 @@ class TensorPair:
     def dtype(self) -> str:
         """The dtype the pair is judged in: both sides' when equal; for floats stored in different
         widths (a float32 reference, a bfloat16 candidate), the coarser one's bounds apply."""
-        return coarser_float(self.ref.dtype, self.cand.dtype)
+        return coarser_dtype(self.ref.dtype, self.cand.dtype)
 
 
-# Floating dtypes from finest to coarsest. Two sides that store one tensor in different float widths
-# are compared as values (each decoded to numpy exactly), under the coarser width's bounds: the
-# accelerator's bfloat16 output against the CPU reference's float32 one is the case this is for.
-FLOAT_WIDTHS = ("float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
-
-
-def coarser_float(a: str, b: str) -> str:
-    if a == b or a not in FLOAT_WIDTHS or b not in FLOAT_WIDTHS:
-        return a
-    return max(a, b, key=FLOAT_WIDTHS.index)
+# Two sides that store one tensor in different float widths are compared as values (each decoded to
+# numpy exactly), under the coarser width's bounds (tolerances.coarser_dtype: the larger unit
+# roundoff): the accelerator's bfloat16 output against the CPU reference's float32 one is the case
+# this is for.
 
 
 @dataclass
@@ -206,9 +201,9 @@ def _pair_tensors(kind, ref_rc, cand_rc, oracle_rc, problems, cand_rank):
         if rt.shape != ct.shape:
             problems.add("shape_mismatch", None, cand_rank, kind, name, detail=f"shape {rt.shape} in ref, {ct.shape} in cand")
             continue
-        if rt.dtype != ct.dtype and rt.dtype in FLOAT_WIDTHS and ct.dtype in FLOAT_WIDTHS:
+        if rt.dtype != ct.dtype and real_float(rt.dtype) and real_float(ct.dtype):
             problems.add("dtype_differs", None, cand_rank, kind, name,
-                         detail=f"{rt.dtype} in ref, {ct.dtype} in cand: compared as values under {coarser_float(rt.dtype, ct.dtype)} bounds")
+                         detail=f"{rt.dtype} in ref, {ct.dtype} in cand: compared as values under {coarser_dtype(rt.dtype, ct.dtype)} bounds")
         elif rt.dtype != ct.dtype:
             problems.add("dtype_mismatch", None, cand_rank, kind, name, detail=f"dtype {rt.dtype} in ref, {ct.dtype} in cand")
             continue

@@ -413,7 +413,7 @@ def diff(ref, cand, options: DiffOptions | None = None, **keywords) -> DiffRepor
             results = _step_results(step, pairs, partial, engine, skip, summ)
             report.identical_by_hash += sum(len(v) for v in skip.values())
             report.compared_by_summaries += sum(len(v) for v in summ.values())
-            _add_step(report, step, results, details, matcher(engine, pairs, align))
+            _add_step(report, step, results, details, matcher(engine, pairs, align, _values))
             if fail_fast and any(not r.passed for r in results):
                 report.stopped_early = step != steps[-1]
                 break

@@ -91,7 +91,7 @@ def _shape_lines(report: DiffReport) -> list[str]:
     if not shapes:
         return []
     out = ["", "Error shape per kind (fits of cand - ref over each step's tensors: scale, sign flip, shift, "
-               "systematic where |z| >= 20 and |rho| >= 0.05; exact matches with another step or rank; one rank; "
+               "systematic where |z| >= 20 and |rho| >= 0.05; exact or near matches with another step or rank; one rank; "
                "NaN/Inf; docs/DIFF.md):"]
     for shape in sorted(shapes, key=lambda s: (kind_order(s.kind), s.kind)):
         if not shape.signatures:

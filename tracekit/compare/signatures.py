@@ -3,16 +3,22 @@ the first divergence takes them: the most specific first."""
 
 from __future__ import annotations
 
-from tracekit.compare import matches, patterns, structure
+from tracekit.compare import matches, near, patterns, structure
 
 
-def matcher(engine, pairs, align: str):
-    """The exact-match search of a step (compare/matches.py) over its rank pairs, by kind; None
-    under --align global, whose pairs are not one rank's tensors against another's."""
+def matcher(engine, pairs, align: str, read=None):
+    """The match search of a step (compare/matches.py) over its rank pairs, by kind; None under
+    --align global, whose pairs are not one rank's tensors against another's. read(view, kind,
+    step, info) -> a side's whole tensor as numpy values: near matches too (compare/near.py)."""
     if align == "global":
         return None
-    return lambda step, kind, rs: matches.match_signatures(step, kind, [kp for kp in pairs if kp.kind == kind],
-                                                           engine.ref, engine.cand, rs)
+
+    def match(step, kind, rs):
+        finder = None if read is None else near.NearMatcher(read, engine.tol, engine.equal_nan, engine.ref, engine.cand,
+                                                              step, kind)
+        return matches.match_signatures(step, kind, [kp for kp in pairs if kp.kind == kind], engine.ref, engine.cand,
+                                        rs, finder)
+    return match
 
 
 def step_shapes(step: int, kind: str, rs: list, match=None) -> tuple[list, float, bool]:

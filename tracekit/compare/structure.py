@@ -18,7 +18,8 @@ every data-parallel rank) pool one rank's worth of elements over all ranks, so t
 tensor do not count as independent evidence. A tensor is also fitted on its own (over its ranks)
 for a sign flip or a shift, with |rho| >= RHO_TENSOR: one wrong tensor among many is diluted in the
 kind's pooled fit. The patterns that need no fit (one rank only, NaN/Inf) are in compare/patterns.py,
-the exact matches with another step or rank (stale values, swapped shards) in compare/matches.py.
+the exact and near matches with another step or rank (stale values, swapped shards) in
+compare/matches.py and near.py.
 Measured thresholds and the clean pairs they were checked on: docs/DIFF.md "Structured errors".
 """
 
@@ -137,6 +138,9 @@ class Signature:
     detail: str = ""  # a pattern's own words (nonfinite, one rank)
     # a tensor-level shape: every tensor that shows it; an exact match: every (candidate rank, tensor)
     names: list = field(default_factory=list, repr=False)
+    # stale, swapped found by near matches (compare/near.py): {"rel_l2_err": the loosest match's error
+    # against the value it holds, "closer": the least times it is closer to it than to its own reference}
+    near: dict | None = None
 
     @property
     def where(self) -> str:
@@ -162,19 +166,27 @@ class Signature:
             return (f"systematic: {self.kind} = reference {self.offset:+.3g}{fit} on {self.where}, {since}: "
                     "a constant shift")
         if self.shape == "stale":
-            return (f"stale: {self.kind} on {self.where} equal the reference's step {self.source_step} exactly, "
+            how = "exactly" if self.near is None else f"within their bounds ({self._closeness('their own step')})"
+            return (f"stale: {self.kind} on {self.where} equal the reference's step {self.source_step} {how}, "
                     f"{since}: an update skipped or a value not refreshed")
         if self.shape == "swapped":
             pairs = ", ".join(f"rank {c} holds rank {r}'s" for c, r in self.source_ranks)
+            how = "exactly" if self.near is None else f"within its bound ({self._closeness('its own rank')})"
             return (f"swapped: {self.kind} of {self.where.split(', ')[0] if self.tensor else 'every tensor'}: {pairs} "
-                    f"reference value exactly, {since}: shards or data swapped between ranks")
+                    f"reference value {how}, {since}: shards or data swapped between ranks")
         return f"{self.detail}, {since}"  # one rank, nonfinite, rows: the pattern says it
+
+    def _closeness(self, own: str) -> str:
+        closer = self.near["closer"]
+        times = "the same values" if closer is None else f"{closer:.0f}x closer than to {own}'s"
+        return f"rel L2 err {self.near['rel_l2_err']:.2e}, {times}"
 
     def to_dict(self) -> dict:
         return {"step": self.step, "kind": self.kind, "shape": self.shape, "factor": self.factor, "z": self.z,
                 "rho": self.rho, "offset": self.offset, "ranks": self.ranks, "all_ranks": self.all_ranks,
                 "tensors": self.tensors, "tensor": self.tensor, "source_step": self.source_step,
-                "source_ranks": self.source_ranks, "first_step": self.first_step or self.step, "text": self.text}
+                "source_ranks": self.source_ranks, "near": self.near, "first_step": self.first_step or self.step,
+                "text": self.text}
 
 
 @dataclass

@@ -69,11 +69,14 @@ NORM_DEFAULTS: dict[str, float] = {
 NORM_KIND_DEFAULTS: dict[str, float] = {"delta": math.inf}  # by tolerance class (tracekit/store/kinds.py)
 
 # Unit roundoff of the dtypes a tensor can be stored or computed in (tf32: 10 mantissa bits, as
-# float16; its rows below are float16's). A float32 tensor whose computation passed through a
-# coarser dtype (the precision rule, compare/precision.py) gets that dtype's defaults.
+# float16; its rows below are float16's): the one table of which dtype is coarser. A float32 tensor
+# whose computation passed through a coarser dtype (the precision rule, compare/precision.py) gets
+# that dtype's defaults, and a tensor stored in two float widths is judged under the coarser one's
+# (compare/alignment.py).
 UNIT_ROUNDOFF: dict[str, float] = {
     "float64": 2.0**-53, "complex128": 2.0**-53, "float32": _U32, "complex64": _U32,
     "tf32": 2.0**-11, "float16": 2.0**-11, "bfloat16": 2.0**-8,
+    "float8_e4m3fn": 2.0**-4, "float8_e5m2": 2.0**-3,  # 3 and 2 mantissa bits
 }
 DTYPE_DEFAULTS["tf32"] = DTYPE_DEFAULTS["float16"]
 NORM_DEFAULTS["tf32"] = NORM_DEFAULTS["float16"]
@@ -93,11 +96,22 @@ def norm_default(dtype: str, terms: int | None) -> float:
     return bound + 2 * (math.sqrt(terms) - math.sqrt(ASSUMED_TERMS)) * _U_ACC.get(dtype, _U32)
 
 
+def real_float(dtype: str) -> bool:
+    """A real floating dtype of UNIT_ROUNDOFF (complex ones have no coarser or finer width here)."""
+    return dtype in UNIT_ROUNDOFF and not dtype.startswith("complex")
+
+
+def coarser_dtype(a: str, b: str) -> str:
+    """Of two real float dtypes, the one with the larger unit roundoff; `a` where they round alike
+    or either is not a real float dtype."""
+    if not (real_float(a) and real_float(b)):
+        return a
+    return b if UNIT_ROUNDOFF[b] > UNIT_ROUNDOFF[a] else a
+
+
 def defaults_dtype(stored: str, compute: str | None) -> str:
     """The dtype whose defaults apply: the stored one, or the compute dtype where that is coarser."""
-    if compute is None or stored not in UNIT_ROUNDOFF or stored.startswith("complex"):
-        return stored
-    return compute if UNIT_ROUNDOFF[compute] > UNIT_ROUNDOFF[stored] else stored
+    return stored if compute is None else coarser_dtype(stored, compute)
 
 
 # The three-way verdict: a candidate element may be this many times further from the float64

@@ -101,3 +101,25 @@ def test_tolerance_for_a_kind_no_store_recorded_is_a_usage_error(tmp_path):
     with pytest.raises(UsageError, match=r"^config \[kind.gradient\]: no store recorded this kind"):
         tracekit.diff(a, a, config=str(cfg))
     assert tracekit.diff(a, a, tol={"gradients": (0.0, 0.0)}).passed
+
+
+def test_one_table_says_which_dtype_is_coarser():
+    # UNIT_ROUNDOFF orders every real float dtype, float8 included; the stored-width pairing
+    # (compare/alignment.py) and the precision rule (defaults_dtype) both read it
+    from tracekit.compare.alignment import TensorPair
+    from tracekit.compare.tolerances import UNIT_ROUNDOFF, coarser_dtype, defaults_dtype
+    from tracekit.store import TensorInfo
+
+    widths = ["float64", "float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2"]
+    assert sorted(widths, key=UNIT_ROUNDOFF.get) == widths
+    for i, a in enumerate(widths):
+        for b in widths[i:]:
+            assert coarser_dtype(a, b) == coarser_dtype(b, a) == b
+            assert defaults_dtype(a, b) == b and defaults_dtype(b, a) == b
+    assert coarser_dtype("complex64", "bfloat16") == "complex64" and coarser_dtype("int32", "float16") == "int32"
+    assert defaults_dtype("float32", None) == "float32" and defaults_dtype("complex64", "bfloat16") == "complex64"
+    def info(dtype):
+        return TensorInfo("w", dtype, (4,), dtype, 0, 4)
+
+    assert TensorPair("w", info("float32"), info("float8_e5m2")).dtype == "float8_e5m2"
+    assert TensorPair("w", info("bfloat16"), info("float16")).dtype == "bfloat16"
