@@ -22,8 +22,8 @@ def _alone(parts, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
-@pytest.mark.parametrize("lengths", [[1] * 9, [7] * 30, [1048] * 50, [BATCHED - 1] * 3, [3, 3, 5, 5, 5, 700, 700, 9000, 1],
-                                     [BATCHED] * 2 + [BATCHED + 1] * 2],
+@pytest.mark.parametrize("lengths", [[1] * 9, [7] * 30, [1048] * 50, [BATCHED - 1] * 3,
+                                     [3, 3, 5, 5, 5, 700, 700, 9000, 1], [BATCHED] * 2 + [BATCHED + 1] * 2],
                          ids=["scalars", "7s", "1048s", "below-batched", "mixed", "not-batched"])
 def test_the_batch_gives_each_tensor_the_summary_it_has_alone(dtype, lengths):
     parts = _parts(np.random.default_rng(len(lengths)), dtype, lengths)
@@ -58,7 +58,8 @@ def test_row_summaries_reuse_an_unchanged_tensors_summary_and_redo_a_changed_one
     cache.fill(out, [(i, b"h%d" % i, p, "float32") for i, p in enumerate(first)])
     changed = _parts(rng, np.float32, [16])[0]
     again = np.zeros((3, 7))
-    cache.fill(again, [(0, b"h0", first[0], "float32"), (1, b"new", changed, "float32"), (2, b"h2", first[2], "float32")])
+    cache.fill(again, [(0, b"h0", first[0], "float32"), (1, b"new", changed, "float32"),
+                       (2, b"h2", first[2], "float32")])
     assert again[[0, 2]].tobytes() == out[[0, 2]].tobytes()
     assert again[1].tobytes() == summarize(changed, "float32").tobytes()
 

@@ -364,7 +364,7 @@ class _ObjectKindWriter:
             if sh is not None and (tuple(t.shape) != sh.shape or data.size != numel):
                 raise StoreError(f"{self.kind} tensor {t.name!r}: its data is not the shard its layout names")
             view = memoryview(data).cast("B")
-            if data.size < BATCHED:  # hashed now (hashing.digest_of), summarized after the loop with the row's other small tensors
+            if data.size < BATCHED:  # hashed now (as digest_of), summarized with the row's other small ones below
                 h = xxhash.xxh3_128(ident)
                 h.update(view)
                 digest = h.digest()
