@@ -16,13 +16,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from dynamo_teardown import pytest_unconfigure  # noqa: F401  (a hook: dynamo's state released before exit)
+from tests.dynamo_teardown import pytest_unconfigure  # noqa: F401  (a hook: dynamo's state released before exit)
 from filelock import FileLock
 
-from launch_guard import Guard
+from tests.launch_guard import Guard
+from tests.paths import REPO, SAMPLES  # noqa: F401  (REPO: tests import it from here)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SAMPLES = os.path.join(REPO, "samples")
 # Sample modes and the world size the tests run them at (simplefsdp_tp as a 2 x 2 mesh).
 MODE_RANKS = {"ddp": 2, "fsdp": 2, "tp": 2, "simplefsdp_tp": 4}
 # samples/plain's zero-code recordings: simplefsdp_tp divides each rank's loss by the dp degree
@@ -135,7 +134,7 @@ def shared_once(tmp_path_factory):
 
 def second_recording(recorded_sample, mode: str) -> str:
     """Another recording of the same job, from its own launch, for run-to-run comparisons: samples/plain's
-    zero-code recording, which tests/recorders/test_zerocode_torchrun.py shows equal bit for bit to the
+    zero-code recording, which tests/e2e/recorders/test_zerocode_torchrun.py shows equal bit for bit to the
     explicit one (every rank's tensors and loss), so no launch is spent on it."""
     return recorded_sample(mode, script="plain", record_args=PLAIN_RECORD_ARGS.get(mode, ()))[0]
 

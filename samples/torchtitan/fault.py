@@ -2,7 +2,7 @@
 TorchTitan counterpart of samples' `--fault op=act:RANK:STEP`: on rank RANK, from step STEP on,
 `layers.1.feed_forward` computes gelu where SwiGLU computes silu. Its parameters, names and
 call structure stay as they are; only that one module's forward changes. `tracekit diff` of a
-traced step must name rank RANK, that module and `aten.gelu` (tests/samples/test_torchtitan_locate.py).
+traced step must name rank RANK, that module and `aten.gelu` (tests/e2e/samples/test_torchtitan_locate.py).
 
 TorchTitan's files are not edited: the runner wraps `Trainer.train_step`, which knows the step
 (`self.step`) and the model (`self.model_parts`), and replaces the module's forward on first call.
