@@ -6,7 +6,7 @@ tensor model of 8 MB: ~150 ms a step, against ~10 for 4 tensors of the same byte
 of one length are stacked as the rows of one array and reduced along the rows: min and max
 (exact), the sum by `np.add.reduce(axis=1)`, which runs numpy's pairwise sum over each row as it
 runs it over the row alone, and the sum of squares by one `vecdot`, each row's the BLAS dot
-np.dot takes (the same bits; tests/tracekit/test_store_batch_summaries.py holds them to it). A
+np.dot takes (the same bits; tests/tracekit/store/test_batch_summaries.py holds them to it). A
 tensor this cannot vouch for is summarized on its own, as before: one of at least _DOT elements
 (its sum of squares is several dots), one alone of its length, a NaN or an Inf, a zero as its min
 or max (whose sign two reductions could pick differently), an integer, bool or complex dtype.
