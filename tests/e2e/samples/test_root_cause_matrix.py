@@ -55,8 +55,8 @@ def test_planted_fault_is_named_and_the_clean_step_names_nothing(recorded_sample
     assert not report.passed
     rc = first_root_cause(report.traces)
     assert rc is not None and rc is report.root_cause
-    got = (rc.step, rc.rank, rc.event["module"], rc.event["phase"], rc.kind)
-    assert got == (3, 1, module, phase, kind) and rc.event["op"].startswith(op), (got, rc.event["op"], rc.reason)
+    got = (rc.step, rc.rank, rc.event.module, rc.event.phase, rc.kind)
+    assert got == (3, 1, module, phase, kind) and rc.event.op.startswith(op), (got, rc.event.op, rc.reason)
 
 
 def test_simplefsdp_tp_inplace_write_and_optimizer_op_in_one_launch(recorded_sample):
@@ -69,7 +69,7 @@ def test_simplefsdp_tp_inplace_write_and_optimizer_op_in_one_launch(recorded_sam
     report = tracekit.diff(ref, cand)
     assert not report.passed
     by = {(tc.step, tc.rank): tc.root_cause for tc in report.traces}
-    named = {k: (rc.event["module"], rc.event["phase"], rc.kind, rc.event["op"]) for k, rc in by.items() if rc}
+    named = {k: (rc.event.module, rc.event.phase, rc.kind, rc.event.op) for k, rc in by.items() if rc}
     assert set(named) == {(3, 0), (3, 1)}, named  # 0 root causes in the 6 clean pairs
     module, phase, kind, op = named[(3, 0)]
     assert (module, phase, kind) == ("", "fwd", "extra op") and op.startswith(("aten.fill_", "aten.copy_")), named

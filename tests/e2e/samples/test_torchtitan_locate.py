@@ -47,8 +47,8 @@ def test_the_planted_feed_forward_fault_is_named_and_the_clean_step_names_nothin
     assert all(tc.root_cause is None for tc in clean), [(tc.rank, tc.root_cause.to_dict()) for tc in clean
                                                          if tc.root_cause]
     rc = report.root_cause
-    assert (rc.step, rc.rank, rc.event["module"], rc.event["phase"], rc.kind) == (
-        3, 1, "layers.1.feed_forward", "fwd", "extra op") and rc.event["op"].startswith("aten.gelu"), rc.reason
+    assert (rc.step, rc.rank, rc.event.module, rc.event.phase, rc.kind) == (
+        3, 1, "layers.1.feed_forward", "fwd", "extra op") and rc.event.op.startswith("aten.gelu"), rc.reason
 
 
 def test_a_bad_fault_spec_is_one_line_and_exit_2():
