@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
+import xxhash
 
 if TYPE_CHECKING:  # imported where a store is created or opened: a rank that only imports this module
     import zarr    # (TensorData, is_store) is spared zarr's ~0.6 s import at every torchrun start
@@ -31,6 +32,7 @@ from tracekit.store.dtypes import all_finite, storage_dtype
 from tracekit.store.format import (FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX_CHUNK_BYTES, OBJECTS_DIR, ROOT_KEY,
                                    SUMMARY_ARRAY, object_key, rank_group_name)
 from tracekit.store.formats import READERS
+from tracekit.store.batch_summaries import BATCHED, RowSummaries
 from tracekit.store.hashing import ALGORITHM, HASH_BYTES, identity
 from tracekit.store.keep import keeps_bytes, parse_full
 from tracekit.store.location import resolve
@@ -39,7 +41,7 @@ from tracekit.store.nodemeta import NodeMeta
 from tracekit.store.packs import PackSpec, groups, pack_key
 from tracekit.store.scratch import aligned_buffer
 from tracekit.store.shards import Shard, full_shape
-from tracekit.store.summaries import N_FIELDS, DigestCache, row_identity, row_width, seal
+from tracekit.store.summaries import INF, N_FIELDS, NAN, DigestCache, row_identity, row_width, seal
 from tracekit.store.summaries import finite as summary_finite
 
 
@@ -295,6 +297,7 @@ class _ObjectKindWriter:
         self.present: set[str] = set()  # object keys this writer knows are stored (asked once)
         self.direct = self.root.direct_writes()  # large objects around the page cache (io.Direct)
         self._digests = DigestCache()  # per tensor: a frozen one is hashed, and its summary reused
+        self._small_summaries = RowSummaries()  # the same for the small ones, summarized together
 
     def _create(self, tensors: Sequence[TensorData], shards) -> None:
         index, _ = index_of((t.name, t.dtype, full_shape(t.shape, sh)) for t, sh in zip(tensors, shards))
@@ -337,9 +340,12 @@ class _ObjectKindWriter:
         """Write one row's objects; return (step, hashes, finiteness, sealed summaries) for its index row."""
         shards = shards or [None] * len(tensors)
         _check_next_step(self.kind, steps, step)
+        # the row's tensors as given, compared with the first row's: the full check (full shapes) only when they differ
+        given = [(t.name, t.dtype, tuple(t.shape), sh) for t, sh in zip(tensors, shards)]
         if self.index is None:
             self._create(tensors, shards)
-        else:
+            self._given = given
+        elif given != self._given:
             _check_same_tensors(self.kind, self.index, tensors, shards)
         n = len(tensors)
         finite = np.empty(n, dtype=np.uint8)
@@ -347,6 +353,7 @@ class _ObjectKindWriter:
         objects = []  # (key, bytes) of the tensors whose bytes are kept, written together at a URL
         members: dict[int, tuple[bytes, memoryview]] = {}  # position -> (hash, bytes) of a packed tensor
         row_digests: list[bytes] = []
+        small: list[tuple[int, bytes, np.ndarray, str]] = []  # (position, hash, data, dtype) of the small tensors
         previous = self._previous
         # locally each object is written as soon as it is hashed and summarized, while its bytes are
         # still in the CPU's cache (after the loop they would be copied from memory once more)
@@ -368,10 +375,16 @@ class _ObjectKindWriter:
             if sh is not None and (tuple(t.shape) != sh.shape or data.size != numel):
                 raise StoreError(f"{self.kind} tensor {t.name!r}: its data is not the shard its layout names")
             view = memoryview(data).cast("B")
-            digest, summaries[i] = self._digests.get(i, ident, data, t.dtype)
+            if data.size < BATCHED:  # hashed now (as digest_of), summarized with the row's other small ones below
+                h = xxhash.xxh3_128(ident)
+                h.update(view)
+                digest = h.digest()
+                small.append((i, digest, data, t.dtype))
+            else:
+                digest, summaries[i] = self._digests.get(i, ident, data, t.dtype)
+                # the summary's NaN/Inf counts are exact but for complex (a magnitude can overflow)
+                finite[i] = all_finite(data, t.dtype) if data.dtype.kind == "c" else summary_finite(summaries[i])
             row_digests.append(digest)
-            # the summary's NaN/Inf counts are exact but for complex (a magnitude can overflow)
-            finite[i] = all_finite(data, t.dtype) if data.dtype.kind == "c" else summary_finite(summaries[i])
             if i in self._small and (previous is None or previous[i] != digest):  # into a pack, after the loop
                 members[i] = (digest, view)
             elif entry.keeps_bytes:  # else summary and hash only (--full)
@@ -380,6 +393,13 @@ class _ObjectKindWriter:
                                                                self.direct)
                 else:
                     objects.append((object_key(digest), [view]))
+        if small:  # one batched pass per dtype instead of a summary's overhead per tensor
+            self._small_summaries.fill(summaries, small)
+            at = [i for i, _, data, _ in small if data.dtype.kind != "c"]
+            finite[at] = (summaries[at, NAN] == 0) & (summaries[at, INF] == 0)  # summaries.finite, all at once
+            for i, _, data, dtype in small:
+                if data.dtype.kind == "c":  # (a magnitude can overflow: its counts are not exact)
+                    finite[i] = all_finite(data, dtype)
         if members:
             sizes = [len(members[i][1]) if i in members else None for i in range(n)]
             for group in groups(self.packs, sizes, self._sharded):
