@@ -86,6 +86,15 @@ def test_the_runner_keeps_what_the_command_names(tmp_path):
     assert "--parallelism.spmd-backend" not in train.torchtitan_args(["--assets", str(tmp_path)], cpu=False)
 
 
+def test_the_runner_takes_every_planted_fault_and_passes_none_to_torchtitan():
+    specs, rest = train.take_flags(["--fault", "nan_grad:0:2", "--module", "llama3", "--fault=ffn_bwd:1:3"], "--fault")
+    assert specs == ["nan_grad:0:2", "ffn_bwd:1:3"] and rest == ["--module", "llama3"]
+    assert [train.fault.parse(s) for s in specs] == [("nan_grad", 0, 2), ("ffn_bwd", 1, 3)]
+    for bad in ("nan_grad:0", "opt_lr:1:0", "leaky:1:2"):
+        with pytest.raises(ValueError, match="expected KIND:RANK:STEP"):
+            train.fault.parse(bad)
+
+
 def test_the_cpu_attention_is_block_causal_attention_over_packed_documents():
     """The shim's SDPA with the BlockMask's own mask_mod equals causal attention run on each packed
     document alone (what TorchTitan's FlexAttention computes)."""
