@@ -7,17 +7,14 @@ import pytest
 
 from tracekit.compare.rootcause import compare_traces
 
+from event_streams import traced_tensor
+
 STATS = {"old": [0.0, 1.0, 0.5, 10.0, 0, 0], "nan": [0.0, 1.0, 0.5, 10.0, 1, 0], "zero": [0.0, 0.0, 0.0, 0.0, 0, 0],
          "x": [-1.0, 2.0, 0.1, 7.0, 0, 0], "y": [-2.0, 3.0, 0.2, 9.0, 0, 0]}
 
 
 def _t(value, producer=None, name=None):
-    t = {"shape": [4, 8], "dtype": "float32", "device": "cpu", "stats": STATS[value], "hash": f"xxh3_64:{value}"}
-    if producer is not None:
-        t["producer"] = [producer, 0]
-    if name:
-        t["name"] = name
-    return t
+    return traced_tensor(STATS, value, producer, name)
 
 
 def _stream(buffer, op="aten.zero_.default", args=(), out="zero"):
