@@ -16,13 +16,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from dynamo_teardown import pytest_unconfigure  # noqa: F401  (a hook: dynamo's state released before exit)
+from tests.dynamo_teardown import pytest_unconfigure  # noqa: F401  (a hook: dynamo's state released before exit)
 from filelock import FileLock
 
-from launch_guard import Guard
+from tests.launch_guard import Guard
+from tests.paths import REPO, SAMPLES  # noqa: F401  (REPO: tests import it from here)
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SAMPLES = os.path.join(REPO, "samples")
 # Sample modes and the world size the tests run them at (simplefsdp_tp as a 2 x 2 mesh).
 MODE_RANKS = {"ddp": 2, "fsdp": 2, "tp": 2, "simplefsdp_tp": 4}
 # samples/plain's zero-code recordings: simplefsdp_tp divides each rank's loss by the dp degree

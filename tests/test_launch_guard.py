@@ -4,7 +4,7 @@ import sys
 
 import pytest
 
-from launch_guard import launches_workers
+from tests.launch_guard import launches_workers
 
 PY = sys.executable
 

@@ -32,6 +32,8 @@ def assert_stores_close(ref, cand, *, max_rows: int = 10, **options) -> None:
 def _tensor_data(name: str, value):
     from tracekit.store import TensorData
 
+    if isinstance(value, TensorData):  # given whole, e.g. a rank's piece of a sharded tensor (its Shard)
+        return value
     if hasattr(value, "detach"):  # a torch tensor: keep its dtype (bfloat16 stored as bits)
         from tracekit.store.tensors import from_torch
 
@@ -43,7 +45,8 @@ def _tensor_data(name: str, value):
 def write_store(path, data: Mapping[int, Mapping[int, Mapping[str, Mapping[str, object]]]], *,
                 coords: Mapping[int, dict] | None = None, run: dict | None = None, meta: dict | None = None,
                 force: bool = False, format_version: int | None = None, full=(), traces=None) -> str:
-    """Write a store from `data[rank][step][kind][tensor name] = array`.
+    """Write a store from `data[rank][step][kind][tensor name] = array` (or a TensorData, e.g. one
+    with a Shard: the rank's piece of a sharded tensor, tracekit/store/shards.py).
 
     Steps are written in increasing order and each is marked complete (parameters may have a
     step 0, the initial parameters). `coords[rank]` are the rank's coordinates (default: a 1-D

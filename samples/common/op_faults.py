@@ -1,6 +1,6 @@
 """Planted op faults (--fault op=KIND:RANK:STEP): one op of the model computed wrongly on one rank
 from step STEP on, the kind of fault a device port produces. The root-cause search of
-`tracekit diff` must name the op and its module (tests/tracekit/test_root_cause_faults.py).
+`tracekit diff` must name the op and its module (tests/tracekit/compare/test_root_cause_faults.py).
 
   act          module 1 (the ReLU) computes leaky_relu(x, 0.01): a slightly wrong activation
   matmul_bf16  module 0 (the first Linear) computes its matmul in bfloat16 (inputs cast, output cast back)

@@ -17,9 +17,9 @@ import subprocess
 import sys
 import tempfile
 
-from conftest import TORCHRUN_TIMEOUT
+from tests.conftest import TORCHRUN_TIMEOUT
 
-from doc_blocks import DOCS, REPO, as_sample, assignment, blocks, chain, commands, expand
+from tests.docs.doc_blocks import DOCS, REPO, as_sample, assignment, blocks, chain, commands, expand
 
 # the checkout's entries a group folder does not link: what a newcomer's commands would create
 _NOT_LINKED = {".git", ".venv", "runs"}

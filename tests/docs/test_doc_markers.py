@@ -9,9 +9,9 @@ import re
 
 import pytest
 
-from doc_blocks import (DOCS, REPO, as_sample, blocks, broken_links, chain, commands, indented_commands,
+from tests.docs.doc_blocks import (DOCS, REPO, as_sample, blocks, broken_links, chain, commands, indented_commands,
                         marker_problems, masked, missing_lines)
-from doc_runs import all_groups
+from tests.docs.doc_runs import all_groups
 
 # every Markdown file of the project: links are checked in all of them, blocks in DOCS
 ALL_MD = sorted(os.path.relpath(os.path.join(d, f), REPO) for d, dirs, files in os.walk(REPO)

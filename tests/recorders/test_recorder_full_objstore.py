@@ -5,7 +5,7 @@ import torch
 
 from tracekit import open_store
 from tracekit.recorders import RecordConfig, Recorder
-from test_recorder_full import _check, _model, _train
+from tests.recorders.test_recorder_full import _check, _model, _train
 
 
 def test_full_into_a_bucket_keeps_bytes_of_matching_tensors_only(s3):

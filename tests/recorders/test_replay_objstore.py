@@ -3,7 +3,7 @@
 import numpy as np
 
 from tracekit import open_store
-from test_replay import _run
+from tests.recorders.test_replay import _run
 
 
 def test_replay_from_a_bucket_store_is_exact_at_every_step(s3, tmp_path):

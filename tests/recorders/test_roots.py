@@ -13,8 +13,8 @@ from tracekit.recorders.names import canonical_name
 from tracekit.recorders.roots import Call, find_roots
 from tracekit.store import create_store
 
-import llama_like
-from test_zerocode import ORIGINAL_BACKWARD, ORIGINAL_CALL, ZeroCodeRun
+from tests.recorders import llama_like
+from tests.recorders.test_zerocode import ORIGINAL_BACKWARD, ORIGINAL_CALL, ZeroCodeRun
 
 STEPS = 2
 N_PARAMS = 30  # llama_like.TinyLlama: embedding, 3 blocks of 9, norm, lm_head

@@ -1,6 +1,6 @@
 """Zero-code recording in-process: the step state machine, the model and output it finds, stand-down
-and failure handling. The bootstrap and real torchrun jobs are in test_bootstrap.py and
-test_zerocode_torchrun.py."""
+and failure handling. The bootstrap and real torchrun jobs are in tests/tracekit/launch/test_bootstrap.py
+and test_zerocode_torchrun.py."""
 
 import numpy as np
 import pytest
@@ -369,7 +369,7 @@ def test_replay_refuses_a_second_optimizer_in_the_step(tmp_path, capfd):
 def test_a_chunked_loss_is_recorded_as_the_total_the_loop_logs(tmp_path):
     """torchtitan's chunked loss runs backward() per chunk and then on the total (step_loss.py):
     zero-code records the total once, not the sum of every backward() scalar (twice the loss)."""
-    from test_step_loss import StepLoss, batch, chunked_step, model_of as chunked_model
+    from tests.recorders.test_step_loss import StepLoss, batch, chunked_step, model_of as chunked_model
 
     zero = store_at(tmp_path)
     decoder, head = chunked_model()

@@ -10,8 +10,8 @@ import shlex
 
 import pytest
 
-from conftest import SAMPLES
-from torchtitan_doc import block
+from tests.conftest import SAMPLES
+from tests.samples.torchtitan_doc import block
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,
                                 reason="torchtitan is not installed (pip install -e '.[dev]' installs it)")

@@ -10,79 +10,27 @@ costs no extra launch. One launch without tracekit at all stays: the refused no-
 from __future__ import annotations
 
 import ast
-import os
-import re
-import signal
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-REPO = Path(__file__).resolve().parents[2]
-SAMPLES = REPO / "samples"
+from tests import paths
+
+SAMPLES = Path(paths.SAMPLES)
 PLAIN = SAMPLES / "plain" / "train.py"
 TUTORIAL = SAMPLES / "tutorial" / "train.py"
 
 # The package is imported as samples.common here (the scripts import it as `common`).
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
+if paths.REPO not in sys.path:
+    sys.path.insert(0, paths.REPO)
 
 from samples.common.config import parse_config  # noqa: E402
 from samples.common.data import GLOBAL_BATCH, batch_slice, global_batch  # noqa: E402
 from samples.common.faults import Faults, parse_faults  # noqa: E402
 from samples.common.model import build_model  # noqa: E402
 
-from conftest import MODE_RANKS, PLAIN_RECORD_ARGS  # noqa: E402
-
-TIMEOUT_S = 240  # a hung collective becomes a test failure, never a stuck CI
-
-# mode -> (ranks, steps, expected local shapes of the weights at that world size); the ranks and
-# flags are conftest's MODE_RANKS and mode_args
-RUNS = {
-    "ddp": (2, 3, {"0.weight": "256x128", "2.weight": "128x256"}),
-    "fsdp": (2, 3, {"0.weight": "128x128", "2.weight": "64x256"}),  # (256/N, 128), (128/N, 256)
-    "tp": (2, 3, {"0.weight": "128x128", "2.weight": "128x128"}),  # (256/N, 128), (128, 256/N)
-    # (dp, tp) = (2, 2): (256/tp, 128/dp) and (128/dp, 256/tp)
-    "simplefsdp_tp": (4, 3, {"0.weight": "128x64", "2.weight": "64x128"}),
-}
-STEP_LINE = re.compile(r"^step=(\d+)/(\d+) training=completed rank=(\d+) loss=(\S+)$", re.M)
-
-
-def launch(cmd: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
-    """Run cmd in its own process group; on timeout kill that whole group (torchrun and its workers)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    env.pop("TRACEKIT_STORE", None)
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=REPO, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"timed out after {TIMEOUT_S}s: {' '.join(cmd)}\n{out[-2000:]}\n{err[-4000:]}")
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
-def torchrun(ranks: int, script: Path, args: list[str]) -> subprocess.CompletedProcess:
-    return launch([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-                   str(script), *args])
-
-
-def run_mode(recorded_sample, mode: str) -> subprocess.CompletedProcess:
-    """samples/plain/train.py's run of `mode` (recorded zero-code; its stdout is the script's own)."""
-    ranks, steps, _ = RUNS[mode]
-    assert MODE_RANKS[mode] == ranks
-    return recorded_sample(mode, script="plain", steps=steps, record_args=PLAIN_RECORD_ARGS.get(mode, ()))[1]
-
-
-def losses_by_rank(stdout: str) -> dict[int, list[float]]:
-    by_rank: dict[int, list[float]] = {}
-    for step, _, rank, loss in STEP_LINE.findall(stdout):
-        by_rank.setdefault(int(rank), []).append(float(loss))
-        assert len(by_rank[int(rank)]) == int(step), f"rank {rank} printed step {step} out of order"
-    return by_rank
 
 
 # ---------------------------------------------------------------- in-process: data, model, flags
@@ -185,53 +133,4 @@ def test_plain_workload_and_shared_code_never_import_tracekit():
     assert "tracekit.recorders" in _imports(TUTORIAL)
 
 
-@pytest.mark.torchrun
-def test_expected_world_size_mismatch_fails_before_any_collective():
-    # torchrun's environment for one worker; the check runs before the process group starts.
-    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}
-    result = launch([sys.executable, str(PLAIN), "--parallelism", "ddp", "--expected-world-size", "2"], env)
-    assert result.returncode == 1
-    assert "expected world size 2 (--expected-world-size) but torchrun started 1 ranks" in result.stderr
-    assert "Traceback" not in result.stderr and "training=completed" not in result.stdout
-
-
 # ---------------------------------------------------------------- torchrun: every mode end to end
-
-
-@pytest.mark.torchrun
-@pytest.mark.parametrize("mode", list(RUNS))
-def test_mode_trains_on_every_rank(recorded_sample, mode):
-    ranks, steps, shapes = RUNS[mode]
-    result = run_mode(recorded_sample, mode)
-    assert result.returncode == 0, result.stderr[-4000:]
-    for rank in range(ranks):
-        assert f"PASS rank={rank} mode={mode} world_size={ranks}" in result.stdout
-        shape_line = re.search(rf"^local_shapes rank={rank} (.*)$", result.stdout, re.M)
-        assert shape_line, result.stdout
-        printed = dict(item.split("=") for item in shape_line.group(1).split())
-        assert {name: printed[name] for name in shapes} == shapes
-    losses = losses_by_rank(result.stdout)
-    assert sorted(losses) == list(range(ranks))
-    assert all(len(rank_losses) == steps for rank_losses in losses.values())
-    assert all(f"step={k}/{steps} training=completed" in result.stdout for k in range(1, steps + 1))
-    # the reported loss is the global one: the same on every rank, and finite
-    assert all(losses[r] == losses[0] for r in losses)
-    assert all(0 < loss < 10 for loss in losses[0])
-
-
-@pytest.mark.torchrun
-def test_eager_modes_follow_the_same_loss_trajectory(recorded_sample):
-    common = min(RUNS[m][1] for m in ("ddp", "fsdp", "tp"))
-    trajectories = {m: losses_by_rank(run_mode(recorded_sample, m).stdout)[0][:common] for m in ("ddp", "fsdp", "tp")}
-    assert all(len(t) == common for t in trajectories.values()), trajectories
-    for mode in ("fsdp", "tp"):
-        torch.testing.assert_close(torch.tensor(trajectories[mode]), torch.tensor(trajectories["ddp"]),
-                                   rtol=1e-5, atol=0, msg=lambda m, mode=mode: f"{mode} vs ddp: {m}")
-
-
-@pytest.mark.torchrun
-def test_a_step_that_changes_nothing_fails_loudly():
-    result = torchrun(1, PLAIN, ["--parallelism", "ddp", "--steps", "2", "--fault", "lr_scale=0"])
-    assert result.returncode != 0
-    assert "ERROR rank=0 mode=ddp: step 1: the optimizer step changed no parameter on any rank" in result.stderr
-    assert "PASS" not in result.stdout

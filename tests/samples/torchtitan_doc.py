@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import REPO, TORCHRUN_TIMEOUT
+from tests.conftest import REPO, TORCHRUN_TIMEOUT
 
 DOC = os.path.join(REPO, "docs", "TORCHTITAN.md")
 

@@ -30,7 +30,7 @@ passes when it is at most 1 (and no NaN/Inf mismatches).
 consecutive blocks of a flat tensor (the diff engine feeds it chunk by chunk, so memory stays
 bounded whatever the tensor size) and accumulators of neighbouring blocks merge. A finite real
 block takes a fast route (MetricsAccumulator._fast_pass) that gives the same values bit for bit
-with fewer passes over memory: tests/tracekit/test_compare_metrics_fast.py compares the two.
+with fewer passes over memory: tests/tracekit/compare/test_metrics_fast.py compares the two.
 """
 
 from __future__ import annotations

@@ -1,0 +1,103 @@
+"""Root cause on TorchTitan's debug model (issue 36's TorchTitan cells): docs/TORCHTITAN.md's
+`torchtitan:locate` block, run as written after the `same` block whose `runs/tt-ref` it replays
+(that block is recorded once per test run for test_torchtitan_runs.py; linked here, not recorded
+again). Two launches of 2 ranks: a traced clean run and a traced replay with the planted fault.
+Then the `torchtitan:cells` block: one more traced replay holding four faults (backward-only op,
+in-place write through a view, collective input, optimizer op), one per rank and step, diffed
+against the same traced clean run.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+import sys
+
+import pytest
+
+from tests.e2e.samples.test_torchtitan_runs import doc_block, verdict
+from tests.samples.torchtitan_doc import ran, run_block
+
+pytestmark = [
+    pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,
+                       reason="torchtitan is not installed (pip install -e '.[dev]' installs it)"),
+]
+
+
+def locate_block(shared_once):
+    same, _ = doc_block(shared_once, "same")
+    folder, results = shared_once("torchtitan-locate", lambda f: run_block(
+        f, "locate", reuse={"runs/tt-ref": same / "runs" / "tt-ref"}))
+    for r in results:
+        if r["command"].startswith("tracekit record"):
+            assert r["rc"] == 0, (r["command"], r["err"][-3000:])
+    return folder, results
+
+
+def cells_block(shared_once):
+    same, _ = doc_block(shared_once, "same")
+    locate, _ = locate_block(shared_once)
+    folder, results = shared_once("torchtitan-cells", lambda f: run_block(
+        f, "cells", reuse={"runs/tt-ref": same / "runs" / "tt-ref", "runs/tt-trace": locate / "runs" / "tt-trace"}))
+    record = ran(results, "tracekit record")
+    assert record["rc"] == 0, record["err"][-3000:]
+    return folder, results
+
+
+# (step, rank) -> (module, phase, kind, op prefix): each fault of the cells block where it is planted
+CELLS = {
+    (2, 0): ("", "fwd", "extra op", ("aten.copy_", "aten.fill_")),  # nan_grad:0:2, the write through a view
+    (2, 1): ("", "opt", "argument", "aten._fused_adamw_"),  # opt_lr:1:2, the update's lr
+    (3, 0): ("", "fwd", "extra op", "aten.mul.Tensor"),  # loss_scale:0:3, the loss feeding the reduce-scatter
+    (3, 1): ("layers.5.feed_forward", "bwd", "extra op", "aten.mul.Tensor"),  # ffn_bwd:1:3, silu's wrong derivative
+}
+
+
+def test_four_faults_in_one_replay_each_name_their_rank_module_op_and_phase(shared_once):
+    import tracekit
+
+    folder, results = cells_block(shared_once)
+    diff = ran(results, "tracekit diff runs/tt-trace runs/tt-cells")
+    assert diff["rc"] == 1 and "first_step=2" in verdict(diff), diff["out"][-3000:]
+    # the printed root cause is one of step 2's two (which one goes first across ranks is the
+    # order of their events); each rank's own is checked below
+    assert re.search(r"Root cause: step 2, rank [01], module \(top level\), aten\.(copy_|_fused_adamw_)", diff["out"]), \
+        diff["out"][-4000:]
+
+    report = tracekit.diff(str(folder / "runs" / "tt-trace"), str(folder / "runs" / "tt-cells"))
+    named = {(tc.step, tc.rank): (tc.root_cause.event["module"], tc.root_cause.event["phase"], tc.root_cause.kind,
+                                  tc.root_cause.event["op"], tc.root_cause.reason)
+             for tc in report.traces if tc.root_cause}
+    assert set(named) == set(CELLS), named
+    for where, (module, phase, kind, op) in CELLS.items():
+        got = named[where]
+        assert got[:3] == (module, phase, kind) and got[3].startswith(op), (where, got)
+    assert "lr=0.0012" in named[(2, 1)][4] and "vs 0.0008" in named[(2, 1)][4], named[(2, 1)]
+
+
+def test_the_planted_feed_forward_fault_is_named_and_the_clean_step_names_nothing(shared_once):
+    import tracekit
+
+    folder, results = locate_block(shared_once)
+    diff = ran(results, "tracekit diff runs/tt-trace runs/tt-fault")
+    assert diff["rc"] == 1 and "first_step=3" in verdict(diff), diff["out"][-3000:]
+    assert ("Root cause: step 3, rank 1, module layers.1.feed_forward, aten.gelu.default [fwd, call 0] (extra op)"
+            in diff["out"]), diff["out"][-4000:]
+
+    report = tracekit.diff(str(folder / "runs" / "tt-trace"), str(folder / "runs" / "tt-fault"))
+    clean = [tc for tc in report.traces if tc.step == 2]
+    assert {tc.rank for tc in clean} == {0, 1}
+    assert all(tc.root_cause is None for tc in clean), [(tc.rank, tc.root_cause.to_dict()) for tc in clean
+                                                         if tc.root_cause]
+    rc = report.root_cause
+    assert (rc.step, rc.rank, rc.event["module"], rc.event["phase"], rc.kind) == (
+        3, 1, "layers.1.feed_forward", "fwd", "extra op") and rc.event["op"].startswith("aten.gelu"), rc.reason
+
+
+def test_a_bad_fault_spec_is_one_line_and_exit_2():
+    from tests.conftest import REPO
+
+    out = subprocess.run([sys.executable, f"{REPO}/samples/torchtitan/train.py", "--fault", "ffn_act:1"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and re.fullmatch(r"Error: --fault 'ffn_act:1': .*\n", out.stderr), out.stderr

@@ -1,0 +1,57 @@
+"""Index rows read straight from their chunk files (tracekit/store/rows.py RowFiles): the values
+zarr reads, and each kind of damage one StoreError naming rank, kind, step and the chunk."""
+
+import os
+
+import numpy as np
+import pytest
+import zarr
+
+from tracekit import open_store
+from tracekit.errors import StoreError
+from tracekit.store.rows import RowFiles
+from tracekit.testing import write_store
+
+from tests.tracekit.store.test_fuzz import _data
+
+
+@pytest.fixture
+def store(tmp_path):
+    return write_store(tmp_path / "s", _data(), format_version=3)
+
+
+def test_rows_read_as_files_are_the_rows_zarr_reads(store):
+    kind = zarr.open_group(os.path.join(store, "rank_0", "parameters"), mode="r")
+    for name, arr in kind.arrays():
+        files = RowFiles.of(arr)
+        assert files is not None, name
+        for row in range(arr.shape[0]):
+            got = files.read(row)
+            assert got.dtype == arr.dtype and np.array_equal(got, arr[row]), (name, row)
+
+
+def _hash_chunk(store, row):
+    return os.path.join(store, "rank_0", "parameters", "hash", "c", str(row), "0")
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("deleted", "chunk c/1/0 of its hash index is missing"),
+    ("fifo", "chunk c/1/0 of its hash index is missing"),
+    ("short", "unreadable hash index .StoreError: chunk file c/1/0 holds 3 bytes"),
+])
+def test_a_damaged_index_chunk_is_one_line_naming_it(store, damage, message):
+    path = _hash_chunk(store, 1)
+    os.unlink(path)
+    if damage == "fifo":
+        if not hasattr(os, "mkfifo"):
+            pytest.skip("needs FIFOs")
+        os.mkfifo(path)  # must not block the open
+    elif damage == "short":
+        with open(path, "wb") as f:
+            f.write(b"abc")
+    view = open_store(store).rank(0)
+    step = next(s for s, row in view.rows("parameters").items() if row == 1)
+    other = next(s for s, row in view.rows("parameters").items() if row != 1)
+    with pytest.raises(StoreError, match=f"rank 0 parameters step {step}: {message}"):
+        view.digests("parameters", step)
+    assert view.digests("parameters", other)  # the other rows stay readable
