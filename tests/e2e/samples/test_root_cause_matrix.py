@@ -78,6 +78,10 @@ def test_planted_fault_is_named_and_the_clean_step_names_nothing(recorded_sample
         assert rc is not None, f"{fault}: nothing named on rank {rank}"
         got = (rc.event["module"], rc.event["phase"], rc.kind)
         assert got == (module, phase, kind) and rc.event["op"].startswith(op), (fault, got, rc.event["op"], rc.reason)
+        # a rank with no fault of its own names at most the collective that brought it another's error
+        others = {tc.rank: tc.root_cause for tc in report.traces if tc.step == 3 and tc.rank not in (1, rank)}
+        assert all(rc is None or rc.kind == "collective" for rc in others.values()), {
+            r: rc.to_dict() for r, rc in others.items() if rc}
 
 
 def test_simplefsdp_tp_inplace_write_and_optimizer_op_in_one_launch(recorded_sample):
