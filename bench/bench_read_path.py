@@ -104,12 +104,13 @@ def measure(case: tuple, root: str, cwd: str, jobs: int) -> tuple[float, float, 
         code, argv = OPEN, args
     else:  # a command line, in a fresh process
         code, argv = MEASURE, [sys.executable, "-m", "tracekit.cli.main", *args]
-    out = subprocess.run([sys.executable, "-c", code, *argv], env=env_for(root), cwd=cwd, capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-c", code, *argv], env=env_for(root), cwd=cwd, capture_output=True,
+                         text=True)
     if out.returncode:
         raise SystemExit(f"error: {case[0]} failed in {root}: {out.stderr.strip()[-500:]}")
     f = out.stdout.split(maxsplit=4)
     if kind == "diff":  # bytes, wall, cpu, peak, verdict line
-        return float(f[1]), float(f[2]), f[4].strip()
+        return float(f[1]), float(f[2]), f"{f[4].strip()}, {int(f[0]) / 2**20:.0f} MiB compared"
     if kind == "open":
         return float(f[0]), float(f[1]), f[2]
     return float(f[0]), float(f[2]), f"exit {f[3]}"  # wall, peak KiB, cpu, exit status
@@ -181,15 +182,15 @@ def compare(a, rev: str, trees: dict, work: str) -> int:
             for name in order:
                 got[case[0], name].append(measure(case, roots[name], cwd, a.jobs))
     print(f"{'case':40} {'old wall':>9} {'new wall':>9} {'new/old wall':>22} {'old cpu':>8} {'new cpu':>8} "
-          f"{'new/old cpu':>22}")
+          f"{'new/old cpu':>22}   answer (both trees)")
     differ = 0
     for label, _, _ in cases:
         old, new = got[label, "old"], got[label, "new"]
         walls = [n[0] / o[0] for o, n in zip(old, new)]
         cpus = [n[1] / o[1] for o, n in zip(old, new)]
         answers = {r[2] for r in old + new}
-        note = "" if len(answers) == 1 else f"   ANSWERS DIFFER: {sorted(answers)}"
-        differ += bool(note)
+        note = f"   {old[0][2]}" if len(answers) == 1 else f"   ANSWERS DIFFER: {sorted(answers)}"
+        differ += len(answers) > 1
         print(f"{label:40} {statistics.median(r[0] for r in old):9.3f} {statistics.median(r[0] for r in new):9.3f} "
               f"{spread(walls):>22} {statistics.median(r[1] for r in old):8.3f} "
               f"{statistics.median(r[1] for r in new):8.3f} {spread(cpus):>22}{note}")

@@ -15,18 +15,21 @@ place, so the optimizer and FSDP keep their references to the same storage.
 from __future__ import annotations
 
 import sys
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from tracekit.errors import TracekitError
-from tracekit.store import RunStore, open_store
 from tracekit.store.location import canonical
 from tracekit.store.kinds import INITIAL_STEP
 from tracekit.launch.config import RecordConfig, format_step_range
 from tracekit.launch.replay_check import PARAMETERS
 from tracekit.recorders.coords import is_dtensor
 from tracekit.recorders.optim_state import param_groups_of, state_tensors
+
+if TYPE_CHECKING:  # the store's reader (and zarr) load in Replay.open: only a replaying rank pays for them
+    from tracekit.store import RunStore
 
 OPTIMIZER_STATE = "optimizer_state"
 
@@ -91,6 +94,8 @@ class Replay:
 
     @classmethod
     def open(cls, config: RecordConfig, rank: int, params, optimizer_of) -> "Replay":
+        from tracekit.store import open_store
+
         ref = open_store(config.replay_from)
         if not ref.ranks:
             raise ReplayError(f"{config.replay_from} holds no ranks to replay from")

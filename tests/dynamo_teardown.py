@@ -1,4 +1,5 @@
-"""A pytest plugin (tests/conftest.py loads it): release torch.compile's state when the session ends.
+"""Release torch.compile's state when the session ends (tests/conftest.py's pytest_unconfigure calls
+release_dynamo()).
 
 Tests that call torch.compile in the test process leave dynamo's cleanup hooks armed: weakref
 callbacks (torch._dynamo.utils.CleanupManager) that fire when a compiled code object dies. Left
@@ -9,14 +10,15 @@ torch 2.14.1 prints `Exception ignored in: <function ExactWeakKeyDictionary.__se
 caches (their hooks run now, normally), and the hooks of code that outlives it (a resume function
 held by a module's globals) are disarmed: the process ends, so the globals they would delete go too.
 Measured on torch 2.14.1: tests/recorders' compiling tests left 6 hooks armed at session end (resume
-functions in torch.optim.optimizer's globals, llama_like's compiled blocks), 0 with this plugin.
+functions in torch.optim.optimizer's globals, llama_like's compiled blocks), 0 with the release.
+Until issue 38's fix, conftest imported this module's hook as `pytest_unconfigure` and then defined
+its own function of that name below it, so pytest saw only the second: the release never ran in
+the suite (tests/test_dynamo_teardown.py now runs the real conftest, not this module alone).
 """
 
 from __future__ import annotations
 
 import sys
-
-import pytest
 
 
 def armed_cleanup_hooks() -> int:
@@ -36,8 +38,3 @@ def release_dynamo() -> None:
     manager = getattr(getattr(sys.modules.get("torch._dynamo.utils"), "CleanupManager", None), "instance", None)
     if manager is not None:
         manager.clear()  # drops the weakrefs, so their callbacks never run at teardown
-
-
-@pytest.hookimpl(trylast=True)
-def pytest_unconfigure(config):
-    release_dynamo()

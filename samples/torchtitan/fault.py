@@ -1,6 +1,6 @@
 """Planted faults for the TorchTitan runner (`--fault KIND:RANK:STEP`, repeatable), the TorchTitan
 counterparts of samples' `--fault` specs, for docs/LOCATE.md's root cause on TorchTitan
-(tests/samples/test_torchtitan_locate.py checks that `tracekit diff` of a traced step names each):
+(tests/e2e/samples/test_torchtitan_locate.py checks that `tracekit diff` of a traced step names each):
 
   ffn_act    from step STEP on, `layers.1.feed_forward` computes gelu where SwiGLU computes silu
              (a forward op)
@@ -135,7 +135,9 @@ def install(faults: list[tuple[str, int, int]]) -> None:
     state = {"step": 0, "rank": -1}
 
     def is_on(kind: str) -> bool:
-        return any(k == kind and state["rank"] == rank and (state["step"] >= step if kind == "ffn_act" else state["step"] == step)
+        # ffn_act holds from its step on (as samples' op faults do), the others in their step only
+        return any(k == kind and state["rank"] == rank
+                   and (state["step"] >= step if kind == "ffn_act" else state["step"] == step)
                    for k, rank, step in faults)
 
     original = Trainer.train_step

@@ -1,6 +1,6 @@
 """The documents' blocks are all marked, their links lead somewhere, their stores do not collide;
 and the marker rules themselves (tests/docs/doc_blocks.py). No process is launched here: running
-the blocks is tests/docs/test_doc_commands.py."""
+the blocks is tests/e2e/docs/test_doc_commands.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """--loss-reduction auto (recorders/loss_reduction.py): sum where TorchTitan's trainer takes the
 optimizer step, an assumed mean elsewhere, an explicit flag always; and how the store says it.
-The TorchTitan run that it is right for: tests/samples/test_torchtitan_dp4.py."""
+The TorchTitan run that it is right for: tests/e2e/samples/test_torchtitan_dp4.py."""
 
 import numpy as np
 import pytest

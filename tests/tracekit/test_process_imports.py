@@ -54,3 +54,14 @@ def test_the_blocker_blocks():
     # the check above could pass with a finder that blocks nothing
     out = _import_blocked(["tracekit.recorders.replay"])
     assert out.returncode != 0 and "blocked:" in out.stderr
+
+
+def test_a_training_rank_starts_without_zarr():
+    """Every rank of a recorded job imports tracekit.recorders.zerocode at `import torch`; zarr
+    (~0.2 s of CPU per process, paid by every rank of every launch) loads only where a store is
+    created or read: the launcher, the writer process, a replaying rank's Replay.open."""
+    code = ("import sys, torch; from tracekit.recorders import zerocode; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('zarr', 'numcodecs', 'xarray')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip() == "[]"

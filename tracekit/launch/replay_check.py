@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from tracekit.errors import UsageError
 from tracekit.launch.config import format_step_range
-from tracekit.store import open_store
 from tracekit.store.location import canonical, same_store
 
 PARAMETERS = "parameters"  # the kind a replay starts each step from
@@ -16,6 +15,8 @@ def check_reference(ref_path: str, store_path: str | None, steps: tuple[int, int
     returns root metadata fields."""
     if store_path is not None and same_store(store_path, ref_path):
         raise UsageError(f"--replay-from {ref_path} is the output store itself; record the replay into another store")
+    from tracekit.store import open_store  # here: every training rank imports PARAMETERS, and none needs zarr for it
+
     ref = open_store(ref_path)
     # the ranks that hold parameters: one that lacks them fails alone when it replays (its
     # recorder does not start), the others replay; only a reference where none has them is refused

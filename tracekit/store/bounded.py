@@ -23,11 +23,15 @@ import os
 import stat
 import struct
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import zarr
 
 from tracekit.errors import StoreError
 from tracekit.store.io import open_regular
+
+if TYPE_CHECKING:  # an annotation only: zarr's submodules are imported where they are used
+    import zarr
 
 # The most bytes a compressed trace array may declare per byte stored. zstd compresses the trace
 # writer's JSON events 5-40x (33x for 200 near-identical events); a run of zeros compresses

@@ -7,11 +7,12 @@ a missing chunk file is damage, and every reader checks for it through this one 
 from __future__ import annotations
 
 import os
-from typing import Iterable
-
-import zarr
+from typing import TYPE_CHECKING, Iterable
 
 from tracekit.store import io
+
+if TYPE_CHECKING:  # not at import: training ranks import the writer (and this) but never open an array
+    import zarr
 
 
 def chunk_key(array: zarr.Array, row: int, col: int) -> str:
@@ -35,6 +36,8 @@ def first_missing_chunk(array, rows: Iterable[int], cols: Iterable[int]) -> tupl
 
     Format 2's views over content-addressed objects are not zarr arrays: their objects' hashes
     are checked instead (None here)."""
+    import zarr
+
     if not isinstance(array, zarr.Array):
         return None
     cols = list(cols)

@@ -17,7 +17,7 @@ global loss (tracekit cannot tell it, so it does not guess).
 The combination is what a DDP script computes: all_reduce(SUM) in the loss's own dtype, then
 (for "mean") divided by the number of ranks in that dtype. The sum adds the ranks' values one by
 one from the highest rank down: the order gloo's all_reduce of one element uses (bitwise equal at
-2, 3 and 4 ranks: tests/tracekit/store/test_global_loss_gloo.py and the samples' tests). Another backend
+2, 3 and 4 ranks: tests/e2e/tracekit/store/test_global_loss_gloo.py and the samples' tests). Another backend
 or world size may add in another order: the result is then within an ulp per addition of the script's.
 """
 

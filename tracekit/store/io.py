@@ -13,8 +13,6 @@ import os
 import shutil
 from typing import Iterable
 
-import zarr
-
 from tracekit.store.bytestore import ByteStore, byte_store
 # what the rest of tracekit (and its tests) use of the local implementation, by their old address
 from tracekit.store.local_bytes import (DIRECT_FS, DIRECT_MIN, ENV_DIRECT, Direct, NotRegular, Reader,  # noqa: F401
@@ -27,6 +25,8 @@ def compact_metadata(fn):
     run's unique tensor bytes don't: at 16 ranks of the tutorial sample it was 6-8% of the store."""
     @functools.wraps(fn)
     def compact(*args, **kwargs):
+        import zarr  # here, not at import: training ranks import this module and never write metadata
+
         with zarr.config.set({"json_indent": None}):
             return fn(*args, **kwargs)
     return compact

@@ -16,10 +16,9 @@ import json
 import math
 import os
 import re
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
-import zarr
 
 from tracekit.store.io import compact_metadata
 from tracekit.errors import StoreError
@@ -27,6 +26,9 @@ from tracekit.store.bounded import read_bounded
 from tracekit.store.format import TRACES_GROUP
 from tracekit.store.kinds import TRACE_LEVELS
 from tracekit.store.writer import TensorData
+
+if TYPE_CHECKING:  # every function here is handed zarr nodes; a rank importing the writer's modules is not
+    import zarr
 
 LEVELS = TRACE_LEVELS  # the registry's trace kinds (store/kinds.py)
 # Fields of one event, for readers and the schema (docs/FORMAT.md lists their meaning).
@@ -107,6 +109,8 @@ def _traces(rank_group: zarr.Group) -> zarr.Group | None:
         return None
     except Exception as e:  # unparsable metadata
         raise StoreError(f"traces: unreadable metadata ({e.__class__.__name__})") from None
+    import zarr  # already loaded by whoever opened the group
+
     return node if isinstance(node, zarr.Group) else None
 
 
@@ -158,6 +162,8 @@ def listed_trace_steps(rank_group: zarr.Group, level: str) -> list[int]:
         return []
     except Exception as e:  # unparsable metadata
         raise StoreError(f"traces: unreadable metadata ({e.__class__.__name__})") from None
+    import zarr  # already loaded by whoever opened the group
+
     if not isinstance(root, zarr.Group):
         return []
     return _level_steps(root, level)
@@ -177,6 +183,8 @@ def _array(rank_group: zarr.Group, level: str, step: int, *path: str):
         raise
     except Exception as e:  # unparsable zarr.json below the traces group
         raise StoreError(f"trace of {level} at step {step}: unreadable metadata ({e.__class__.__name__})") from None
+    import zarr  # already loaded by whoever opened the group
+
     if not isinstance(node, zarr.Array):
         raise StoreError(f"trace of {level} at step {step}: {'/'.join(path)} is not an array")
     return node

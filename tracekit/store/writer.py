@@ -17,10 +17,12 @@ import shutil
 import sys
 import time
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
-import zarr
+
+if TYPE_CHECKING:  # imported where a store is created or opened: a rank that only imports this module
+    import zarr    # (TensorData, is_store) is spared zarr's ~0.6 s import at every torchrun start
 
 from tracekit.errors import StoreError
 from tracekit.store import io
@@ -38,6 +40,12 @@ from tracekit.store.scratch import aligned_buffer
 from tracekit.store.shards import Shard, full_shape
 from tracekit.store.summaries import N_FIELDS, DigestCache, row_identity, row_width, seal
 from tracekit.store.summaries import finite as summary_finite
+
+
+def _open_group(*args, **kwargs) -> "zarr.Group":
+    import zarr
+
+    return zarr.open_group(*args, **kwargs)
 
 
 def now_iso() -> str:
@@ -147,7 +155,7 @@ def _create_local(path: str, root_meta: dict, force: bool) -> zarr.Group:
             except OSError as e:
                 raise StoreError(f"{path}: cannot remove the old store's {name} ({e.strerror or e})") from None
     try:
-        return zarr.open_group(path, mode="a" if os.path.isdir(path) else "w", attributes={ROOT_KEY: root_meta})
+        return _open_group(path, mode="a" if os.path.isdir(path) else "w", attributes={ROOT_KEY: root_meta})
     except OSError as e:
         raise StoreError(f"{path}: cannot create the store ({e.strerror or e})") from None
 
@@ -175,7 +183,7 @@ def create_store(path, meta: dict, force: bool = False, storage_options=None, fo
                 raise StoreError(f"{path} already holds a tracekit store; pass --force to overwrite it")
             location.clear(keep=_lock_files())
         # "a", not "w": "w" deletes everything under the prefix, the job's claim object included (cleared above)
-        root = zarr.open_group(location.zarr_store(), mode="a", attributes={ROOT_KEY: root_meta})
+        root = _open_group(location.zarr_store(), mode="a", attributes={ROOT_KEY: root_meta})
     if format_version >= 2:
         # The object folder is declared an empty zarr array: zarr and xarray then treat it as a
         # leaf and never list (or warn about) the files inside, which are not zarr chunks.
@@ -186,7 +194,7 @@ def create_store(path, meta: dict, force: bool = False, storage_options=None, fo
 @io.compact_metadata
 def update_root_meta(path, storage_options=None, **fields) -> None:
     """Merge fields into the root metadata (only while no rank writes: before start or after end)."""
-    root = zarr.open_group(resolve(path, storage_options).zarr_store(), mode="r+", use_consolidated=False)
+    root = _open_group(resolve(path, storage_options).zarr_store(), mode="r+", use_consolidated=False)
     meta = dict(root.attrs[ROOT_KEY])
     meta.update(fields)
     root.attrs[ROOT_KEY] = meta
@@ -473,7 +481,7 @@ def add_kind(store_path, rank: int, kind: str, rows: Sequence[tuple[int, Sequenc
     finalize (store/derived_loss.py). Only safe once no rank writes any more; a kind the rank
     already holds is refused (its rows are the rank's own)."""
     location = resolve(store_path, storage_options)
-    root = zarr.open_group(location.zarr_store(), mode="r+", use_consolidated=False)
+    root = _open_group(location.zarr_store(), mode="r+", use_consolidated=False)
     version = root.attrs[ROOT_KEY].get("format_version")
     group = root[rank_group_name(rank)]
     if kind in group:
@@ -497,7 +505,7 @@ def remove_kind(store_path, rank: int, kind: str, storage_options=None) -> None:
             raise StoreError(f"{store_path}: rank {rank} holds no {kind}")
         io.remove_folder(folder)
         return
-    root = zarr.open_group(location.zarr_store(), mode="r+", use_consolidated=False)
+    root = _open_group(location.zarr_store(), mode="r+", use_consolidated=False)
     del root[rank_group_name(rank)][kind]
 
 
@@ -523,7 +531,7 @@ class RankWriter:
         # Held while the group is open: the launcher finalizes only once every writer let go (local stores).
         self._claim = WriterClaim(location.path if location.is_local else None)
         try:
-            root = zarr.open_group(location.zarr_store(), mode="r+", use_consolidated=False)
+            root = _open_group(location.zarr_store(), mode="r+", use_consolidated=False)
             root_meta = dict(root.attrs[ROOT_KEY])
             self.run_id = self._check_owner(root_meta, run_id)
             self.format_version = root_meta.get("format_version")

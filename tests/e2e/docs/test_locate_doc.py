@@ -1,4 +1,4 @@
-"""docs/LOCATE.md beyond what every doc block gets (tests/docs/test_doc_commands.py runs its block
+"""docs/LOCATE.md beyond what every doc block gets (tests/e2e/docs/test_doc_commands.py runs its block
 and compares the outputs it shows): the root cause and source line it names, what the replayed
 trace holds, and a clean replay of the traced step (`record --replay-from --trace`), which names
 no root cause. The block's results come from the same run of the block (doc_runs.run_group)."""

@@ -61,7 +61,8 @@ def _record(recorded_sample, layout, extra=()):
 def test_planted_fault_is_named_and_the_clean_step_names_nothing(recorded_sample, layout, fault):
     args, (module, op, phase, kind) = FAULTS[fault]
     rider = RIDERS.get((layout, fault))
-    ref, cand = _record(recorded_sample, layout), _record(recorded_sample, layout, (*args, *(rider[2] if rider else ())))
+    ref = _record(recorded_sample, layout)
+    cand = _record(recorded_sample, layout, (*args, *(rider[2] if rider else ())))
     report = tracekit.diff(ref, cand)
     clean = [tc for tc in report.traces if tc.step == 2]
     assert clean and all(tc.root_cause is None for tc in clean), [

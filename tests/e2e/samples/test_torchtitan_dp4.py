@@ -3,7 +3,7 @@
 docs/TORCHTITAN.md's layout block records FSDP on 4 ranks and HSDP 2 x 2 (both dp 4) with no
 loss flag: `--loss-reduction auto` must find TorchTitan's trainer and take the sum of the 4 ranks'
 pre-divided shares (a mean would be a quarter of it). The block runs once per test run
-(`shared_once`, the name tests/samples/test_torchtitan_runs.py gives it): this file adds no
+(`shared_once`, the name tests/e2e/samples/test_torchtitan_runs.py gives it): this file adds no
 launch when both run.
 """
 

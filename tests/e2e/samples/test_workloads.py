@@ -2,7 +2,7 @@
 
 The torchrun tests read the output of samples/plain/train.py (no tracekit import) run once per
 mode, 2 ranks (simplefsdp_tp as a 2 x 2 mesh, compiled with aot_eager), 3 steps: the zero-code
-recordings that tests/recorders/test_zerocode_torchrun.py proves bitwise equal to the explicit
+recordings that tests/e2e/recorders/test_zerocode_torchrun.py proves bitwise equal to the explicit
 ones (conftest's `recorded_sample`, shared by the whole test run), so checking the training itself
 costs no extra launch. One launch without tracekit at all stays: the refused no-op step.
 """

@@ -24,7 +24,7 @@ from click.testing import CliRunner
 from tracekit.cli.main import main
 from tracekit.store import TensorData
 from tracekit.store.shards import Shard
-from tracekit.testing import write_store
+from tracekit.testing import tensor_bytes, write_store
 
 GOLDEN = Path(__file__).parent / "golden" / "diff"
 UPDATE = os.environ.get("TRACEKIT_UPDATE_GOLDEN") == "1"
@@ -71,9 +71,9 @@ def _grads(step):
 def run(world=2, *, dp=None, scale=None, one_rank=None, nan=None, shift=None, stale=None):
     """A 3-step data-parallel run of `world` ranks (dp: the data-parallel degree, default world).
     Faults on the candidate: scale=(step, factor) multiplies every rank's gradients from that step,
-    one_rank=(rank, step) bumps one rank's parameter w at one step (to no step's value), nan=(rank, step) puts a NaN in
-    a gradient, shift=(step, offset) adds to every rank's outputs at one step, stale=step records
-    the previous step's parameters at that step on every rank."""
+    one_rank=(rank, step) bumps one rank's parameter w at one step (to no step's value),
+    nan=(rank, step) puts a NaN in a gradient, shift=(step, offset) adds to every rank's outputs at
+    one step, stale=step records the previous step's parameters at that step on every rank."""
     dp = dp or world
     data = {}
     for r in range(world):
@@ -160,6 +160,18 @@ def _tp(version=None, **fault):
             "coords": coords(2, tp=2), "format_version": version}
 
 
+def _bf16_outputs():
+    """The v4 ddp run with its outputs stored in bfloat16 (their bits: every value is on the grid,
+    so exact in bfloat16), as an accelerator records them against a CPU reference."""
+    data = run()
+    for steps in data.values():
+        for kinds in steps.values():
+            if "outputs" in kinds:
+                kinds["outputs"] = {n: TensorData(n, "bfloat16", a.shape, (a.view(np.uint32) >> 16).astype(np.uint16))
+                                    for n, a in kinds["outputs"].items()}
+    return {"data": data}
+
+
 def _truncated():
     """The v4 ddp run stopped after step 2."""
     return {"data": {r: {s: v for s, v in steps.items() if s < 3} for r, steps in run().items()}}
@@ -179,6 +191,8 @@ STORES = {
     "v4_ddp_shift": lambda: _ddp(shift=(2, 0.5)),
     "v4_ddp_stale": lambda: _ddp(stale=3),
     "v4_ddp_truncated": _truncated,
+    "v4_ddp_bf16_outputs": _bf16_outputs,
+    "v4_ddp_shift_damaged": lambda: _ddp(shift=(2, 0.5)),  # its step-2 outputs object cut short below
     "v1_ddp1": lambda: {"data": run(1), "format_version": 1},  # one rank: global alignment's other world size
     "v4_ddp1_scale": lambda: {"data": run(1, scale=(1, 1.25))},
     "v4_fsdp": lambda: _fsdp(),
@@ -212,7 +226,17 @@ PAIRS = {
     "v4_traced_events_differ": ("v4_traced", "v4_traced_events", []),
     "v4_structural_exit2": ("v4_ddp", "v4_ddp_truncated", []),
     "v4_structural_allow_missing": ("v4_ddp", "v4_ddp_truncated", ["--allow-missing"]),
+    "v2_oracle_shift": ("v4_ddp", "v4_ddp_shift", ["--oracle", "v2_ddp"]),  # oracle: a store name
+    "v4_bf16_outputs_pass": ("v4_ddp", "v4_ddp_bf16_outputs", []),
+    "v4_damaged_object_exit2": ("v4_ddp", "v4_ddp_shift_damaged", []),
 }
+
+
+def damage(store: str) -> None:
+    """Cut rank 0's step-2 outputs object (or pack) to half its bytes: unreadable data, exit 2."""
+    path, offset, length = tensor_bytes(store, 0, "outputs", 2, "y")
+    with open(path, "r+b") as f:
+        f.truncate(offset + length // 2)
 
 
 # ---- masking ----
@@ -243,13 +267,19 @@ def masked_output(result, tmp: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def stores(tmp_path_factory):
-    """Every store the pairs use, written once."""
-    root = tmp_path_factory.mktemp("golden")
-    built = {}
-    for name, spec in STORES.items():
-        args = spec()
-        built[name] = write_store(root / name, args.pop("data"), run=RUN, **args)
+def stores(shared_once):
+    """Every store the pairs use, written once per test run (whichever pytest-xdist worker asks
+    first): about 5 s of file creation on the 2-core CI machine."""
+
+    def write_all(root):
+        built = {}
+        for name, spec in STORES.items():
+            args = spec()
+            built[name] = write_store(root / name, args.pop("data"), run=RUN, **args)
+        damage(built["v4_ddp_shift_damaged"])
+        return built
+
+    root, built = shared_once("golden-diff-stores", write_all)
     return str(root), built
 
 
@@ -257,7 +287,8 @@ def stores(tmp_path_factory):
 def test_diff_report_is_byte_equal_to_the_golden_file(stores, name):
     root, built = stores
     ref, cand = (built[side] for side in PAIRS[name][:2])
-    result = CliRunner().invoke(main, ["diff", ref, cand, "--json", *PAIRS[name][2]])
+    options = [built.get(o, o) if prev == "--oracle" else o for prev, o in zip([None, *PAIRS[name][2]], PAIRS[name][2])]
+    result = CliRunner().invoke(main, ["diff", ref, cand, "--json", *options])
     assert result.exception is None or isinstance(result.exception, SystemExit), result.output
     got = masked_output(result, root)
     path = GOLDEN / f"{name}.json"
@@ -270,13 +301,17 @@ def test_diff_report_is_byte_equal_to_the_golden_file(stores, name):
 
 
 def test_the_golden_pairs_cover_pass_fail_and_unusable_input():
-    """The committed files themselves: at least 12 pairs, with PASS, FAIL and exit 2 among them,
-    and a mask that left every verdict and count in place."""
+    """The committed files themselves: at least 12 pairs, with PASS, FAIL and exit 2 among them
+    (a structural mismatch's report, a damaged store's one Error line), and a mask that left every
+    verdict and count in place."""
     docs = {p.stem: json.loads(p.read_text()) for p in GOLDEN.glob("*.json")}
     assert set(docs) == set(PAIRS)
     codes = [d["exit_code"] for d in docs.values()]
-    assert len(docs) >= 12 and codes.count(0) >= 3 and codes.count(1) >= 6 and codes.count(2) >= 1
+    assert len(docs) >= 12 and codes.count(0) >= 3 and codes.count(1) >= 6 and codes.count(2) >= 2
     for d in docs.values():
         report = d["report"]
+        if report is None:  # unusable input: no report, one line
+            assert d["exit_code"] == 2 and len(d["stderr"]) == 1 and d["stderr"][0].startswith("Error: ")
+            continue
         assert report["stats"]["seconds"] == "<seconds>"
         assert isinstance(report["violations"], int) and report["status"] in ("pass", "fail", "error")

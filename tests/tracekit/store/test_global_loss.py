@@ -1,7 +1,7 @@
 """The global loss derived from per-rank local losses and recorded coordinates (no processes).
 
 tracekit/store/global_loss.py is the rule; derived_loss.py reads it from a store and writes it at
-finalize. The torchrun tests (tests/recorders/test_zerocode_torchrun.py, tests/cli/test_peer_death.py)
+finalize. The torchrun tests (tests/e2e/recorders/test_zerocode_torchrun.py, tests/e2e/cli/test_peer_death.py)
 check the result against what real scripts all-reduce."""
 
 import json
