@@ -34,7 +34,7 @@ import torch
 
 from tracekit.recorders.coords import is_dtensor
 from tracekit.recorders.materialize import local_piece
-from tracekit.writer.spool import DIGEST_RECORD, digest_record, entry_head, layout
+from tracekit.writer.spool import DIGEST_RECORD, EntrySpec, digest_record, entry_head, layout
 from tracekit.store import TensorData
 from tracekit.store.dtypes import storage_dtype
 from tracekit.store.hashing import identity
@@ -72,9 +72,8 @@ def cpu_piece(t: torch.Tensor):
 _DTYPES: dict = {}  # torch dtype -> its store name, or None when a store cannot hold it
 
 
-def _spec(kind: str, name: str, local: torch.Tensor, shard, full=()) -> tuple | None:
-    """(kind, name, dtype, shape, nbytes, shard, digested): the tensor's place in the entry; a
-    digested one (its bytes not kept under the --full patterns `full`; never a complex one, whose
+def _spec(kind: str, name: str, local: torch.Tensor, shard, full=()) -> EntrySpec | None:
+    """The tensor's place in the entry (None: a dtype no store holds); a digested one (its bytes not kept under the --full patterns `full`; never a complex one, whose
     finiteness the writer checks on its bytes) takes a digest record."""
     dtype = _DTYPES.get(local.dtype, False)
     if dtype is False:
@@ -87,13 +86,12 @@ def _spec(kind: str, name: str, local: torch.Tensor, shard, full=()) -> tuple | 
     if dtype is None:
         return None
     if full and not local.is_complex() and not keeps_bytes(full, kind, name):
-        return (kind, name, dtype, tuple(local.shape), DIGEST_RECORD, shard, True)
-    return (kind, name, dtype, tuple(local.shape), local.numel() * local.element_size(), shard, False)
+        return EntrySpec(kind, name, dtype, tuple(local.shape), DIGEST_RECORD, shard, True)
+    return EntrySpec(kind, name, dtype, tuple(local.shape), local.numel() * local.element_size(), shard, False)
 
 
-def _slot(whole: torch.Tensor, offset: int, spec: tuple) -> torch.Tensor:
-    _, _, dtype, shape, nbytes, _, _ = spec
-    return whole[offset:offset + nbytes].view(getattr(torch, dtype)).view(shape)
+def _slot(whole: torch.Tensor, offset: int, spec: EntrySpec) -> torch.Tensor:
+    return whole[offset:offset + spec.nbytes].view(getattr(torch, spec.dtype)).view(spec.shape)
 
 
 def _values(t: torch.Tensor, dtype: str) -> np.ndarray:
@@ -156,7 +154,7 @@ class DirectCapture:
         else:
             self.slab.array[offset:offset + data.nbytes] = data
 
-    def _slot(self, offset: int, spec: tuple) -> torch.Tensor:
+    def _slot(self, offset: int, spec: EntrySpec) -> torch.Tensor:
         cache = self.slab.cache  # the views of a reused slab, made once per layout
         if cache.get("layout") is not self.layout:
             cache.clear()
@@ -167,25 +165,23 @@ class DirectCapture:
             view = views[offset] = _slot(torch.from_numpy(self.slab.array), offset, spec)
         return view
 
-    def _ident(self, spec: tuple) -> bytes:
+    def _ident(self, spec: EntrySpec) -> bytes:
         ident = self.idents.get(spec)
         if ident is None:
-            kind, name, dtype, shape, _, shard, _ = spec
-            ident = self.idents[spec] = identity(name, dtype, full_shape(shape, shard), shard)
+            ident = self.idents[spec] = identity(spec.name, spec.dtype, full_shape(spec.shape, spec.shard), spec.shard)
         return ident
 
-    def _put_digest(self, offset: int, spec: tuple, source: str, parts) -> None:
+    def _put_digest(self, offset: int, spec: EntrySpec, source: str, parts) -> None:
         """Hash and summarize a digested tensor (`parts`: its flat data, or a callable giving its
         blocks) and write its record."""
-        kind, name, dtype, shape, _, shard, _ = spec
-        digest, summary = self.digests.get((kind, name), self._ident(spec), parts, dtype)
+        digest, summary = self.digests.get((spec.kind, spec.name), self._ident(spec), parts, spec.dtype)
         self._put_bytes(offset, np.frombuffer(digest_record(digest, summary), dtype=np.uint8))
         if source == "gradients":  # only a fallback step needs them again (snapshots)
-            self.digested_grads[name] = digest, summary
+            self.digested_grads[spec.name] = digest, summary
 
-    def _put(self, offset: int, spec: tuple, t: torch.Tensor, source: str = "") -> None:
-        if spec[6]:
-            self._put_digest(offset, spec, source, _values(t.contiguous(), spec[2]))
+    def _put(self, offset: int, spec: EntrySpec, t: torch.Tensor, source: str = "") -> None:
+        if spec.digested:
+            self._put_digest(offset, spec, source, _values(t.contiguous(), spec.dtype))
             return
         if self.slab.fresh:
             self.slab.write_at(offset, _raw(t.contiguous()))
@@ -198,17 +194,17 @@ class DirectCapture:
             scratch = self.scratch[dtype] = torch.empty(BLOCK, dtype=dtype)
         return scratch
 
-    def _put_difference(self, offset: int, spec: tuple, name: str, after: torch.Tensor) -> None:
+    def _put_difference(self, offset: int, spec: EntrySpec, name: str, after: torch.Tensor) -> None:
         before = self.befores[name]
-        if spec[6]:
+        if spec.digested:
             scratch = self._scratch(before.dtype)
-            self._put_digest(offset, spec, "deltas", lambda: _difference_blocks(after, before, scratch, spec[2]))
+            self._put_digest(offset, spec, "deltas", lambda: _difference_blocks(after, before, scratch, spec.dtype))
             return
         if not self.slab.fresh:
             torch.sub(after, before, out=self._slot(offset, spec))
             return
         scratch = self._scratch(before.dtype)  # a fresh slab: block by block, each written with pwrite()
-        for block in _difference_blocks(after, before, scratch, spec[2]):
+        for block in _difference_blocks(after, before, scratch, spec.dtype):
             self.slab.write_at(offset, block)
             offset += block.nbytes
 
@@ -243,7 +239,7 @@ class DirectCapture:
         if any(spec is None for spec, _, _ in plan):
             return None
         befores_bytes = sum(pieces["parameters", name][0].nbytes for name, _ in params) if deltas else 0
-        if sum(spec[4] for spec, _, _ in plan) + befores_bytes > handoff.max_bytes:  # one slab and the befores
+        if sum(spec.nbytes for spec, _, _ in plan) + befores_bytes > handoff.max_bytes:  # one slab and the befores
             return None
         befores = {}
         snapshots = buffers.setdefault("before", {})
@@ -265,15 +261,14 @@ class DirectCapture:
         digested gradient comes as its TensorData (hash and summary, no bytes)."""
         grads, before = [], []
         for (spec, source, name), offset in zip(self.plan, self.offsets):
-            if source == "gradients" and spec[6]:  # digested at begin_step: its record stands in
+            if source == "gradients" and spec.digested:  # digested at begin_step: its record stands in
                 digest, summary = self.digested_grads[name]
-                _, _, dtype, shape, _, shard, _ = spec
-                grads.append((name, TensorData(name, dtype, shape, np.empty(0, dtype=storage_dtype(dtype)), shard,
-                                               digest=digest, summary=summary)))
+                grads.append((name, TensorData(name, spec.dtype, spec.shape, np.empty(0, dtype=storage_dtype(spec.dtype)),
+                                               spec.shard, digest=digest, summary=summary)))
             elif source == "gradients":
-                grads.append((name, _snapshot(self._slot(offset, spec).clone(), spec[5])))
+                grads.append((name, _snapshot(self._slot(offset, spec).clone(), spec.shard)))
             elif source == "deltas":
-                before.append((name, _snapshot(self.befores[name], spec[5])))
+                before.append((name, _snapshot(self.befores[name], spec.shard)))
         return grads, before
 
     def capture(self, staged: dict, current: dict) -> bool:
@@ -290,7 +285,7 @@ class DirectCapture:
             else:
                 t = staged.get(source, {}).get(name)
                 piece = _unpack(t) if t is not None and _unpack(t)[0].device.type == "cpu" else None
-            if piece is None or _spec(spec[0], name, *piece, self.full) != spec:
+            if piece is None or _spec(spec.kind, name, *piece, self.full) != spec:
                 return False
             sources[source, name] = piece[0]
         staged_planned = sum(1 for spec, source, _ in self.plan if source not in ("gradients", "parameters", "deltas"))

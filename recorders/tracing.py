@@ -40,6 +40,7 @@ from torch.utils._pytree import tree_flatten
 
 from tracekit.recorders.materialize import canonical_name
 from tracekit.store.kinds import TRACE_LEVELS
+from tracekit.store.trace_events import annotate, event_record, tensor_record
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _OWN_DIRS = tuple(os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep + d for d in ("tracekit", "recorders"))
@@ -114,29 +115,25 @@ _EMPTY_HASH = f"xxh3_64:{xxhash.xxh3_64_intdigest(b''):016x}"
 def summarize(t: torch.Tensor) -> dict:
     """Shape, dtype, device, summaries [min, max, mean, l2, nan, inf] and a hash of one tensor."""
     x = t  # no detach: the summaries run with grad off, and each detach is one more dispatch
-    out = {"shape": list(x.shape), "dtype": _plain_dtype(x.dtype), "device": str(x.device)}
+    shape, dtype, device = list(x.shape), _plain_dtype(x.dtype), str(x.device)
     if is_traceable_wrapper_subclass(x):
         # a DTensor (or other wrapper): any op on it here would dispatch to the subclass, maybe a
         # collective. Its local tensors show up in the ops the subclass runs next.
-        out["stats"], out["hash"], out["subclass"] = None, None, type(x).__name__
-        return out
+        return tensor_record(shape, dtype, device, None, None, subclass=type(x).__name__)
     if x.layout != torch.strided or x.is_complex() or x.is_quantized or x.device.type == "meta":
-        out["stats"], out["hash"] = None, None
-        return out
+        return tensor_record(shape, dtype, device, None, None)
     n = x.numel()
     if n == 0:
-        out["stats"], out["hash"] = None, _hash(x)
-        return out
+        return tensor_record(shape, dtype, device, None, _hash(x))
     # grad mode off by hand: torch.no_grad() as a decorator or context cost ~30 us a tensor
     grad = torch.is_grad_enabled()
     torch._C._set_grad_enabled(False)
     try:
         flat = _memory_order(x)
-        out["stats"] = _stats(x if flat is None else flat, n)
+        stats = _stats(x if flat is None else flat, n)
     finally:
         torch._C._set_grad_enabled(grad)
-    out["hash"] = _hash(x, flat)
-    return out
+    return tensor_record(shape, dtype, device, stats, _hash(x, flat))
 
 
 def _stats(x: torch.Tensor, n: int) -> list:
@@ -341,15 +338,12 @@ def _local_of(t: torch.Tensor) -> torch.Tensor | None:
 
 def _as_local(s: dict, t: torch.Tensor) -> dict:
     """A shard's summary as a DTensor's: shape is the shard's (other shardings never pair up)."""
-    s = dict(s)
-    s["subclass"], s["local"], s["global_shape"] = type(t).__name__, True, list(t.shape)
-    return s
+    return annotate(dict(s), subclass=type(t).__name__, local=True, global_shape=list(t.shape))
 
 
 def _pending(t: torch.Tensor) -> dict:
     """What a trace shows of memory a collective is still writing: no values."""
-    return {"shape": list(t.shape), "dtype": _plain_dtype(t.dtype), "device": str(t.device), "stats": None,
-            "hash": None, "pending": True}
+    return tensor_record(list(t.shape), _plain_dtype(t.dtype), str(t.device), None, None, pending=True)
 
 
 def _work_of(result):
@@ -433,7 +427,7 @@ class StepTrace:
         e = self._entry(getattr(t, "_local_tensor", t))
         e[3] = name
         if e[2] is not None and e[2][1] is not None:  # the event that computed it: the chain's end names the step-level tensor
-            self.events[e[2][0]]["outputs"][e[2][1]]["name"] = name
+            annotate(self.events[e[2][0]]["outputs"][e[2][1]], name=name)
 
     def _summary(self, t: torch.Tensor, fresh: bool = False) -> dict:
         # fresh: an op's output. An in-place op's version bump happens above this mode, after the
@@ -446,7 +440,7 @@ class StepTrace:
             e[0] = e[1] = e[5] = None  # whatever was summarized of it before is stale once it lands
             s = _pending(t)
             if e[2] is not None:
-                s["producer"] = list(e[2])
+                annotate(s, producer=list(e[2]))
             return s
         version = t._version
         if fresh or e[0] != version or e[1] is None:
@@ -463,12 +457,12 @@ class StepTrace:
                 # is no longer its producer. Only there: in eager code every write is an op the
                 # mode sees, and a view's bytes also change with its base's
                 e[2] = None
-                e[1]["unseen_write"] = True
+                annotate(e[1], unseen_write=True)
         s = dict(e[1])
         if e[2] is not None:
-            s["producer"] = list(e[2])
+            annotate(s, producer=list(e[2]))
         if e[3] is not None:
-            s["name"] = e[3]
+            annotate(s, name=e[3])
         return s
 
     def _in_flight(self, t: torch.Tensor) -> bool:
@@ -563,19 +557,16 @@ class StepTrace:
         for k, o in enumerate(outs):
             if relabel:
                 shown = enc.inputs[0]
-                s = {"shape": list(o.shape), "dtype": shown["dtype"], "device": shown["device"],
-                     "stats": shown.get("stats"), "hash": shown.get("hash")}
-                if shown.get("pending") or shown.get("uninitialized"):
-                    s["pending" if shown.get("pending") else "uninitialized"] = True
+                flag = "pending" if shown.get("pending") else "uninitialized" if shown.get("uninitialized") else None
+                s = tensor_record(list(o.shape), shown["dtype"], shown["device"], shown.get("stats"), shown.get("hash"),
+                                  **({flag: True} if flag else {}))
                 entry = self._entry(o)
                 entry[0], entry[1] = o._version, s
             elif collective or uninitialized:
                 # the collective may still be in flight (async work): no values yet; its consumers
                 # summarize what arrived once they run
-                s = {"shape": list(o.shape), "dtype": _plain_dtype(o.dtype), "device": str(o.device),
-                     "stats": None, "hash": None, "pending": True}
-                if uninitialized:
-                    s["uninitialized"] = s.pop("pending")
+                s = tensor_record(list(o.shape), _plain_dtype(o.dtype), str(o.device), None, None,
+                                  **{"uninitialized" if uninitialized else "pending": True})
                 entry = self._entry(o)
                 # uninitialized: what a read shows until a seen write bumps its version (its bytes
                 # are garbage, and summarizing them made two clean runs look different). Not under
@@ -585,7 +576,7 @@ class StepTrace:
             elif _local_of(o) is not None:  # a DTensor: its shard (written by the subclass's local op, unseen)
                 local = _local_of(o)
                 s = _as_local(self._summary(local, fresh=True), o)
-                s.pop("producer", None)
+                annotate(s, producer=None)
                 entry = self._entry(local)
             elif self._inflight and self._in_flight(o):  # funcol's wrapper of an output in flight
                 s = _pending(o)
@@ -596,7 +587,7 @@ class StepTrace:
                 entry[0], entry[1] = o._version, summarize(o)
                 s = dict(entry[1])
                 if entry[3] is not None:
-                    s["name"] = entry[3]
+                    annotate(s, name=entry[3])
             outputs.append(s)
             # a wait or wrapper passes the collective's values on: readers after it pair their
             # inputs with the collective itself (which a differing result then blames)
@@ -612,15 +603,8 @@ class StepTrace:
                 if isinstance(t, torch.Tensor) and not is_traceable_wrapper_subclass(t):
                     e = self._entry(t)
                     e[0] = e[1] = e[5] = None
-        event = {"index": index, "phase": phase, "module": module, "op": op, "call": call,
-                 "args": enc_args, "kwargs": enc_kwargs, "inputs": enc.inputs, "outputs": outputs, "src": src}
-        if enc.group is not None:
-            event["group"] = enc.group
-        if info.view:
-            event["view"] = True
-        if compiled:
-            event["compiled"] = compiled
-        self.events.append(event)
+        self.events.append(event_record(index, phase, module, op, call, enc_args, enc_kwargs, enc.inputs, outputs,
+                                        src, group=enc.group, view=info.view, compiled=compiled))
         return result
 
     def _keep(self, index: int, side: str, tensors, refs, remember: bool = True) -> None:
@@ -632,10 +616,10 @@ class StepTrace:
             if t.layout == torch.strided and t.device.type != "meta" and not is_traceable_wrapper_subclass(t):
                 e = self._entry(t)
                 if reuse and e[5] is not None and e[5][0] == t._version:
-                    ref["full"] = e[5][1]
+                    annotate(ref, full=e[5][1])
                     continue
                 key = f"{index}.{side}{k}"
-                ref["full"] = key
+                annotate(ref, full=key)
                 # an in-place op's output is recorded before its version bump: a later read sees
                 # another version and keeps its own copy
                 if remember:  # (not uninitialized memory, which an unseen write may fill)

@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 import pytest
+import zarr
 from click.testing import CliRunner
 
 from tracekit.cli.main import main
@@ -64,7 +65,16 @@ def _fifo(store, rel):
     os.mkfifo(os.path.join(store, rel))
 
 
+def _malformed_event(store):
+    """Events that decode and are JSON, one of them not an event: a phase that is a number."""
+    events = _events()
+    events[3]["phase"] = 7
+    payload = np.frombuffer(json.dumps(events).encode(), dtype=np.uint8)
+    zarr.create_array(os.path.join(store, EVENTS), data=payload, overwrite=True)
+
+
 DAMAGE = {
+    "malformed_event": (_malformed_event, "malformed events (event 3: event phase is 7"),
     "shape_1e12": (lambda s: _set_shape(s, 10**12, 10**12), "more than its"),
     "shape_1e12_chunks_unchanged": (lambda s: _set_shape(s, 10**12), "chunks, more than the"),
     "garbage_chunk": (lambda s: _write_chunk(s, os.urandom(700)), "not a zstd frame"),

@@ -1,9 +1,21 @@
 """recorders/tracing.py's per-tensor summaries and hashes, without a recorder."""
 
+import json
+
 import pytest
 import torch
 
 from tracekit.recorders.tracing import _memory_order, summarize
+from tracekit.schemas import load as load_schema
+from tracekit.store.trace_events import parse_events
+
+
+def _as_stored(events):
+    """The recorder's events as the store keeps them (JSON) match the schema and parse typed."""
+    jsonschema = pytest.importorskip("jsonschema")
+    stored = json.loads(json.dumps(events))
+    jsonschema.validate(stored, load_schema("trace-event"))
+    return parse_events(stored)
 
 
 def test_transposed_tensor_is_summarized_in_memory_order():
@@ -65,6 +77,7 @@ def test_events_carry_non_tensor_arguments_as_values():
     cast = by_op["aten._to_copy.default"]
     assert cast["kwargs"]["dtype"] == {"dtype": "bfloat16"} and cast["outputs"][0]["dtype"] == "bfloat16"
     assert all(e["phase"] == "fwd" and e["src"] and "test_tracing.py" in e["src"] for e in trace.events)
+    assert [e.op for e in _as_stored(trace.events)] == [e["op"] for e in trace.events]
 
 
 def test_a_write_through_a_view_becomes_the_producer_of_its_base():
@@ -91,6 +104,7 @@ def test_a_write_through_a_view_becomes_the_producer_of_its_base():
     assert total["inputs"][0]["stats"][4] == 1  # the NaN it reads
     assert part["inputs"][0]["producer"][0] != write["index"] and part["inputs"][0]["stats"][4] == 0
     assert trace.events[part["inputs"][0]["producer"][0]]["index"] > mul  # the slice of y, after the mul
+    assert _as_stored(trace.events)[total["index"]].inputs[0].producer == (write["index"], 0)
 
 
 def test_a_functional_collective_is_pending_until_its_wait():
@@ -122,6 +136,7 @@ def test_a_functional_collective_is_pending_until_its_wait():
     mul = by_op["aten.mul.Tensor"]
     assert mul["inputs"][0]["producer"][0] == gather["index"]
     assert mul["inputs"][0]["hash"] == wait["outputs"][0]["hash"]
+    assert _as_stored(trace.events)[gather["index"]].outputs[0].pending
 
 
 def test_ddp_copying_reduced_gradients_back_is_backward_work():
@@ -151,3 +166,4 @@ def test_ddp_copying_reduced_gradients_back_is_backward_work():
     assert any(e["op"] == "aten.copy_.default" for e in after)  # the copies into .grad
     assert all(e["phase"] == "bwd" and e["module"] == "" for e in after), [(e["phase"], e["op"]) for e in after]
     assert ("fwd", "aten.addmm.default") in ops
+    assert _as_stored(trace.events)[allreduce].group == (0,)  # a collective's process group

@@ -64,10 +64,8 @@ class StoreCatalog:
         return self.store.path
 
     def describe(self) -> dict:
-        run = self.store.run
         steps = sorted({s for r in self.ranks.values() for k in r.kinds.values() for s in k.steps if s > 0})
-        out = {"path": self.path, "ranks": len(self.ranks), "steps": len(steps),
-               **{k: run.get(k) for k in ("device", "backend", "mode", "dtype") if run.get(k) is not None}}
+        out = {"path": self.path, "ranks": len(self.ranks), "steps": len(steps), **self.store.setup.known()}
         # how the ranks ended, where one did not finish: a partial run must not read as a whole one
         unfinished = {}
         for r in sorted(self.ranks):

@@ -60,7 +60,7 @@ def context_compute(ctx) -> tuple[str | None, list[str]]:
             low = _lowest(low, _COMPUTE[dtype])
             why.append(f"autocast {device} {dtype}")
     for f in ("param_dtype", "reduce_dtype"):
-        dtypes = sorted({p.get(f) for p in ctx.fsdp.values() if p.get(f) in _COMPUTE})
+        dtypes = sorted({getattr(p, f) for p in ctx.policies.values() if getattr(p, f) in _COMPUTE})
         for dtype in dtypes:
             low = _lowest(low, _COMPUTE[dtype])
             why.append(f"fsdp {f}={dtype}")
@@ -68,7 +68,7 @@ def context_compute(ctx) -> tuple[str | None, list[str]]:
     if ctx.matmul_precision == "medium":  # bfloat16 matmuls allowed, on any device that has them
         low = _lowest(low, "bfloat16")
         why.append("float32 matmul precision medium")
-    elif on_cuda and (ctx.matmul_precision == "high" or ctx.flags.get("cuda_matmul_allow_tf32")):
+    elif on_cuda and (ctx.matmul_precision == "high" or ctx.cuda_tf32_matmuls):
         low = _lowest(low, "tf32")
         why.append("tf32 matmuls")
     return low, why

@@ -35,6 +35,7 @@ import math
 from dataclasses import dataclass, field
 
 from tracekit.store.kinds import TRACE_BY_NAME
+from tracekit.store.trace_events import TensorRef, TraceEvent
 from tracekit.compare.tolerances import Tolerances
 from tracekit.compare.trace_alignment import mixed_units, pair_events, unit_of
 from tracekit.compare.unit_cause import narrowest_shared_unit
@@ -53,12 +54,12 @@ OVERWRITTEN = {"aten.zero_.default": None, "aten._foreach_zero_.default": None, 
                "aten.fill_.Tensor": (0,), "aten.copy_.default": (0,)}
 
 
-def event_key(e: dict) -> tuple:
-    return (e.get("phase"), e.get("module"), e.get("op"), e.get("call"))
+def event_key(e: TraceEvent) -> tuple:
+    return (e.phase, e.module, e.op, e.call)
 
 
-def event_label(e: dict) -> str:
-    return f"{e.get('phase')}:{e.get('module')}:{e.get('op')}#{e.get('call')}"
+def event_label(e: TraceEvent) -> str:
+    return f"{e.phase}:{e.module}:{e.op}#{e.call}"
 
 
 @dataclass
@@ -76,22 +77,22 @@ def _close(a: float, b: float, bound: float) -> bool:
     return abs(a - b) <= bound
 
 
-def compare_tensor_refs(ref: dict, cand: dict, rtol: float, atol: float) -> TensorCheck:
+def compare_tensor_refs(ref: TensorRef, cand: TensorRef, rtol: float, atol: float) -> TensorCheck:
     """Judge one traced tensor of the candidate against the reference's, from summaries and hashes."""
-    if ref.get("pending") or cand.get("pending"):
+    if ref.pending or cand.pending:
         return TensorCheck(UNKNOWN, "a collective's output (values not summarized in flight)")
-    if ref.get("uninitialized") or cand.get("uninitialized"):
+    if ref.uninitialized or cand.uninitialized:
         return TensorCheck(UNKNOWN, "uninitialized memory (torch.empty and kin)")
-    if list(ref.get("shape", [])) != list(cand.get("shape", [])):
-        return TensorCheck(UNKNOWN, f"shape {cand.get('shape')} vs {ref.get('shape')}")
-    rs, cs = ref.get("stats"), cand.get("stats")
-    dtype_differs = ref.get("dtype") != cand.get("dtype")
-    rh, ch = ref.get("hash"), cand.get("hash")
-    if not dtype_differs and rh is not None and rh == cand.get("hash") and ":" in rh:
+    if ref.shape != cand.shape:
+        return TensorCheck(UNKNOWN, f"shape {list(cand.shape)} vs {list(ref.shape)}")
+    rs, cs = ref.stats, cand.stats
+    dtype_differs = ref.dtype != cand.dtype
+    rh, ch = ref.hash, cand.hash
+    if not dtype_differs and rh is not None and rh == ch and ":" in rh:
         return TensorCheck(OK, "bitwise equal", {"max_stat_abs_err": 0.0, "rel_l2_err": 0.0})
     # hashes of one algorithm that differ: the bytes differ (else: no hash to go by, summaries decide)
     bytes_differ = rh is not None and ch is not None and ":" in rh and rh.split(":")[0] == ch.split(":")[0]
-    if (ref.get("subclass") or cand.get("subclass")) and (rs is None or cs is None):
+    if (ref.subclass or cand.subclass) and (rs is None or cs is None):
         return TensorCheck(UNKNOWN, "a tensor subclass (DTensor): judged through the local ops it runs")
     if rs is None or cs is None:
         status = BAD if (dtype_differs or rtol == atol == 0.0) else UNKNOWN
@@ -99,8 +100,8 @@ def compare_tensor_refs(ref: dict, cand: dict, rtol: float, atol: float) -> Tens
     rmin, rmax, rmean, rl2, rnan, rinf = rs
     cmin, cmax, cmean, cl2, cnan, cinf = cs
     n = 1
-    for d in ref.get("shape", []):
-        n *= int(d)
+    for d in ref.shape:
+        n *= d
     diffs = [abs(a - b) for a, b in ((cmin, rmin), (cmax, rmax), (cmean, rmean), (cl2, rl2))
              if math.isfinite(a) and math.isfinite(b)]
     metrics = {
@@ -110,7 +111,7 @@ def compare_tensor_refs(ref: dict, cand: dict, rtol: float, atol: float) -> Tens
         "cand": {"min": cmin, "max": cmax, "mean": cmean, "l2": cl2, "nan": cnan, "inf": cinf},
     }
     if dtype_differs:
-        return TensorCheck(BAD, f"dtype {cand.get('dtype')} vs {ref.get('dtype')}", metrics)
+        return TensorCheck(BAD, f"dtype {cand.dtype} vs {ref.dtype}", metrics)
     if (rnan, rinf) != (cnan, cinf):
         return TensorCheck(BAD, f"NaN/Inf counts {cnan}/{cinf} vs {rnan}/{rinf}", metrics)
     if rtol == 0.0 and atol == 0.0 and (bytes_differ or rs != cs):
@@ -127,7 +128,7 @@ def compare_tensor_refs(ref: dict, cand: dict, rtol: float, atol: float) -> Tens
 
 def _strip(v):
     """Non-tensor arguments as compared: devices and process groups never differ meaningfully."""
-    if isinstance(v, list):
+    if isinstance(v, (list, tuple)):
         return [_strip(x) for x in v]
     if isinstance(v, dict):
         if len(v) == 1 and set(v) & {"device", "group", "object"}:  # encoded values, see recorders/tracing.py
@@ -136,16 +137,16 @@ def _strip(v):
     return v
 
 
-def argument_difference(ref: dict, cand: dict) -> str | None:
+def argument_difference(ref: TraceEvent, cand: TraceEvent) -> str | None:
     """A description of the first differing non-tensor argument, or None."""
-    ra, ca = _strip(ref.get("args", [])), _strip(cand.get("args", []))
+    ra, ca = _strip(ref.args), _strip(cand.args)
     for i, (r, c) in enumerate(zip(ra, ca)):
         if r != c:
             return f"argument {i}: {_show(c)} vs {_show(r)}"
     if len(ra) != len(ca):
         return f"{len(ca)} arguments vs {len(ra)}"
-    rk = {k: _strip(v) for k, v in ref.get("kwargs", {}).items()}
-    ck = {k: _strip(v) for k, v in cand.get("kwargs", {}).items()}
+    rk = {k: _strip(v) for k, v in ref.kwargs.items()}
+    ck = {k: _strip(v) for k, v in cand.kwargs.items()}
     for k in sorted(set(rk) | set(ck)):
         if rk.get(k) != ck.get(k):
             return f"{k}={_show(ck.get(k))} vs {_show(rk.get(k))}"
@@ -165,11 +166,11 @@ class RootCause:
     step: int
     level: str
     kind: str  # "op", "argument", "extra op", "collective", "state", "compiled", "unit"
-    event: dict  # the candidate's event (the one named)
-    ref_event: dict | None  # its reference counterpart (None for an extra op)
+    event: TraceEvent  # the candidate's event (the one named)
+    ref_event: TraceEvent | None  # its reference counterpart (None for an extra op)
     reason: str
     check: TensorCheck | None  # the comparison that showed the error
-    seen_at: dict | None = None  # extra op / collective / state: the paired event where it showed
+    seen_at: TraceEvent | None = None  # extra op / collective / state: the paired event where it showed
     chain: list[dict] = field(default_factory=list)
     chain_length: int = 0
     unit: dict | None = None  # kind "unit": the narrowest shared unit's op counts (unit_cause.py)
@@ -178,10 +179,10 @@ class RootCause:
         e = self.event
         return {
             "rank": self.rank, "ref_rank": self.ref_rank, "step": self.step, "level": self.level, "kind": self.kind,
-            "phase": e.get("phase"), "module": e.get("module"), "op": e.get("op"), "call": e.get("call"),
-            "index": e.get("index"), "src": e.get("src"), "reason": self.reason,
-            "inputs": [_tensor_brief(t) for t in e.get("inputs", [])],
-            "outputs": [_tensor_brief(t) for t in e.get("outputs", [])],
+            "phase": e.phase, "module": e.module, "op": e.op, "call": e.call,
+            "index": e.index, "src": e.src, "reason": self.reason,
+            "inputs": [_tensor_brief(t) for t in e.inputs],
+            "outputs": [_tensor_brief(t) for t in e.outputs],
             "metrics": _plain_metrics(self.check.metrics) if self.check else {},
             "seen_at": _event_brief(self.seen_at) if self.seen_at else None,
             "chain": self.chain, "chain_length": self.chain_length, "unit": self.unit,
@@ -198,17 +199,16 @@ def _plain_metrics(m: dict) -> dict:
     return fix(m)
 
 
-def _tensor_brief(t: dict) -> dict:
-    out = {"shape": t.get("shape"), "dtype": t.get("dtype"), "device": t.get("device")}
-    if t.get("name"):
-        out["name"] = t["name"]
+def _tensor_brief(t: TensorRef) -> dict:
+    out = {"shape": list(t.shape), "dtype": t.dtype, "device": t.device}
+    if t.name:
+        out["name"] = t.name
     return out
 
 
-def _event_brief(e: dict) -> dict:
-    out = {"index": e.get("index"), "phase": e.get("phase"), "module": e.get("module"), "op": e.get("op"),
-           "call": e.get("call"), "src": e.get("src")}
-    names = [t["name"] for t in e.get("outputs", []) if t.get("name")]
+def _event_brief(e: TraceEvent) -> dict:
+    out = {"index": e.index, "phase": e.phase, "module": e.module, "op": e.op, "call": e.call, "src": e.src}
+    names = [t.name for t in e.outputs if t.name]
     if names:
         out["names"] = names
     return out
@@ -239,18 +239,18 @@ class TraceComparison:
 def _count(events) -> dict[str, int]:
     out: dict[str, int] = {}
     for e in events:
-        out[e.get("op")] = out.get(e.get("op"), 0) + 1
+        out[e.op] = out.get(e.op, 0) + 1
     return dict(sorted(out.items()))
 
 
-def compare_full(ref: dict, cand: dict, rv, cv, rtol: float, atol: float) -> TensorCheck:
+def compare_full(ref: TensorRef, cand: TensorRef, rv, cv, rtol: float, atol: float) -> TensorCheck:
     """Judge one traced tensor elementwise from its bytes (both stores kept it, --trace-full):
     |cand - ref| <= atol + rtol * |ref| for every element, NaN where the reference has NaN; whole
     numbers and booleans must be equal. rv, cv: numpy values (bfloat16 widened exactly)."""
     import numpy as np
 
-    if ref.get("dtype") != cand.get("dtype"):
-        return TensorCheck(BAD, f"dtype {cand.get('dtype')} vs {ref.get('dtype')}")
+    if ref.dtype != cand.dtype:
+        return TensorCheck(BAD, f"dtype {cand.dtype} vs {ref.dtype}")
     if rv.shape != cv.shape:
         return TensorCheck(UNKNOWN, f"shape {list(cv.shape)} vs {list(rv.shape)}")
     if rv.dtype.kind in "fc":
@@ -278,7 +278,7 @@ def compare_full(ref: dict, cand: dict, rv, cv, rtol: float, atol: float) -> Ten
     return TensorCheck(OK, "elementwise within tolerance", metrics)
 
 
-def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: Tolerances | None = None, *,
+def compare_traces(ref_events: list[TraceEvent], cand_events: list[TraceEvent], tolerances: Tolerances | None = None, *,
                    rank: int = 0, ref_rank: int = 0, step: int = 0, level: str = "ops",
                    ref_full=None, cand_full=None) -> TraceComparison:
     """Align two event streams of one step and search the root cause (see the module docstring).
@@ -287,31 +287,31 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
     tolerances = tolerances or Tolerances()
     pairs = pair_events(ref_events, cand_events)
     paired_ref = {id(r) for r in pairs.values()}
-    extra = [c for c in cand_events if c["index"] not in pairs]
+    extra = [c for c in cand_events if c.index not in pairs]
     missing = [r for r in ref_events if id(r) not in paired_ref]
 
-    def check(r: dict, c: dict) -> TensorCheck:
+    def check(r: TensorRef, c: TensorRef) -> TensorCheck:
         tol = tolerances.resolve(TRACE_BY_NAME[level].tolerance if level in TRACE_BY_NAME else "traces",
-                                 r.get("dtype") or "float32")
+                                 r.dtype or "float32")
         chk = compare_tensor_refs(r, c, tol.rtol, tol.atol)
-        if chk.status == OK and chk.reason == "bitwise equal" or not (r.get("full") and c.get("full")):
+        if chk.status == OK and chk.reason == "bitwise equal" or not (r.full and c.full):
             return chk
         if ref_full is None or cand_full is None or chk.status == UNKNOWN and "shape" in chk.reason:
             return chk
-        rv, cv = ref_full(r["full"]), cand_full(c["full"])
+        rv, cv = ref_full(r.full), cand_full(c.full)
         if rv is None or cv is None:
             return chk
         return compare_full(r, c, rv, cv, tol.rtol, tol.atol)
 
     status: dict[int, str] = {}  # candidate event index -> status of its outputs
-    by_index = {c["index"]: c for c in cand_events}
+    by_index = {c.index: c for c in cand_events}
     # the reference's tensors from before the step, by name: what an unpaired op's named leaf is judged against
-    ref_leaves = {t["name"]: t for r in ref_events for t in r.get("inputs", []) if t.get("name") and "producer" not in t}
+    ref_leaves = {t.name: t for r in ref_events for t in r.inputs if t.name and t.producer is None}
     candidates: list[RootCause] = []
     not_comparable = 0
     first_out: dict[int, TensorCheck] = {}
     same: set[int] = set()  # paired events whose outputs equal the reference's bit for bit
-    last_ok: dict | None = None  # the latest paired event whose inputs and outputs matched
+    last_ok: TraceEvent | None = None  # the latest paired event whose inputs and outputs matched
     near_origin: dict[int, int] = {}  # event -> the unpaired op whose not-equal values it carries on
     via_view: set[int] = set()  # views of a tensor from before the step that differs: judged at their readers
     mixed = mixed_units(ref_events, cand_events)  # units compiled on one side only: no op-level pairing there
@@ -319,12 +319,11 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
     def found(kind, event, ref_event, reason, chk, seen_at=None):
         candidates.append(RootCause(rank, ref_rank, step, level, kind, event, ref_event, reason, chk, seen_at))
 
-    def unit_found(origin: int, consumer: dict, ref_consumer: dict, seen: str, chk: TensorCheck) -> None:
+    def unit_found(origin: int, consumer: TraceEvent, ref_consumer: TraceEvent, seen: str, chk: TensorCheck) -> None:
         """A difference made where the traces do not pair one to one: name the narrowest unit both
         sides share, never the unpaired op (its counterpart, if any, is unknown)."""
         unit = narrowest_shared_unit(by_index[origin], ref_events, cand_events, pairs, status, OPAQUE, last_ok)
-        event = {"index": origin, "phase": unit["phase"], "module": unit["module"], "op": "", "call": unit["call"],
-                 "src": None, "inputs": [], "outputs": []}
+        event = TraceEvent(index=origin, phase=unit["phase"], module=unit["module"], op="", call=unit["call"])
         counts = (f"reference {unit['ref_ops']} ops{_code(unit['ref_compiled'])} vs candidate {unit['cand_ops']}"
                   f"{_code(unit['cand_compiled'])}, {unit['paired']} paired")
         candidates.append(RootCause(rank, ref_rank, step, level, "unit", event, None,
@@ -332,26 +331,26 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
                                     f"({unit['phase']}, call {unit['call']}); the ops there don't pair one to one "
                                     f"({counts}): narrowest shared unit; {seen}", chk, seen_at=consumer, unit=unit))
 
-    def leaf_status(t: dict) -> str:
-        ref_leaf = ref_leaves.get(t.get("name")) if t.get("name") else None
+    def leaf_status(t: TensorRef) -> str:
+        ref_leaf = ref_leaves.get(t.name) if t.name else None
         return check(ref_leaf, t).status if ref_leaf is not None else OK  # an unnamed leaf: assumed as given
 
     for c in cand_events:
-        i = c["index"]
+        i = c.index
         r = pairs.get(i)
-        inputs = c.get("inputs", [])
-        if r is None or c.get("group") is not None:
+        inputs = c.inputs
+        if r is None or c.group is not None:
             # an unpaired op or a collective: no output to compare; judged by its inputs here and
             # by its consumers later
             states = []
             for t in inputs:
-                p = t.get("producer")
-                if p is None and not t.get("name") and (c.get("compiled") or t.get("unseen_write")):
+                p = t.producer
+                if p is None and not t.name and (c.compiled or t.unseen_write):
                     states.append(OPAQUE)  # made by compiled code the trace cannot see
                 else:
                     states.append(status.get(p[0], UNKNOWN) if p else leaf_status(t))
-            if r is not None and c.get("group") is not None:
-                checks = [check(rt, ct) for rt, ct in zip(r.get("inputs", []), inputs)]
+            if r is not None and c.group is not None:
+                checks = [check(rt, ct) for rt, ct in zip(r.inputs, inputs)]
                 states = [ch.status if ch.status != UNKNOWN else s for ch, s in zip(checks, states)]
             if BAD in states:
                 status[i] = BAD
@@ -362,7 +361,7 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
             else:
                 status[i] = SUSPECT
             continue
-        rin = r.get("inputs", [])
+        rin = r.inputs
         if len(rin) != len(inputs):
             status[i] = UNKNOWN
             not_comparable += 1
@@ -374,17 +373,17 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
                 in_states.append(OK)
                 continue
             chk = check(rt, ct)
-            p = ct.get("producer")
+            p = ct.producer
             pstat = status.get(p[0], UNKNOWN) if p else None
             if chk.status == BAD:
-                if p is None and (c.get("compiled") == "inductor" or ct.get("unseen_write")) and not ct.get("name"):
+                if p is None and (c.compiled == "inductor" or ct.unseen_write) and not ct.name:
                     # inductor's own kernels run unseen: an input with no producer event was made
                     # by one of them (or before the step); the fault lies between the last event
                     # that still matched and this one
                     after = f" after {event_label(last_ok)}" if last_ok is not None else ""
                     found("compiled", c, r, f"input {k} differs: {chk.reason}; it was computed by compiled "
                                             f"(inductor) code the trace cannot see{after}", chk, seen_at=c)
-                elif p is None and c.get("view") or p is not None and p[0] in via_view and c.get("view"):
+                elif p is None and c.view or p is not None and p[0] in via_view and c.view:
                     # a view computes nothing and may show memory nothing wrote yet (FSDP2 allocates
                     # its unsharded parameters by resizing their storage, unseen, then copies into
                     # views of them as out= buffers): judged where a real op reads it
@@ -397,7 +396,7 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
                     unit_found(p[0], c, r, f"its values reach {event_label(c)} as input {k}: {chk.reason}", chk)
                 elif pstat == SUSPECT:
                     producer = by_index[p[0]]
-                    kind = "collective" if producer.get("group") is not None else "extra op"
+                    kind = "collective" if producer.group is not None else "extra op"
                     found(kind, producer, pairs.get(p[0]), f"its output differs where {event_label(c)} reads it as "
                                                              f"input {k}: {chk.reason}", chk, seen_at=c)
                     status[p[0]] = BAD
@@ -409,24 +408,23 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
             elif chk.status == OK and pstat == SUSPECT:
                 status[p[0]] = OK  # what it produced matches bit for bit: the unpaired op did no harm
             in_states.append(chk.status)
-        out_checks = [check(rt, ct) for rt, ct in zip(r.get("outputs", []), c.get("outputs", []))]
+        out_checks = [check(rt, ct) for rt, ct in zip(r.outputs, c.outputs)]
         out_states = [ch.status for ch in out_checks]
         if out_checks:
             first_out[i] = out_checks[0]
         if all(ch.reason == "bitwise equal" for ch in out_checks):
             same.add(i)
-        if UNKNOWN in in_states or UNKNOWN in out_states or len(r.get("outputs", [])) != len(c.get("outputs", [])):
+        if UNKNOWN in in_states or UNKNOWN in out_states or len(r.outputs) != len(c.outputs):
             not_comparable += 1
         inputs_ok = all(s == OK for s in in_states)
         # arguments are compared where the event computes the same shapes from the same shapes: a
         # size argument of a differently sharded run (ddp vs fsdp) is layout, not numerics
-        same_shapes = len(r.get("outputs", [])) == len(c.get("outputs", [])) and all(
-            list(rt.get("shape", [])) == list(ct.get("shape", [])) for rt, ct in zip(r.get("outputs", []), c.get("outputs", [])))
+        same_shapes = len(r.outputs) == len(c.outputs) and all(rt.shape == ct.shape for rt, ct in zip(r.outputs, c.outputs))
         arg = argument_difference(r, c) if UNKNOWN not in in_states and same_shapes else None
         if arg is not None:
             bad_out = next((ch for ch in out_checks if ch.status == BAD), None)
             found("argument", c, r, f"non-tensor {arg}", bad_out)
-        elif inputs_ok and BAD in out_states and c.get("view"):
+        elif inputs_ok and BAD in out_states and c.view:
             # a view computes nothing: it shows memory its input's summary did not cover (a window
             # of a larger buffer, allocated but not yet written): no verdict on what it shows
             out_states = [UNKNOWN if st == BAD else st for st in out_states]
@@ -438,7 +436,7 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
         elif inputs_ok and BAD in out_states and near:
             k, (kin, origin) = out_states.index(BAD), near[0]
             producer = by_index[origin]
-            found("collective" if producer.get("group") is not None else "extra op", producer, pairs.get(origin),
+            found("collective" if producer.group is not None else "extra op", producer, pairs.get(origin),
                   f"its output reaches {event_label(c)} as input {kin} within tolerance but not equal, and that "
                   f"event's output {k} then differs: {out_checks[k].reason}", out_checks[k], seen_at=c)
             status[origin] = BAD
@@ -456,26 +454,26 @@ def compare_traces(ref_events: list[dict], cand_events: list[dict], tolerances: 
         else:
             status[i] = UNKNOWN if UNKNOWN in out_states or UNKNOWN in in_states else OK
 
-    root = min(candidates, key=lambda rc: rc.event["index"]) if candidates else None
+    root = min(candidates, key=lambda rc: rc.event.index) if candidates else None
     if root is not None:
         root.chain, root.chain_length = _chain(root.event, cand_events, same)
     rows = []
     for c in cand_events:
-        chk = first_out.get(c["index"])
+        chk = first_out.get(c.index)
         if chk is None and root is not None and root.event is c and root.check is not None:
             chk = root.check  # an unpaired root cause: its error as its consumer saw it
         m = chk.metrics if chk is not None else {}
-        rows.append({"index": c["index"], "phase": c.get("phase"), "module": c.get("module"), "op": c.get("op"),
-                     "call": c.get("call"), "paired": c["index"] in pairs, "status": status.get(c["index"], UNKNOWN),
+        rows.append({"index": c.index, "phase": c.phase, "module": c.module, "op": c.op,
+                     "call": c.call, "paired": c.index in pairs, "status": status.get(c.index, UNKNOWN),
                      "rel_l2_err": m.get("rel_l2_err", math.nan), "max_stat_abs_err": m.get("max_stat_abs_err", math.nan),
                      "root_cause": root is not None and root.event is c})
     return TraceComparison(rank, ref_rank, step, level, len(pairs), _count(extra), _count(missing),
                            not_comparable, root, rows)
 
 
-def _overwritten(event: dict, k: int) -> bool:
+def _overwritten(event: TraceEvent, k: int) -> bool:
     """Whether the event's input k is only written, never read (OVERWRITTEN)."""
-    op = event.get("op")
+    op = event.op
     if op not in OVERWRITTEN:
         return False
     which = OVERWRITTEN[op]
@@ -486,21 +484,21 @@ def _code(compiled: str | None) -> str:
     return f" (compiled: {compiled})" if compiled else " (eager)"
 
 
-def _named(t: dict) -> str:
-    return f" ({t['name']})" if t.get("name") else ""
+def _named(t: TensorRef) -> str:
+    return f" ({t.name})" if t.name else ""
 
 
-def _chain(root: dict, events: list[dict], same: set[int]) -> tuple[list[dict], int]:
+def _chain(root: TraceEvent, events: list[TraceEvent], same: set[int]) -> tuple[list[dict], int]:
     """The events downstream of the root (by data flow) whose outputs differ from the reference's at
     all (within tolerance or not): the path the error took to the step's named tensors."""
-    tainted = {root["index"]}
+    tainted = {root.index}
     chain = []
     for e in events:
-        if e["index"] <= root["index"]:
+        if e.index <= root.index:
             continue
-        if any(t.get("producer") and t["producer"][0] in tainted for t in e.get("inputs", [])):
-            if e["index"] not in same:
-                tainted.add(e["index"])
+        if any(t.producer and t.producer[0] in tainted for t in e.inputs):
+            if e.index not in same:
+                tainted.add(e.index)
                 chain.append(_event_brief(e))
     return chain[:CHAIN_LIMIT], len(chain)
 
@@ -511,7 +509,7 @@ def first_root_cause(comparisons: list[TraceComparison]) -> RootCause | None:
     found = [tc.root_cause for tc in comparisons if tc.root_cause is not None]
     if not found:
         return None
-    return min(found, key=lambda rc: (rc.step, rc.kind in ("state", "compiled"), rc.level != "ops", rc.event.get("index", 0), rc.rank))
+    return min(found, key=lambda rc: (rc.step, rc.kind in ("state", "compiled"), rc.level != "ops", rc.event.index, rc.rank))
 
 
 def render_root_cause(comparisons: list[TraceComparison], max_chain: int = 8, passed: bool = False) -> list[str]:
@@ -539,18 +537,18 @@ def render_root_cause(comparisons: list[TraceComparison], max_chain: int = 8, pa
     where = f"rank {rc.rank}" + (f" (ref rank {rc.ref_rank})" if rc.ref_rank != rc.rank else "")
     if passed:
         out.append(f"  traces differ, values agree: first difference at step {rc.step}, {where}, module "
-                   f"{e.get('module') or '(top level)'!s}, {e.get('op')} [{e.get('phase')}, call {e.get('call')}]: {rc.reason}")
+                   f"{e.module or '(top level)'!s}, {e.op} [{e.phase}, call {e.call}]: {rc.reason}")
         return out
     if rc.kind == "unit":  # no op to name: the ops there do not pair one to one
-        out += ["", f"Root cause: step {rc.step}, {where}, inside module {e.get('module') or '(top level)'!s} "
-                    f"[{e.get('phase')}, call {e.get('call')}] (unit: the narrowest both traces share)"]
+        out += ["", f"Root cause: step {rc.step}, {where}, inside module {e.module or '(top level)'!s} "
+                    f"[{e.phase}, call {e.call}] (unit: the narrowest both traces share)"]
         out.append(f"  {rc.reason}")
     else:
-        out += ["", f"Root cause: step {rc.step}, {where}, module {e.get('module') or '(top level)'!s}, "
-                    f"{e.get('op')} [{e.get('phase')}, call {e.get('call')}] ({rc.kind})"]
+        out += ["", f"Root cause: step {rc.step}, {where}, module {e.module or '(top level)'!s}, "
+                    f"{e.op} [{e.phase}, call {e.call}] ({rc.kind})"]
         out.append(f"  {rc.reason}")
-        ins = ", ".join(_brief(t) for t in e.get("inputs", [])) or "-"
-        outs = ", ".join(_brief(t) for t in e.get("outputs", [])) or "-"
+        ins = ", ".join(_brief(t) for t in e.inputs) or "-"
+        outs = ", ".join(_brief(t) for t in e.outputs) or "-"
         out.append(f"  inputs: {ins}")
         out.append(f"  outputs: {outs}")
     if rc.check is not None and rc.check.metrics:
@@ -562,8 +560,8 @@ def render_root_cause(comparisons: list[TraceComparison], max_chain: int = 8, pa
         else:
             out.append(f"  error: max |stat diff| {_g(m.get('max_stat_abs_err'))}, rel L2 diff {_g(m.get('rel_l2_err'))}; "
                        f"L2 {_g(ref.get('l2'))} -> {_g(cand.get('l2'))}, max {_g(ref.get('max'))} -> {_g(cand.get('max'))}")
-    if e.get("src"):
-        out.append(f"  source: {e['src']}")
+    if e.src:
+        out.append(f"  source: {e.src}")
     if rc.seen_at is not None and rc.seen_at is not e:
         out.append(f"  seen at: {event_label(rc.seen_at)}")
     if rc.chain_length:
@@ -582,9 +580,9 @@ def _ops(counts: dict[str, int]) -> str:
     return ", ".join(items[:4]) + (f", ... ({len(items)} ops)" if len(items) > 4 else "")
 
 
-def _brief(t: dict) -> str:
-    s = f"{t.get('dtype')}{list(t.get('shape') or [])}"
-    return s + (f" {t['name']}" if t.get("name") else "")
+def _brief(t: TensorRef) -> str:
+    s = f"{t.dtype}{list(t.shape)}"
+    return s + (f" {t.name}" if t.name else "")
 
 
 def _chain_item(c: dict) -> str:

@@ -12,35 +12,37 @@ from __future__ import annotations
 
 from difflib import SequenceMatcher
 
-
-def unit_of(e: dict) -> tuple:
-    return (e.get("phase"), e.get("module"))
+from tracekit.store.trace_events import TraceEvent
 
 
-def pair_events(ref_events: list[dict], cand_events: list[dict]) -> dict[int, dict]:
+def unit_of(e: TraceEvent) -> tuple:
+    return (e.phase, e.module)
+
+
+def pair_events(ref_events: list[TraceEvent], cand_events: list[TraceEvent]) -> dict[int, TraceEvent]:
     """candidate event index -> its reference event, for the events both sides share."""
-    ref_units: dict[tuple, list[dict]] = {}
-    cand_units: dict[tuple, list[dict]] = {}
+    ref_units: dict[tuple, list[TraceEvent]] = {}
+    cand_units: dict[tuple, list[TraceEvent]] = {}
     for e in ref_events:
         ref_units.setdefault(unit_of(e), []).append(e)
     for e in cand_events:
         cand_units.setdefault(unit_of(e), []).append(e)
-    pairs: dict[int, dict] = {}
+    pairs: dict[int, TraceEvent] = {}
     for unit, cs in cand_units.items():
         rs = ref_units.get(unit)
         if not rs:
             continue
-        ops_r, ops_c = [e.get("op") for e in rs], [e.get("op") for e in cs]
+        ops_r, ops_c = [e.op for e in rs], [e.op for e in cs]
         if ops_r == ops_c:  # the usual case: the same ops in the same order
-            pairs.update((c["index"], r) for r, c in zip(rs, cs))
+            pairs.update((c.index, r) for r, c in zip(rs, cs))
             continue
         for a, b, n in SequenceMatcher(None, ops_r, ops_c, autojunk=False).get_matching_blocks():
             for k in range(n):
-                pairs[cs[b + k]["index"]] = rs[a + k]
+                pairs[cs[b + k].index] = rs[a + k]
     return pairs
 
 
-def mixed_units(ref_events: list[dict], cand_events: list[dict]) -> set[tuple]:
+def mixed_units(ref_events: list[TraceEvent], cand_events: list[TraceEvent]) -> set[tuple]:
     """Units that ran compiled code (events called from inductor's code) on one side only: their
     op sequences are not the same program's (extern kernels against eager ops), so an op there
     that pairs with nothing has no counterpart to be judged against."""
@@ -48,7 +50,7 @@ def mixed_units(ref_events: list[dict], cand_events: list[dict]) -> set[tuple]:
         out: dict[tuple, bool] = {}
         for e in events:
             u = unit_of(e)
-            out[u] = out.get(u, False) or bool(e.get("compiled"))
+            out[u] = out.get(u, False) or bool(e.compiled)
         return out
     ref, cand = compiled_units(ref_events), compiled_units(cand_events)
     return {u for u in set(ref) | set(cand) if ref.get(u, False) != cand.get(u, False)}

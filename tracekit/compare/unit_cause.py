@@ -15,10 +15,11 @@ too, or to the top level when no event of the phase matched before it.
 
 from __future__ import annotations
 
+from tracekit.store.trace_events import TensorRef, TraceEvent
 
-def _within(module: str | None, path: str) -> bool:
-    m = module or ""
-    return path == "" or m == path or m.startswith(path + ".")
+
+def _within(module: str, path: str) -> bool:
+    return path == "" or module == path or module.startswith(path + ".")
 
 
 def _common_path(paths: list[str]) -> str:
@@ -31,13 +32,13 @@ def _common_path(paths: list[str]) -> str:
     return ".".join(out)
 
 
-def _calls(events: list[dict], phase: str, path: str) -> list[list[dict]]:
+def _calls(events: list[TraceEvent], phase: str, path: str) -> list[list[TraceEvent]]:
     """The events of each call of module `path` in `phase`: a call starts where the stream enters
     the module (an event of it in that phase after one that is not)."""
-    calls: list[list[dict]] = []
+    calls: list[list[TraceEvent]] = []
     inside = False
     for e in events:
-        here = e.get("phase") == phase and _within(e.get("module"), path)
+        here = e.phase == phase and _within(e.module, path)
         if here and not inside:
             calls.append([])
         if here:
@@ -46,20 +47,21 @@ def _calls(events: list[dict], phase: str, path: str) -> list[list[dict]]:
     return calls
 
 
-def _unseen(e: dict, t: dict) -> bool:
+def _unseen(e: TraceEvent, t: TensorRef) -> bool:
     """An input made by code the trace cannot see (the same test as compare_traces')."""
-    return t.get("producer") is None and not t.get("name") and bool(e.get("compiled") or t.get("unseen_write"))
+    return t.producer is None and not t.name and bool(e.compiled or t.unseen_write)
 
 
-def _region(origin: dict, by_index: dict[int, dict], pairs: dict, status: dict, opaque: str) -> tuple[list[dict], bool]:
+def _region(origin: TraceEvent, by_index: dict[int, TraceEvent], pairs: dict, status: dict,
+            opaque: str) -> tuple[list[TraceEvent], bool]:
     """The origin and the unpaired, opaque events upstream of it (what made its values), and
     whether any of them read what unseen compiled code made."""
-    seen, todo, out, unseen = {origin["index"]}, [origin], [], False
+    seen, todo, out, unseen = {origin.index}, [origin], [], False
     while todo:
         e = todo.pop()
         out.append(e)
-        for t in e.get("inputs", []):
-            p = t.get("producer")
+        for t in e.inputs:
+            p = t.producer
             unseen = unseen or _unseen(e, t)
             if p and p[0] not in seen and p[0] not in pairs and status.get(p[0]) == opaque and p[0] in by_index:
                 seen.add(p[0])
@@ -67,23 +69,22 @@ def _region(origin: dict, by_index: dict[int, dict], pairs: dict, status: dict, 
     return out, unseen
 
 
-def narrowest_shared_unit(origin: dict, ref_events: list[dict], cand_events: list[dict], pairs: dict,
-                          status: dict, opaque: str, last_ok: dict | None = None) -> dict:
+def narrowest_shared_unit(origin: TraceEvent, ref_events: list[TraceEvent], cand_events: list[TraceEvent],
+                          pairs: dict, status: dict, opaque: str, last_ok: TraceEvent | None = None) -> dict:
     """{phase, module, call, ref_ops, cand_ops, paired, ref_compiled, cand_compiled} of the
     innermost unit holding the region that made `origin`'s values, run by both sides. last_ok:
     the latest event before it whose inputs and outputs matched (where unseen code may start)."""
-    by_index = {e["index"]: e for e in cand_events}
+    by_index = {e.index: e for e in cand_events}
     region, unseen = _region(origin, by_index, pairs, status, opaque)
-    phase = origin.get("phase")
-    paths = [e.get("module") or "" for e in region if e.get("phase") == phase]
+    phase = origin.phase
+    paths = [e.module for e in region if e.phase == phase]
     if unseen:
-        if last_ok is None or last_ok.get("phase") != phase:
+        if last_ok is None or last_ok.phase != phase:
             paths.append("")  # unseen code since the phase began: any module of it
         else:
-            paths += [e.get("module") or "" for e in cand_events
-                      if last_ok["index"] <= e["index"] < origin["index"] and e.get("phase") == phase]
+            paths += [e.module for e in cand_events if last_ok.index <= e.index < origin.index and e.phase == phase]
     path = _common_path(paths)
-    while path and not any(e.get("phase") == phase and _within(e.get("module"), path) for e in ref_events):
+    while path and not any(e.phase == phase and _within(e.module, path) for e in ref_events):
         path = path.rpartition(".")[0]  # the reference never ran it: its parent is what both share
     cand_calls = _calls(cand_events, phase, path)
     k = next((n for n, call in enumerate(cand_calls) if any(e is origin for e in call)), 0)
@@ -91,6 +92,6 @@ def narrowest_shared_unit(origin: dict, ref_events: list[dict], cand_events: lis
     cand_unit = cand_calls[k] if k < len(cand_calls) else []
     ref_unit = ref_calls[k] if k < len(ref_calls) else []
     return {"phase": phase, "module": path, "call": k, "ref_ops": len(ref_unit), "cand_ops": len(cand_unit),
-            "paired": sum(1 for e in cand_unit if e["index"] in pairs),
-            "ref_compiled": next((e["compiled"] for e in ref_unit if e.get("compiled")), None),
-            "cand_compiled": next((e["compiled"] for e in cand_unit if e.get("compiled")), None)}
+            "paired": sum(1 for e in cand_unit if e.index in pairs),
+            "ref_compiled": next((e.compiled for e in ref_unit if e.compiled), None),
+            "cand_compiled": next((e.compiled for e in cand_unit if e.compiled), None)}

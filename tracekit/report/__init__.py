@@ -19,7 +19,6 @@ def build_report(ref, cand, replay=None, **diff_kwargs):
     replay: a replay store of CAND's job (docs/REPLAY.md), plotted as local against accumulated error."""
     from tracekit.compare import diff
     from tracekit.inspect.diffview import dataset_from_report
-    from tracekit.inspect.summary import run_metadata
     from tracekit.report.html import render
     from tracekit.store import RunStore, open_store
 
@@ -39,9 +38,9 @@ def build_report(ref, cand, replay=None, **diff_kwargs):
         notes.append(f"No plots: {e}.")
     meta = {}
     for side, store in (("ref", ref), ("cand", cand)):
-        run = run_metadata(store)
-        meta[side] = {"path": store.path, "command": run.get("command"), "versions": run.get("versions"),
-                      "ranks": len(store.ranks)}
+        run = store.run_meta
+        meta[side] = {"path": store.path, "command": list(run.command) if run.command is not None else None,
+                      "versions": dict(run.versions) or None, "ranks": len(store.ranks)}
     extra = []
     if report.traces:  # both stores traced a step (tracekit record --trace): the root-cause op
         from tracekit.report.traces import section as traces_section

@@ -64,5 +64,5 @@ def section(report, plots) -> str:
               report.traces[0])
     picture = ""
     if plots is not None:
-        picture = img(module_error_plot(tc, (rc.event.get("module") or "(top)") if rc else None), "error per module")
+        picture = img(module_error_plot(tc, (rc.event.module or "(top)") if rc else None), "error per module")
     return f"<h2>Traces: the root-cause op</h2><pre>{e(text)}</pre>{picture}"

@@ -18,7 +18,16 @@ PRECISION_KEY = "precision"  # in a rank group's attributes
 FLAG_NAMES = ("cuda_matmul_allow_tf32", "cudnn_allow_tf32", "cudnn_enabled", "cudnn_deterministic",
               "cudnn_benchmark", "deterministic_algorithms", "cuda_matmul_allow_bf16_reduction",
               "cuda_matmul_allow_fp16_reduction")
-POLICY_FIELDS = ("param_dtype", "reduce_dtype", "output_dtype")
+POLICY_FIELDS = ("param_dtype", "reduce_dtype", "output_dtype")  # FsdpPolicy's fields
+
+
+@dataclass(frozen=True)
+class FsdpPolicy:
+    """One module's FSDP2 MixedPrecisionPolicy (`$defs/precision` fsdp): None where it leaves a dtype alone."""
+
+    param_dtype: str | None = None
+    reduce_dtype: str | None = None
+    output_dtype: str | None = None
 
 
 @dataclass(frozen=True)
@@ -39,6 +48,16 @@ class PrecisionContext:
 
     def to_attrs(self) -> dict:
         return asdict(self)
+
+    @property
+    def policies(self) -> dict[str, FsdpPolicy]:
+        """module path -> its FSDP2 policy, typed (`fsdp` holds them as stored)."""
+        return {m: FsdpPolicy(**p) for m, p in self.fsdp.items()}
+
+    @property
+    def cuda_tf32_matmuls(self) -> bool:
+        """torch.backends.cuda.matmul.allow_tf32 was on."""
+        return bool(self.flags.get("cuda_matmul_allow_tf32"))
 
     @classmethod
     def from_attrs(cls, value, where: str) -> "PrecisionContext":

@@ -39,7 +39,7 @@ from tracekit.store.kinds import kind_order
 from tracekit.store.location import Location, resolve
 from tracekit.store.coverage import KEY as COVERAGE_KEY, Coverage
 from tracekit.store.meta import STEPS, TENSORS, KindMeta, SharedIndexes, TensorInfo, misplaced
-from tracekit.store.runmeta import RankMeta, RunMeta
+from tracekit.store.runmeta import RankMeta, RunMeta, RunSetup
 
 
 def _read_root_attrs(path: str, location: Location) -> dict:
@@ -1144,6 +1144,11 @@ class RunStore:
             info.update(self.rank(self.ranks[0]).attrs.get("run", {}))
         info.update({k: v for k, v in self.meta.items() if v is not None})
         return info
+
+    @property
+    def setup(self) -> RunSetup:
+        """What the run computed on (device, backend, mode, dtype), typed, from `run`."""
+        return RunSetup.from_attrs(self.run)
 
     def run_facts(self) -> dict:
         """The run's facts, flat: `run` without the launcher's per-rank completion table (`ranks`,

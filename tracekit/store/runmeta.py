@@ -7,7 +7,7 @@ StoreError line. Absent optional facts are None (never a silent default).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from types import MappingProxyType
 from typing import Mapping
 
@@ -155,3 +155,23 @@ class RunMeta:
             writers_outlived_launcher=bool(meta.get("writers_outlived_launcher")),
             replay_of=_opt_str(meta, "replay_of"),
         )
+
+
+@dataclass(frozen=True)
+class RunSetup:
+    """What the run computed on, as a comparison names it (`$defs/run`): rank 0's run facts with
+    the root metadata over them (RunStore.run). Values as recorded (a device may be a list: ranks
+    on several); None where nothing says."""
+
+    device: object
+    backend: object
+    mode: object  # the parallelism a script's run_info named (ddp, fsdp, ...)
+    dtype: object  # the training dtype a script's run_info named
+
+    @classmethod
+    def from_attrs(cls, run: Mapping) -> "RunSetup":
+        return cls(**{f.name: run.get(f.name) for f in fields(cls)})
+
+    def known(self) -> dict:
+        """The facts recorded, by field name, in field order."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) is not None}

@@ -4,7 +4,8 @@
       step_<K>/events                  uint8 array: the step's events as UTF-8 JSON (zstd by zarr)
       step_<K>/full/<event>.<side><i>  full tensor bytes, for events matching --trace-full
 
-An event is a JSON object (see `EVENT_FIELDS`); its tensors carry summaries and a hash, never data.
+An event is a JSON object, read back as a TraceEvent (tracekit/store/trace_events.py, which owns its
+keys); its tensors carry summaries and a hash, never data.
 Crash safety follows the kinds' rule: a step's arrays are written first and the step is listed in
 the level group's `steps` only after; readers ignore anything unlisted. Only rank R's writer
 thread writes here, like the rest of rank_R/.
@@ -25,14 +26,13 @@ from tracekit.errors import StoreError
 from tracekit.store.bounded import read_bounded
 from tracekit.store.format import TRACES_GROUP
 from tracekit.store.kinds import TRACE_LEVELS
+from tracekit.store.trace_events import TraceEvent, parse_events
 from tracekit.store.writer import TensorData
 
 if TYPE_CHECKING:  # every function here is handed zarr nodes; a rank importing the writer's modules is not
     import zarr
 
 LEVELS = TRACE_LEVELS  # the registry's trace kinds (store/kinds.py)
-# Fields of one event, for readers and the schema (docs/FORMAT.md lists their meaning).
-EVENT_FIELDS = ("index", "phase", "module", "op", "call", "args", "inputs", "outputs", "src", "group")
 _STEP = re.compile(r"^step_(\d+)$")
 EVENTS_NAME = "events"
 
@@ -190,9 +190,10 @@ def _array(rank_group: zarr.Group, level: str, step: int, *path: str):
     return node
 
 
-def read_events(rank_group: zarr.Group, level: str, step: int) -> list[dict]:
-    """The events of one traced step, in execution order. Its array is read bounded (store/bounded.py):
-    a declared size its stored bytes cannot hold, or a chunk that expands beyond it, is damage."""
+def read_events(rank_group: zarr.Group, level: str, step: int) -> list[TraceEvent]:
+    """The events of one traced step, in execution order, typed. Its array is read bounded
+    (store/bounded.py): a declared size its stored bytes cannot hold, or a chunk that expands
+    beyond it, is damage; so is an event that does not parse (trace_events.py)."""
     if step not in trace_steps(rank_group, level):
         raise StoreError(f"no {level} trace of step {step}")
     where = f"trace of {level} at step {step}: events"
@@ -205,7 +206,10 @@ def read_events(rank_group: zarr.Group, level: str, step: int) -> list[dict]:
         raise StoreError(f"trace of {level} at step {step}: damaged events ({e.__class__.__name__})") from None
     if not isinstance(events, list) or not all(isinstance(e, dict) for e in events):
         raise StoreError(f"trace of {level} at step {step}: events are not a list of objects")
-    return events
+    try:
+        return parse_events(events)
+    except (TypeError, ValueError) as e:
+        raise StoreError(f"trace of {level} at step {step}: malformed events ({e})") from None
 
 
 def full_keys(rank_group: zarr.Group, level: str, step: int) -> list[str]:

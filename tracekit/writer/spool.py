@@ -37,6 +37,7 @@ import struct
 import tempfile
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -105,25 +106,38 @@ class Layout:
     nbytes: int
 
 
-def layout(specs: list[tuple]) -> Layout:
-    """The layout of tensors described by `specs`: (kind, name, dtype, shape, nbytes, shard or None
-    [, digested]) each; a digested one's nbytes are DIGEST_RECORD's."""
+class EntrySpec(NamedTuple):
+    """One tensor's place in an entry. A tuple (hashable, compared field by field) because a rank
+    filling entries in place keys its caches on it and lays an entry out again only when the list
+    of them changes (recorders/direct.py)."""
+
+    kind: str
+    name: str
+    dtype: str  # its dtype's store name
+    shape: tuple  # the piece's shape for a sharded tensor
+    nbytes: int  # DIGEST_RECORD's size for a digested one
+    shard: object  # its Shard, or None when the rank holds it whole
+    digested: bool = False  # hashed and summarized by the rank: a digest record in place of its bytes
+
+
+def layout(specs: "list[EntrySpec]") -> Layout:
+    """The layout of the tensors `specs` describe; a digested one's nbytes are DIGEST_RECORD's."""
     entries, offset = [], 0
-    for kind, name, dtype, shape, nbytes, shard, *digested in specs:
-        digested = bool(digested and digested[0])
-        offset += _pad(offset, _RECORD_ALIGN if digested else ALIGN)
-        entry = {"kind": kind, "name": name, "dtype": dtype, "shape": list(shape), "offset": offset, "nbytes": nbytes}
-        if shard is not None:
-            entry["shard"] = shard.to_spool()
-        if digested:
+    for spec in specs:
+        offset += _pad(offset, _RECORD_ALIGN if spec.digested else ALIGN)
+        entry = {"kind": spec.kind, "name": spec.name, "dtype": spec.dtype, "shape": list(spec.shape),
+                 "offset": offset, "nbytes": spec.nbytes}
+        if spec.shard is not None:
+            entry["shard"] = spec.shard.to_spool()
+        if spec.digested:
             entry["digest"] = True
         entries.append(entry)
-        offset += nbytes
+        offset += spec.nbytes
     offset += _pad(offset)
     return Layout(json.dumps(entries), tuple(e["offset"] for e in entries), offset)
 
 
-def entry_head(step: int, complete: bool, specs: "list[tuple] | Layout", extra: dict | None = None) -> tuple[bytes, list[int], int]:
+def entry_head(step: int, complete: bool, specs: "list[EntrySpec] | Layout", extra: dict | None = None) -> tuple[bytes, list[int], int]:
     """The head of an entry (MAGIC, header length, JSON header, padding) holding tensors laid out
     as `specs` say (a Layout, or the specs to lay out), each tensor's offset from the start of the
     file, and the entry's size. write_entry() and a rank filling an entry in place (Handoff.slab)
@@ -141,8 +155,8 @@ def write_entry(path: str, step: int, complete: bool, tensors: list[tuple[str, T
                 extra: dict | None = None) -> int:
     """Write one entry to `path` (a .part name); returns its size. `tensors` are (kind, TensorData);
     `extra` (JSON) says what else the entry is, e.g. a step's trace."""
-    specs = [(kind, t.name, t.dtype, t.shape, DIGEST_RECORD, t.shard, True) if t.digest is not None
-             else (kind, t.name, t.dtype, t.shape, t.data.nbytes, t.shard) for kind, t in tensors]
+    specs = [EntrySpec(kind, t.name, t.dtype, t.shape, DIGEST_RECORD, t.shard, True) if t.digest is not None
+             else EntrySpec(kind, t.name, t.dtype, t.shape, t.data.nbytes, t.shard) for kind, t in tensors]
     head, offsets, size = entry_head(step, complete, specs, extra)
     with open(path, "wb") as f:
         f.write(head)

@@ -20,9 +20,9 @@ def test_zero_code_traces_name_the_planted_op_on_its_rank(recorded_sample, tmp_p
     cand, _ = recorded_sample("ddp", script="plain", record_args=TRACE, extra=["--fault", "op=matmul_bf16:1:2"])
     for r in (0, 1):
         events = read_events(open_store(ref).rank(r).group, "ops", 2)
-        collectives = [e for e in events if e.get("group") is not None]
-        assert collectives and all(e["group"] == [0, 1] for e in collectives)  # DDP's gradient all-reduce
-        assert {e["phase"] for e in events} == {"fwd", "bwd", "opt"}
+        collectives = [e for e in events if e.group is not None]
+        assert collectives and all(e.group == (0, 1) for e in collectives)  # DDP's gradient all-reduce
+        assert {e.phase for e in events} == {"fwd", "bwd", "opt"}
     out = tmp_path / "report.json"
     result = CliRunner().invoke(main, ["diff", ref, cand, "--json-file", str(out)])
     assert result.exit_code == 1, result.output
@@ -65,18 +65,18 @@ def test_cli_traces_modules_over_a_step_range_and_keeps_the_bytes_it_is_asked_fo
     mods = record(str(tmp_path / "modules"), "--trace", "modules", "--trace-steps", "2:3")
     assert trace_steps(mods.group, "modules") == [2, 3] and trace_steps(mods.group, "ops") == []
     for step in (2, 3):  # the model is one Linear: its output forward; its input (the batch) needs no gradient
-        assert [(e["phase"], e["module"], e["op"]) for e in read_events(mods.group, "modules", step)] == [
+        assert [(e.phase, e.module, e.op) for e in read_events(mods.group, "modules", step)] == [
             ("fwd", "", "forward")]
 
     ops = record(str(tmp_path / "ops"), "--full", "outputs:*", "--trace", "ops", "--trace-steps", "3",
                  "--trace-full", "fwd:*")
     assert trace_steps(ops.group, "ops") == [3]
     events = read_events(ops.group, "ops", 3)
-    assert {e["phase"] for e in events} == {"fwd", "bwd", "opt"}
-    kept = {e["phase"] for e in events for t in e["inputs"] + e["outputs"] if "full" in t}
+    assert {e.phase for e in events} == {"fwd", "bwd", "opt"}
+    kept = {e.phase for e in events for t in e.inputs + e.outputs if t.full is not None}
     assert kept == {"fwd"}
-    addmm = next(e for e in events if e["op"] == "aten.addmm.default")
-    data, dtype, shape = read_full(ops.group, "ops", 3, addmm["outputs"][0]["full"])
+    addmm = next(e for e in events if e.op == "aten.addmm.default")
+    data, dtype, shape = read_full(ops.group, "ops", 3, addmm.outputs[0].full)
     assert dtype == "float32" and shape == [3, 2]
     np.testing.assert_array_equal(data.reshape(shape), ops.read("outputs", 3, "output"))
 

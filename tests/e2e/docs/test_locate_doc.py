@@ -60,7 +60,7 @@ def test_replayed_traced_step_is_recorded_from_the_reference_state(locate):
         rank = store.rank(r).group
         assert trace_steps(rank, "ops") == [2]
         assert rank.attrs["replay"]["replayed_steps"] == [2]
-        assert {e["phase"] for e in read_events(rank, "ops", 2)} == {"fwd", "bwd", "opt"}
+        assert {e.phase for e in read_events(rank, "ops", 2)} == {"fwd", "bwd", "opt"}
 
 
 def test_clean_replay_names_no_root_cause(locate):
@@ -87,6 +87,6 @@ def test_clean_replay_names_no_root_cause(locate):
         assert float(ev.max_stat_abs_err.where(ev.status == "ok").max()) == 0.0
         # the step-level tensors the chain ends at (the update's parameters, the gradients) are
         # bitwise the reference's
-        named = [{(t["name"], t["hash"]) for e in read_events(open_store(s).rank(r).group, "ops", 2)
-                  for t in e["outputs"] if t.get("name")} for s in (ref, cand)]
+        named = [{(t.name, t.hash) for e in read_events(open_store(s).rank(r).group, "ops", 2)
+                  for t in e.outputs if t.name} for s in (ref, cand)]
         assert len(named[0]) >= 4 and named[0] == named[1]

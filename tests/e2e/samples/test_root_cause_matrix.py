@@ -70,15 +70,15 @@ def test_planted_fault_is_named_and_the_clean_step_names_nothing(recorded_sample
     assert not report.passed
     rc = first_root_cause(report.traces)
     assert rc is not None and rc is report.root_cause
-    got = (rc.step, rc.rank, rc.event["module"], rc.event["phase"], rc.kind)
-    assert got == (3, 1, module, phase, kind) and rc.event["op"].startswith(op), (got, rc.event["op"], rc.reason)
+    got = (rc.step, rc.rank, rc.event.module, rc.event.phase, rc.kind)
+    assert got == (3, 1, module, phase, kind) and rc.event.op.startswith(op), (got, rc.event.op, rc.reason)
     if rider:  # the riding cell: its own rank's root cause at step 3
         fault, rank, _ = rider
         _, (module, op, phase, kind) = FAULTS[fault]
         rc = next(tc.root_cause for tc in report.traces if (tc.step, tc.rank) == (3, rank))
         assert rc is not None, f"{fault}: nothing named on rank {rank}"
-        got = (rc.event["module"], rc.event["phase"], rc.kind)
-        assert got == (module, phase, kind) and rc.event["op"].startswith(op), (fault, got, rc.event["op"], rc.reason)
+        got = (rc.event.module, rc.event.phase, rc.kind)
+        assert got == (module, phase, kind) and rc.event.op.startswith(op), (fault, got, rc.event.op, rc.reason)
         # a rank with no fault of its own names at most the collective that brought it another's error
         others = {tc.rank: tc.root_cause for tc in report.traces if tc.step == 3 and tc.rank not in (1, rank)}
         assert all(rc is None or rc.kind == "collective" for rc in others.values()), {
@@ -95,7 +95,7 @@ def test_simplefsdp_tp_inplace_write_and_optimizer_op_in_one_launch(recorded_sam
     report = tracekit.diff(ref, cand)
     assert not report.passed
     by = {(tc.step, tc.rank): tc.root_cause for tc in report.traces}
-    named = {k: (rc.event["module"], rc.event["phase"], rc.kind, rc.event["op"]) for k, rc in by.items() if rc}
+    named = {k: (rc.event.module, rc.event.phase, rc.kind, rc.event.op) for k, rc in by.items() if rc}
     assert set(named) == {(3, 0), (3, 1)}, named  # 0 root causes in the 6 clean pairs
     module, phase, kind, op = named[(3, 0)]
     assert (module, phase, kind) == ("", "fwd", "extra op") and op.startswith(("aten.fill_", "aten.copy_")), named

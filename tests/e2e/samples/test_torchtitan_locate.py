@@ -66,8 +66,8 @@ def test_four_faults_in_one_replay_each_name_their_rank_module_op_and_phase(shar
         diff["out"][-4000:]
 
     report = tracekit.diff(str(folder / "runs" / "tt-trace"), str(folder / "runs" / "tt-cells"))
-    named = {(tc.step, tc.rank): (tc.root_cause.event["module"], tc.root_cause.event["phase"], tc.root_cause.kind,
-                                  tc.root_cause.event["op"], tc.root_cause.reason)
+    named = {(tc.step, tc.rank): (tc.root_cause.event.module, tc.root_cause.event.phase, tc.root_cause.kind,
+                                  tc.root_cause.event.op, tc.root_cause.reason)
              for tc in report.traces if tc.root_cause}
     assert set(named) == set(CELLS), named
     for where, (module, phase, kind, op) in CELLS.items():
@@ -91,8 +91,8 @@ def test_the_planted_feed_forward_fault_is_named_and_the_clean_step_names_nothin
     assert all(tc.root_cause is None for tc in clean), [(tc.rank, tc.root_cause.to_dict()) for tc in clean
                                                          if tc.root_cause]
     rc = report.root_cause
-    assert (rc.step, rc.rank, rc.event["module"], rc.event["phase"], rc.kind) == (
-        3, 1, "layers.1.feed_forward", "fwd", "extra op") and rc.event["op"].startswith("aten.gelu"), rc.reason
+    assert (rc.step, rc.rank, rc.event.module, rc.event.phase, rc.kind) == (
+        3, 1, "layers.1.feed_forward", "fwd", "extra op") and rc.event.op.startswith("aten.gelu"), rc.reason
 
 
 def test_a_bad_fault_spec_is_one_line_and_exit_2():

@@ -101,12 +101,12 @@ def test_planted_op_fault_is_named(runs, fault, compiled):
     report = tracekit.diff(runs(None, compiled), runs(fault, compiled), exact=exact)
     rc = report.root_cause
     assert rc is not None, f"no root cause for {fault}"
-    assert (rc.step, rc.kind, rc.event["module"], rc.event["op"], rc.event["phase"]) == (FAULT_STEP, kind, module, op, "fwd")
+    assert (rc.step, rc.kind, rc.event.module, rc.event.op, rc.event.phase) == (FAULT_STEP, kind, module, op, "fwd")
     # the error is carried on to the step-level tensors the diff compares
     named = {n for c in rc.chain for n in c.get("names", [])}
     assert {"grad:0.weight", "param:0.weight"} <= named or {"grad:2.weight", "param:2.weight"} <= named
     if fault == "matmul_bf16":
-        assert rc.event["outputs"][0]["dtype"] == "bfloat16"
+        assert rc.event.outputs[0].dtype == "bfloat16"
     assert not report.passed or exact  # the faults are visible at step level under default tolerances
 
 
@@ -121,9 +121,9 @@ def test_a_nan_written_through_a_view_of_a_gradient_is_named(runs):
     it is named, not the backward op that computed the gradient before it."""
     report = tracekit.diff(runs(None), runs(None, nan_grad=True))
     rc = report.root_cause
-    assert rc is not None and rc.kind == "extra op" and rc.event["op"] in ("aten.fill_.Scalar", "aten.copy_.default")
-    assert rc.step == FAULT_STEP and rc.seen_at["phase"] == "opt" and "NaN" in rc.reason
-    assert "grad:0.weight" in {n for c in rc.chain for n in c.get("names", [])} or rc.seen_at["op"].startswith("aten.add_")
+    assert rc is not None and rc.kind == "extra op" and rc.event.op in ("aten.fill_.Scalar", "aten.copy_.default")
+    assert rc.step == FAULT_STEP and rc.seen_at.phase == "opt" and "NaN" in rc.reason
+    assert "grad:0.weight" in {n for c in rc.chain for n in c.get("names", [])} or rc.seen_at.op.startswith("aten.add_")
 
 
 def test_passing_verdict_names_no_root_cause_where_traces_differ(runs):
@@ -133,7 +133,7 @@ def test_passing_verdict_names_no_root_cause_where_traces_differ(runs):
     report = tracekit.diff(runs(None, log_factor=2.0), runs(None, log_factor=3.0))
     assert report.passed and report.root_cause is None
     td = report.trace_difference
-    assert (td.step, td.kind, td.event["op"], td.event["phase"]) == (FAULT_STEP, "argument", "aten.mul.Tensor", "fwd")
+    assert (td.step, td.kind, td.event.op, td.event.phase) == (FAULT_STEP, "argument", "aten.mul.Tensor", "fwd")
     from tracekit.compare.render import render
 
     text = render(report)
@@ -165,8 +165,8 @@ def test_learning_rate_error_is_a_scalar_argument_of_the_update(runs, tmp_path):
     cand = record(tmp_path / "lr", lr=0.0101, trace_steps=(1, 1))
     ref = runs(None, False, trace_steps=(1, 1))
     rc = tracekit.diff(ref, cand).root_cause
-    assert rc is not None and (rc.step, rc.kind, rc.event["phase"]) == (1, "argument", "opt")
-    assert rc.event["op"] == "aten.add_.Tensor" and "alpha" in rc.reason
+    assert rc is not None and (rc.step, rc.kind, rc.event.phase) == (1, "argument", "opt")
+    assert rc.event.op == "aten.add_.Tensor" and "alpha" in rc.reason
     assert "-0.0101" in rc.reason and "-0.01" in rc.reason
 
 
@@ -192,22 +192,22 @@ def test_trace_stream_content(runs):
     assert trace_steps(rank.group, "ops") == [FAULT_STEP]
     assert "traces" not in rank.kinds  # traces are not a tensor kind: the tensor diff never sees them
     events = read_events(rank.group, "ops", FAULT_STEP)
-    phases = [e["phase"] for e in events]
+    phases = [e.phase for e in events]
     assert phases.index("bwd") > phases.index("fwd") and phases.index("opt") > phases.index("bwd")
     assert phases == sorted(phases, key=["fwd", "bwd", "opt"].index)  # forward, backward, update in order
-    addmm = [e for e in events if e["op"] == "aten.addmm.default" and e["phase"] == "fwd"]
-    assert [e["module"] for e in addmm] == ["0", "2"]
-    x = addmm[0]["inputs"][1]
-    assert x["shape"] == [64, 128] and x["dtype"] == "float32" and x["device"] == "cpu" and len(x["stats"]) == 6 and x["hash"]
+    addmm = [e for e in events if e.op == "aten.addmm.default" and e.phase == "fwd"]
+    assert [e.module for e in addmm] == ["0", "2"]
+    x = addmm[0].inputs[1]
+    assert x.shape == (64, 128) and x.dtype == "float32" and x.device == "cpu" and len(x.stats) == 6 and x.hash
     # the user's line: the forward's ops point at the model's call, the update's at opt.step()
     here = os.path.basename(__file__)
-    assert {e["src"].rsplit("/", 1)[-1] for e in addmm} == {f"{here}:{_line_of('out = run(x)')}"}
-    assert {e["src"].rsplit("/", 1)[-1] for e in events if e["phase"] == "opt"} == {f"{here}:{_line_of('opt.step()')}"}
-    updates = [e for e in events if e["phase"] == "opt" and e["op"].startswith("aten.add_")]
-    assert {e["outputs"][0].get("name") for e in updates} == {f"param:{n}" for n in ("0.weight", "0.bias", "2.weight", "2.bias")}
-    assert all(e["kwargs"].get("alpha") == -0.01 for e in updates)
+    assert {e.src.rsplit("/", 1)[-1] for e in addmm} == {f"{here}:{_line_of('out = run(x)')}"}
+    assert {e.src.rsplit("/", 1)[-1] for e in events if e.phase == "opt"} == {f"{here}:{_line_of('opt.step()')}"}
+    updates = [e for e in events if e.phase == "opt" and e.op.startswith("aten.add_")]
+    assert {e.outputs[0].name for e in updates} == {f"param:{n}" for n in ("0.weight", "0.bias", "2.weight", "2.bias")}
+    assert all(e.kwargs.get("alpha") == -0.01 for e in updates)
     # a tensor's producer is an earlier event
-    assert all(t["producer"][0] < e["index"] for e in events for t in e["inputs"] if "producer" in t)
+    assert all(t.producer[0] < e.index for e in events for t in e.inputs if t.producer is not None)
 
 
 def test_summaries_are_the_tensor_values(runs):
@@ -223,8 +223,8 @@ def test_summaries_are_the_tensor_values(runs):
     g = torch.Generator().manual_seed(2)
     x2 = torch.randn(64, 128, generator=g)
     h = model[0](x2).detach().double()
-    first = next(e for e in events if e["op"] == "aten.addmm.default")
-    mn, mx, mean, l2, nan, inf = first["outputs"][0]["stats"]
+    first = next(e for e in events if e.op == "aten.addmm.default")
+    mn, mx, mean, l2, nan, inf = first.outputs[0].stats
     assert (mn, mx, nan, inf) == (h.min().item(), h.max().item(), 0, 0)
     # sums accumulate in float32 (see recorders/tracing.py): float32 rounding of a float64 reference
     assert mean == pytest.approx(h.mean().item(), rel=1e-5) and l2 == pytest.approx(h.norm().item(), rel=1e-6)
@@ -233,12 +233,12 @@ def test_summaries_are_the_tensor_values(runs):
 def test_module_level_trace_names_the_module(runs):
     report = tracekit.diff(runs(None, level="modules"), runs("act", level="modules"))
     rc = report.root_cause
-    assert rc is not None and (rc.level, rc.kind, rc.event["module"], rc.event["op"]) == ("modules", "op", "1", "forward")
+    assert rc is not None and (rc.level, rc.kind, rc.event.module, rc.event.op) == ("modules", "op", "1", "forward")
     events = read_events(open_store(runs(None, level="modules")).rank(0).group, "modules", FAULT_STEP)
-    assert [(e["phase"], e["module"]) for e in events if e["op"] == "forward"] == [("fwd", "0"), ("fwd", "1"), ("fwd", "2"), ("fwd", "")]
+    assert [(e.phase, e.module) for e in events if e.op == "forward"] == [("fwd", "0"), ("fwd", "1"), ("fwd", "2"), ("fwd", "")]
     # backward: the gradient each module's backward computed for its input (module 0's and the
     # root's input, the batch, needs none)
-    assert [e["module"] for e in events if e["op"] == "backward"] == ["2", "1"]
+    assert [e.module for e in events if e.op == "backward"] == ["2", "1"]
 
 
 def test_module_level_trace_names_the_module_of_a_backward_only_fault(runs):
@@ -246,17 +246,17 @@ def test_module_level_trace_names_the_module_of_a_backward_only_fault(runs):
     module named is 1, in backward, not module 0 whose output gradient carries the error."""
     report = tracekit.diff(runs(None, level="modules"), runs("bwd_bf16", level="modules"))
     rc = report.root_cause
-    assert rc is not None and (rc.level, rc.kind, rc.event["module"], rc.event["op"], rc.event["phase"]) == (
+    assert rc is not None and (rc.level, rc.kind, rc.event.module, rc.event.op, rc.event.phase) == (
         "modules", "op", "1", "backward", "bwd")
 
 
 def test_op_level_trace_names_the_op_of_a_backward_only_fault(runs):
     report = tracekit.diff(runs(None), runs("bwd_bf16"))
     rc = report.root_cause
-    assert rc is not None and (rc.event["module"], rc.event["phase"]) == ("1", "bwd")
+    assert rc is not None and (rc.event.module, rc.event.phase) == ("1", "bwd")
     # the casts are extra ops: the one whose output a paired op reads is named (the cast back)
-    assert rc.kind == "extra op" and rc.event["op"] == "aten._to_copy.default"
-    assert "bfloat16" in {t["dtype"] for t in rc.event["inputs"] + rc.event["outputs"]}
+    assert rc.kind == "extra op" and rc.event.op == "aten._to_copy.default"
+    assert "bfloat16" in {t.dtype for t in rc.event.inputs + rc.event.outputs}
 
 
 def test_unlisted_trace_step_is_ignored(runs, tmp_path):
@@ -284,7 +284,7 @@ def test_replayed_step_starts_from_the_reference_state(runs, tmp_path):
     for cand, clean_start in ((plain, False), (replayed, True)):
         report = tracekit.diff(ref, cand, allow_missing=True)
         rc = report.root_cause
-        assert (rc.step, rc.event["module"], rc.event["op"]) == (2, "1", "aten.leaky_relu.default")
+        assert (rc.step, rc.event.module, rc.event.op) == (2, "1", "aten.leaky_relu.default")
         ds = tracekit.open_diff(ref, cand, allow_missing=True)
         ev = ds.tracekit.events()
         addmm = ev.where((ev.op == "aten.addmm.default") & (ev.module == "0"), drop=True)
@@ -311,13 +311,13 @@ def test_report_has_the_root_cause_and_a_per_module_error_plot(runs):
 def test_trace_full_bytes_place_a_fault_summaries_cannot_see(runs):
     ref, cand = runs(None, trace_full=("*",)), runs("roll_rows", trace_full=("*",))
     rc = tracekit.diff(ref, cand).root_cause
-    assert rc is not None and (rc.step, rc.kind, rc.event["module"], rc.event["op"]) == (FAULT_STEP, "extra op", "1", "aten.roll.default")
+    assert rc is not None and (rc.step, rc.kind, rc.event.module, rc.event.op) == (FAULT_STEP, "extra op", "1", "aten.roll.default")
     assert "elementwise" in rc.reason and rc.check.metrics["elements_beyond"] > 0
     # the same pair through summaries only: the roll's output matches them but its hash does not;
     # where the rolled rows meet the unrolled targets the output differs, and the roll (an extra
     # op whose not-equal values got there) is named, from summaries alone
     plain = tracekit.diff(runs(None), runs("roll_rows")).root_cause
-    assert plain is not None and (plain.event["module"], plain.event["op"]) == ("1", "aten.roll.default")
+    assert plain is not None and (plain.event.module, plain.event.op) == ("1", "aten.roll.default")
     assert "within tolerance but not equal" in plain.reason
 
 
@@ -332,16 +332,17 @@ def test_trace_full_elementwise_uses_the_tolerance():
     import numpy as np
 
     from tracekit.compare.rootcause import compare_full
+    from tracekit.store.trace_events import TensorRef
 
-    ref = {"dtype": "float32", "shape": [4]}
+    ref = TensorRef((4,), "float32", "cpu", None, None)
     r = np.array([1.0, 2.0, 3.0, np.nan], dtype=np.float32)
-    assert compare_full(ref, dict(ref), r, r * (1 + 1e-7), rtol=1e-5, atol=0.0).status == "ok"
+    assert compare_full(ref, ref, r, r * (1 + 1e-7), rtol=1e-5, atol=0.0).status == "ok"
     bad = r.copy()
     bad[1] = 2.1
-    chk = compare_full(ref, dict(ref), r, bad, rtol=1e-5, atol=0.0)
+    chk = compare_full(ref, ref, r, bad, rtol=1e-5, atol=0.0)
     assert chk.status == "bad" and chk.metrics["elements_beyond"] == 1 and "[1]" in chk.reason
     nan_moved = np.array([1.0, 2.0, np.nan, 3.0], dtype=np.float32)
-    assert compare_full(ref, dict(ref), r, nan_moved, rtol=1e-5, atol=0.0).status == "bad"
+    assert compare_full(ref, ref, r, nan_moved, rtol=1e-5, atol=0.0).status == "bad"
 
 
 # inductor: its generated kernels are not aten ops, so the mode sees only the ops inductor's code
@@ -375,10 +376,10 @@ def test_inductor_places_the_fault_between_visible_ops(runs, inductor, fault):
     report = tracekit.diff(runs(None, "inductor"), runs(fault, "inductor"), exact=exact)
     rc = report.root_cause
     assert rc is not None
-    assert (rc.step, rc.kind, rc.event["phase"], rc.event["op"], rc.event["call"]) == (FAULT_STEP, "compiled", "fwd", "aten.addmm.out", call)
-    assert rc.event.get("compiled") == "inductor" and "inductor" in rc.reason
+    assert (rc.step, rc.kind, rc.event.phase, rc.event.op, rc.event.call) == (FAULT_STEP, "compiled", "fwd", "aten.addmm.out", call)
+    assert rc.event.compiled == "inductor" and "inductor" in rc.reason
     if fault == "matmul_bf16":
-        assert rc.event["outputs"][0]["dtype"] == "bfloat16"
+        assert rc.event.outputs[0].dtype == "bfloat16"
 
 
 def test_inductor_clean_pair_names_nothing_and_hides_fused_ops(runs, inductor, tmp_path):
@@ -386,12 +387,12 @@ def test_inductor_clean_pair_names_nothing_and_hides_fused_ops(runs, inductor, t
     report = tracekit.diff(ref, record(tmp_path / "again", None, "inductor"), exact=True)
     assert report.passed and report.traces and report.root_cause is None
     events = read_events(open_store(ref).rank(0).group, "ops", FAULT_STEP)
-    ops = {e["op"] for e in events}
+    ops = {e.op for e in events}
     # what inductor hides: the ReLU (fused into a kernel); what it shows: its extern matmuls, the
     # loss and the optimizer's update (outside the compiled model)
     assert not any("relu" in op or "threshold" in op for op in ops)
     assert {"aten.addmm.out", "aten.mm.out", "aten.mse_loss.default", "aten.add_.Tensor"} <= ops
-    assert all(e.get("compiled") == "inductor" for e in events if e["op"] in ("aten.addmm.out", "aten.mm.out"))
+    assert all(e.compiled == "inductor" for e in events if e.op in ("aten.addmm.out", "aten.mm.out"))
 
 
 def test_inductor_candidate_against_an_eager_reference_names_the_shared_unit_not_an_op(runs, inductor):
@@ -401,8 +402,8 @@ def test_inductor_candidate_against_an_eager_reference_names_the_shared_unit_not
     report = tracekit.diff(runs(None), runs("act", "inductor"))
     rc = report.root_cause
     assert not report.passed and rc is not None
-    assert (rc.step, rc.kind, rc.event["phase"], rc.event["op"]) == (FAULT_STEP, "unit", "fwd", "")
-    assert "1".startswith(rc.event["module"])  # module 1 or a module holding it: never module 2's matmul
+    assert (rc.step, rc.kind, rc.event.phase, rc.event.op) == (FAULT_STEP, "unit", "fwd", "")
+    assert "1".startswith(rc.event.module)  # module 1 or a module holding it: never module 2's matmul
     doc = json.loads(json.dumps(report.to_dict()))
     jsonschema.validate(doc, load("diff-report"))
     unit = doc["root_cause"]["unit"]

@@ -3,6 +3,7 @@ compiled feed-forward (2 extern ops, inductor) against its eager form (7 ops), i
 call of layers.1. No torch: the streams are what a trace stores."""
 
 from tracekit.compare.rootcause import compare_traces
+from tracekit.store.trace_events import parse_events
 
 from tests.tracekit.compare.event_streams import traced_tensor
 
@@ -31,7 +32,7 @@ def _stream(ff_ops, out_value, compiled=None):
             extra = {"compiled": compiled} if compiled else {}
             prev = add("layers.1.feed_forward", op, [_t("a", prev)], value, **extra)
         add("layers.1.norm", "aten.mul.Tensor", [_t(out_value if call == 1 else "a", prev)], out_value if call == 1 else "a")
-    return events
+    return parse_events(events)  # as the store reads them back
 
 
 def test_a_difference_inside_a_unit_whose_ops_do_not_pair_names_the_unit_never_an_op():
@@ -42,10 +43,10 @@ def test_a_difference_inside_a_unit_whose_ops_do_not_pair_names_the_unit_never_a
     tc = compare_traces(ref, cand)
     rc = tc.root_cause
     assert rc is not None and rc.kind == "unit"
-    assert (rc.event["module"], rc.event["phase"], rc.event["call"], rc.event["op"]) == ("layers.1.feed_forward", "fwd", 1, "")
+    assert (rc.event.module, rc.event.phase, rc.event.call, rc.event.op) == ("layers.1.feed_forward", "fwd", 1, "")
     assert rc.unit["ref_ops"] == 7 and rc.unit["cand_ops"] == 2 and rc.unit["paired"] == 0
     assert "reference 7 ops (eager) vs candidate 2 (compiled: inductor)" in rc.reason
-    assert rc.seen_at["module"] == "layers.1.norm"  # where it showed, a paired event
+    assert rc.seen_at.module == "layers.1.norm"  # where it showed, a paired event
     # what could not be paired is said, never an error
     assert tc.extra == {"aten.addmm.out": 2, "aten.mm.out": 2} and tc.missing["aten.mm.default"] == 4
 
@@ -61,4 +62,4 @@ def test_an_eager_extra_op_in_a_unit_both_ran_eagerly_is_still_named():
     ref = _stream(["aten.mm.default"], "a")
     cand = _stream(["aten.mm.default", "aten._to_copy.default"], "b")
     rc = compare_traces(ref, cand).root_cause
-    assert rc is not None and (rc.kind, rc.event["op"], rc.event["module"]) == ("extra op", "aten._to_copy.default", "layers.1.feed_forward")
+    assert rc is not None and (rc.kind, rc.event.op, rc.event.module) == ("extra op", "aten._to_copy.default", "layers.1.feed_forward")

@@ -11,7 +11,8 @@ import pytest
 from tracekit.errors import StoreError
 from tracekit.schemas import load as load_schema
 from tracekit.store import finalize_store, open_store
-from tracekit.store.runmeta import Mesh, RankCoords, RankMeta, RunMeta
+from tracekit.store.precision import POLICY_FIELDS, FsdpPolicy, PrecisionContext
+from tracekit.store.runmeta import Mesh, RankCoords, RankMeta, RunMeta, RunSetup
 from tracekit.testing import write_store
 
 
@@ -51,6 +52,20 @@ def test_fields_match_the_schema():
     assert "replayed_steps" in defs["rank"]["properties"]["replay"]["properties"]
     root = set(defs["root"]["properties"])
     assert {f.name for f in dataclasses.fields(RunMeta)} - {"finished", "launcherless", "writers_outlived_launcher"} <= root
+    assert {f.name for f in dataclasses.fields(RunSetup)} <= set(defs["run"]["properties"])
+    precision = defs["precision"]["properties"]
+    assert {f.name for f in dataclasses.fields(PrecisionContext)} == set(precision)
+    policy = set(precision["fsdp"]["additionalProperties"]["properties"])
+    assert {f.name for f in dataclasses.fields(FsdpPolicy)} == policy == set(POLICY_FIELDS)
+
+
+def test_run_setup_and_precision_policies_are_typed(tmp_path):
+    store = open_store(_store(tmp_path / "s"))
+    assert store.setup == RunSetup("cpu", None, None, None) and store.setup.known() == {"device": "cpu"}
+    ctx = PrecisionContext.from_attrs({"fsdp": {"layers.0": {"param_dtype": "bfloat16"}},
+                                       "flags": {"cuda_matmul_allow_tf32": True}}, "rank 0")
+    assert ctx.policies == {"layers.0": FsdpPolicy(param_dtype="bfloat16")} and ctx.cuda_tf32_matmuls
+    assert ctx.to_attrs()["fsdp"] == {"layers.0": {"param_dtype": "bfloat16", "reduce_dtype": None, "output_dtype": None}}
 
 
 @pytest.mark.parametrize("where,value", [("meshes", "not a list"), ("meshes", [3])])
