@@ -8,11 +8,12 @@ Every flag goes to TorchTitan as given. Before it runs, the runner
   (`--hf-assets-path`, `--dataloader.dataset-path`);
 - on a CPU-only host passes `--parallelism.spmd-backend partial_dtensor` unless the command names
   a backend, and applies cpu_shim.py (what else CPU/gloo needs);
-- with `--fault ffn_act:RANK:STEP` (the runner's own flag, not passed on), plants a forward-op
-  fault: on rank RANK from step STEP on, `layers.1.feed_forward` computes gelu instead of silu
-  (fault.py), for docs/LOCATE.md's root cause on TorchTitan; `ffn_bf16:RANK:STEP` rounds that
-  module's output to bfloat16 and `grad_scale:RANK:STEP:FACTOR` scales one rank's gradients in one
-  step (bench/bench_sensitivity.py --workload titan).
+- with `--fault KIND:RANK:STEP` (the runner's own flag, repeatable, not passed on), plants a
+  fault on rank RANK at step STEP (fault.py: a forward op, a backward-only op, an in-place write
+  through a view, a collective's input, an optimizer op), for docs/LOCATE.md's root cause on
+  TorchTitan; `ffn_bf16:RANK:STEP` rounds one op's result to bfloat16 and
+  `grad_scale:RANK:STEP:FACTOR` scales one rank's gradients in one step
+  (bench/bench_sensitivity.py --workload titan).
 """
 
 from __future__ import annotations
@@ -32,18 +33,26 @@ def has_flag(argv: list[str], flag: str) -> bool:
     return any(a == flag or a.startswith(flag + "=") for a in argv)
 
 
-def take_flag(argv: list[str], flag: str, default: str) -> tuple[str, list[str]]:
-    """(value of the runner's own flag, argv without it)."""
-    rest, value, i = [], default, 0
+def take_flags(argv: list[str], flag: str) -> tuple[list[str], list[str]]:
+    """(every value of the runner's own flag, in order; argv without them)."""
+    rest, values, i = [], [], 0
     while i < len(argv):
         if argv[i] == flag and i + 1 < len(argv):
-            value, i = argv[i + 1], i + 2
+            values.append(argv[i + 1])
+            i += 2
         elif argv[i].startswith(flag + "="):
-            value, i = argv[i].split("=", 1)[1], i + 1
+            values.append(argv[i].split("=", 1)[1])
+            i += 1
         else:
             rest.append(argv[i])
             i += 1
-    return value, rest
+    return values, rest
+
+
+def take_flag(argv: list[str], flag: str, default: str) -> tuple[str, list[str]]:
+    """(value of the runner's own flag, the last one given; argv without it)."""
+    values, rest = take_flags(argv, flag)
+    return (values[-1] if values else default), rest
 
 
 def torchtitan_args(argv: list[str], cpu: bool) -> list[str]:
@@ -64,16 +73,16 @@ def main() -> None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     cpu = cpu_shim.cpu_only()
-    spec, argv = take_flag(sys.argv[1:], "--fault", "")
+    specs, argv = take_flags(sys.argv[1:], "--fault")
     try:
-        planted = fault.parse(spec) if spec else None
+        planted = [fault.parse(spec) for spec in specs]
     except ValueError as e:
         print(f"Error: {e}", file=sys.stderr)
         sys.exit(2)
     sys.argv = [sys.argv[0], *torchtitan_args(argv, cpu)]
     cpu_shim.apply()
     if planted:
-        fault.install(*planted)
+        fault.install(planted)
     from torchtitan.train import main as torchtitan_main
 
     torchtitan_main()

@@ -86,6 +86,15 @@ def test_the_runner_keeps_what_the_command_names(tmp_path):
     assert "--parallelism.spmd-backend" not in train.torchtitan_args(["--assets", str(tmp_path)], cpu=False)
 
 
+def test_the_runner_takes_every_planted_fault_and_passes_none_to_torchtitan():
+    specs, rest = train.take_flags(["--fault", "nan_grad:0:2", "--module", "llama3", "--fault=ffn_bwd:1:3"], "--fault")
+    assert specs == ["nan_grad:0:2", "ffn_bwd:1:3"] and rest == ["--module", "llama3"]
+    assert [train.fault.parse(s) for s in specs] == [("nan_grad", 0, 2, None), ("ffn_bwd", 1, 3, None)]
+    for bad in ("nan_grad:0", "opt_lr:1:0", "leaky:1:2"):
+        with pytest.raises(ValueError, match="expected KIND:RANK:STEP"):
+            train.fault.parse(bad)
+
+
 def test_the_cpu_attention_is_block_causal_attention_over_packed_documents():
     """The shim's SDPA with the BlockMask's own mask_mod equals causal attention run on each packed
     document alone (what TorchTitan's FlexAttention computes)."""
@@ -226,5 +235,5 @@ def test_the_runners_fault_specs_parse_or_name_the_problem():
     assert parse("ffn_bf16:0:2") == ("ffn_bf16", 0, 2, None)
     assert parse("grad_scale:1:2:1.001") == ("grad_scale", 1, 2, 1.001)
     for bad in ("grad_scale:1:2", "ffn_bf16:1:2:1.5", "grad_scale:1:0:2", "grad_scale:1:2:x", "other:1:2"):
-        with pytest.raises(ValueError, match="expected ffn_act:RANK:STEP"):
+        with pytest.raises(ValueError, match="expected KIND:RANK:STEP"):
             parse(bad)

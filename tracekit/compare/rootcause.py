@@ -46,6 +46,12 @@ OK, BAD, UNKNOWN, SUSPECT = "ok", "bad", "unknown", "suspect"
 # only): no unpaired op there can be blamed; a difference they carry names the unit (unit_cause.py)
 OPAQUE = "opaque"
 CHAIN_LIMIT = 200  # events kept in a chain (the JSON says how many there were)
+# ops that overwrite an input without reading its values: op -> the inputs overwritten (None: all).
+# What such an input held before (a gradient buffer left by an earlier step, zeroed by zero_grad)
+# is no part of what the op computes, so a difference there is neither a state difference nor an
+# error the op carries on
+OVERWRITTEN = {"aten.zero_.default": None, "aten._foreach_zero_.default": None, "aten.fill_.Scalar": (0,),
+               "aten.fill_.Tensor": (0,), "aten.copy_.default": (0,)}
 
 
 def event_key(e: TraceEvent) -> tuple:
@@ -363,6 +369,9 @@ def compare_traces(ref_events: list[TraceEvent], cand_events: list[TraceEvent], 
         in_states = []
         near: list[tuple[int, int]] = []  # (input, unpaired origin) read within tolerance but not equal
         for k, (rt, ct) in enumerate(zip(rin, inputs)):
+            if _overwritten(c, k):
+                in_states.append(OK)
+                continue
             chk = check(rt, ct)
             p = ct.producer
             pstat = status.get(p[0], UNKNOWN) if p else None
@@ -460,6 +469,15 @@ def compare_traces(ref_events: list[TraceEvent], cand_events: list[TraceEvent], 
                      "root_cause": root is not None and root.event is c})
     return TraceComparison(rank, ref_rank, step, level, len(pairs), _count(extra), _count(missing),
                            not_comparable, root, rows)
+
+
+def _overwritten(event: TraceEvent, k: int) -> bool:
+    """Whether the event's input k is only written, never read (OVERWRITTEN)."""
+    op = event.op
+    if op not in OVERWRITTEN:
+        return False
+    which = OVERWRITTEN[op]
+    return which is None or k in which
 
 
 def _code(compiled: str | None) -> str:

@@ -1,7 +1,10 @@
-"""Root cause on TorchTitan's debug model (issue 36's TorchTitan cell): docs/TORCHTITAN.md's
+"""Root cause on TorchTitan's debug model (issue 36's TorchTitan cells): docs/TORCHTITAN.md's
 `torchtitan:locate` block, run as written after the `same` block whose `runs/tt-ref` it replays
 (that block is recorded once per test run for test_torchtitan_runs.py; linked here, not recorded
 again). Two launches of 2 ranks: a traced clean run and a traced replay with the planted fault.
+Then the `torchtitan:cells` block: one more traced replay holding four faults (backward-only op,
+in-place write through a view, collective input, optimizer op), one per rank and step, diffed
+against the same traced clean run.
 """
 
 from __future__ import annotations
@@ -29,6 +32,47 @@ def locate_block(shared_once):
         if r["command"].startswith("tracekit record"):
             assert r["rc"] == 0, (r["command"], r["err"][-3000:])
     return folder, results
+
+
+def cells_block(shared_once):
+    same, _ = doc_block(shared_once, "same")
+    locate, _ = locate_block(shared_once)
+    folder, results = shared_once("torchtitan-cells", lambda f: run_block(
+        f, "cells", reuse={"runs/tt-ref": same / "runs" / "tt-ref", "runs/tt-trace": locate / "runs" / "tt-trace"}))
+    record = ran(results, "tracekit record")
+    assert record["rc"] == 0, record["err"][-3000:]
+    return folder, results
+
+
+# (step, rank) -> (module, phase, kind, op prefix): each fault of the cells block where it is planted
+CELLS = {
+    (2, 0): ("", "fwd", "extra op", ("aten.copy_", "aten.fill_")),  # nan_grad:0:2, the write through a view
+    (2, 1): ("", "opt", "argument", "aten._fused_adamw_"),  # opt_lr:1:2, the update's lr
+    (3, 0): ("", "fwd", "extra op", "aten.mul.Tensor"),  # loss_scale:0:3, the loss feeding the reduce-scatter
+    (3, 1): ("layers.5.feed_forward", "bwd", "extra op", "aten.mul.Tensor"),  # ffn_bwd:1:3, silu's wrong derivative
+}
+
+
+def test_four_faults_in_one_replay_each_name_their_rank_module_op_and_phase(shared_once):
+    import tracekit
+
+    folder, results = cells_block(shared_once)
+    diff = ran(results, "tracekit diff runs/tt-trace runs/tt-cells")
+    assert diff["rc"] == 1 and "first_step=2" in verdict(diff), diff["out"][-3000:]
+    # the printed root cause is one of step 2's two (which one goes first across ranks is the
+    # order of their events); each rank's own is checked below
+    assert re.search(r"Root cause: step 2, rank [01], module \(top level\), aten\.(copy_|_fused_adamw_)", diff["out"]), \
+        diff["out"][-4000:]
+
+    report = tracekit.diff(str(folder / "runs" / "tt-trace"), str(folder / "runs" / "tt-cells"))
+    named = {(tc.step, tc.rank): (tc.root_cause.event.module, tc.root_cause.event.phase, tc.root_cause.kind,
+                                  tc.root_cause.event.op, tc.root_cause.reason)
+             for tc in report.traces if tc.root_cause}
+    assert set(named) == set(CELLS), named
+    for where, (module, phase, kind, op) in CELLS.items():
+        got = named[where]
+        assert got[:3] == (module, phase, kind) and got[3].startswith(op), (where, got)
+    assert "lr=0.0012" in named[(2, 1)][4] and "vs 0.0008" in named[(2, 1)][4], named[(2, 1)]
 
 
 def test_the_planted_feed_forward_fault_is_named_and_the_clean_step_names_nothing(shared_once):

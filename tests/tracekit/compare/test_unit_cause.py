@@ -5,16 +5,13 @@ call of layers.1. No torch: the streams are what a trace stores."""
 from tracekit.compare.rootcause import compare_traces
 from tracekit.store.trace_events import parse_events
 
+from tests.tracekit.compare.event_streams import traced_tensor
+
 STATS = {"a": [0.0, 1.0, 0.5, 10.0, 0, 0], "b": [0.0, 2.0, 0.9, 17.0, 0, 0]}
 
 
 def _t(value, producer=None, name=None):
-    t = {"shape": [4, 8], "dtype": "float32", "device": "cpu", "stats": STATS[value], "hash": f"xxh3_64:{value}"}
-    if producer is not None:
-        t["producer"] = [producer, 0]
-    if name:
-        t["name"] = name
-    return t
+    return traced_tensor(STATS, value, producer, name)
 
 
 def _stream(ff_ops, out_value, compiled=None):
