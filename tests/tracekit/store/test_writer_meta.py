@@ -193,30 +193,44 @@ def test_a_document_encodes_as_json_dumps_after_every_change(tmp_path):
     assert zarr.open_group(str(tmp_path / "g"), mode="r").attrs["tensors"] == []
 
 
-def test_an_unchanged_tensor_is_summarized_once_and_its_summary_is_the_same(tmp_path, monkeypatch):
+@pytest.mark.parametrize("size", ["large", "small"])
+def test_an_unchanged_tensor_is_summarized_once_and_its_summary_is_the_same(tmp_path, monkeypatch, size):
     """Once a tensor's hash (identity and bytes) came back unchanged, the writer hashes it first and
     reuses its last summary while the hash stays the same; what it stores is what summarizing the
-    bytes gives."""
+    bytes gives. Large tensors are summarized one by one (digest_and_summary), small ones together
+    per row (batch_summaries.summaries_of): both reuse."""
+    from tracekit.store import batch_summaries
     from tracekit.store import summaries as summaries_mod
     from tracekit.store.summaries import summarize
 
     calls = []
-    real = summaries_mod.digest_and_summary
-    monkeypatch.setattr(summaries_mod, "digest_and_summary", lambda ident, parts, dtype: calls.append(dtype) or real(ident, parts, dtype))
+    if size == "large":
+        n = batch_summaries.BATCHED
+        real = summaries_mod.digest_and_summary
+        monkeypatch.setattr(summaries_mod, "digest_and_summary",
+                            lambda ident, parts, dtype: calls.append(dtype) or real(ident, parts, dtype))
+    else:
+        n = 50
+        real_batch = batch_summaries.summaries_of
+        monkeypatch.setattr(batch_summaries, "summaries_of",
+                            lambda parts, dtype: calls.extend([dtype] * len(parts)) or real_batch(parts, dtype))
     path = str(tmp_path / "s")
     create_store(path, {})
     w = RankWriter(path, 0, {})
-    frozen = np.linspace(-1, 1, 50, dtype=np.float32)
+    frozen = np.linspace(-1, 1, n, dtype=np.float32)
     for s in (1, 2, 3):
-        w.write(s, "parameters", [TensorData("frozen", "float32", (50,), frozen),
-                                  TensorData("moving", "float32", (3,), np.full(3, s, dtype=np.float32)),
-                                  TensorData("frozen_copy", "float32", (50,), frozen.copy())])  # another name: its own hash
+        w.write(s, "parameters", [TensorData("frozen", "float32", (n,), frozen),
+                                  TensorData("moving", "float32", (n,), np.full(n, s, dtype=np.float32)),
+                                  TensorData("frozen_copy", "float32", (n,), frozen.copy())])  # another name: its own hash
         w.complete_step(s)
     w.close()
-    assert len(calls) == 3 + 3 + 1  # steps 1 and 2: all three; step 3: only the moving one
+    if size == "large":  # hashed first only once the hash came back unchanged: steps 1 and 2 all three, 3 the moving one
+        assert len(calls) == 3 + 3 + 1
+    else:  # small ones are hashed in the row loop anyway: step 1 all three, then only the moving one
+        assert len(calls) == 3 + 1 + 1
     view = open_store(path).rank(0)
     for s in (1, 2, 3):
         got = view.summaries("parameters", s)
         np.testing.assert_array_equal(got["frozen"], summarize(frozen, "float32"))
         np.testing.assert_array_equal(got["frozen_copy"], summarize(frozen, "float32"))
-        np.testing.assert_array_equal(got["moving"], summarize(np.full(3, s, dtype=np.float32), "float32"))
+        np.testing.assert_array_equal(got["moving"], summarize(np.full(n, s, dtype=np.float32), "float32"))
