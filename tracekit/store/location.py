@@ -375,6 +375,9 @@ def _obstore_s3(location: Location, read_only: bool):
         store = S3Store(bucket, prefix=prefix or None, config=config, client_options=client, retry_config=retry)
     except Exception as e:  # incomplete credentials, a bad endpoint: one line, without the values
         raise StoreError(f"{location.url}: cannot set up the S3 client ({str(e).splitlines()[0]})") from None
+    from tracekit.store.obstore_exit import guard_exit
+
+    guard_exit()  # else a command that ends right after a request can abort at exit (obstore_exit.py)
     return ObjectStore(store, read_only=read_only)
 
 
