@@ -11,7 +11,7 @@ from tracekit.cli.main import main
 from tracekit.recorders import Recorder
 
 
-def _record(store, autocast=False, steps=3, lr=0.01):
+def _record(store, autocast=False, steps=3, lr=0.01, bf16_output=False):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
     opt = torch.optim.SGD(model.parameters(), lr=lr)
@@ -20,10 +20,11 @@ def _record(store, autocast=False, steps=3, lr=0.01):
             g = torch.Generator().manual_seed(step)
             x, y = torch.randn(128, 64, generator=g), torch.randn(128, 8, generator=g)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                out = model(x).float()
-            loss = torch.nn.functional.mse_loss(out, y)
+                out = model(x)
+            loss = torch.nn.functional.mse_loss(out.float(), y)
             loss.backward()
-            rec.observe(output=out, loss=loss)
+            # bf16_output: the logits kept in autocast's bfloat16, as TorchTitan's under its FSDP2 policy
+            rec.observe(output=out if bf16_output else out.float(), loss=loss)
             opt.step()
             opt.zero_grad()
     return str(store)
@@ -33,7 +34,8 @@ def _record(store, autocast=False, steps=3, lr=0.01):
 def stores(tmp_path_factory):
     d = tmp_path_factory.mktemp("precision")
     return {"ref": _record(d / "ref"), "ref2": _record(d / "ref2"), "bf16": _record(d / "bf16", autocast=True),
-            "bf16_lr": _record(d / "bf16_lr", autocast=True, lr=0.01 * 1.01)}
+            "bf16_lr": _record(d / "bf16_lr", autocast=True, lr=0.01 * 1.01),
+            "bf16_logits": _record(d / "bf16_logits", autocast=True, bf16_output=True)}
 
 
 def _tols(report):
@@ -172,3 +174,17 @@ def test_growing_errors_without_a_replay_print_the_replay_command(stores, tmp_pa
     meta.write_text(json.dumps(doc))
     assert tracekit.diff(stores["ref"], str(replay), precision="fp32").drift is None
     assert tracekit.diff(stores["ref"], stores["bf16"]).drift is None  # a PASS
+
+
+def test_outputs_stored_in_the_compute_dtype_are_judged_by_the_norm_rule(stores):
+    # issue 35: a float32 reference against a candidate whose logits stay bfloat16. Their storage
+    # rounding is the least of their error: they went through the same chain of bfloat16 ops as the
+    # float32-stored loss, so elements that cancel near zero are off by far more than rtol of them.
+    without_rule = tracekit.diff(stores["ref"], stores["bf16_logits"], precision="fp32")
+    bad = {(v.kind, v.metrics.rel_l2_err < v.metrics.rel_l2) for v in without_rule.violations}
+    assert ("outputs", True) in bad  # elementwise failures of outputs well inside their norm bound
+    report = tracekit.diff(stores["ref"], stores["bf16_logits"])
+    out = _tols(report)[("outputs", "bfloat16")]
+    assert out["elementwise"] is False and "bfloat16 compute, bfloat16 stored" in out["source"]
+    assert out["rel_l2"] == pytest.approx(8 * 2.0**-8 + 128 * 2.0**-24)
+    assert report.passed, [(r.step, r.kind, r.tensor) for r in report.violations]
