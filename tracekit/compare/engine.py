@@ -666,9 +666,13 @@ def _values(view, kind: str, step: int, side) -> np.ndarray:
 
 def _add_shapes(report: DiffReport, step: int, by_kind: dict[str, list[TensorResult]], match=None) -> None:
     """The structured-error fits and patterns of the step: a signature is a violation."""
+    compute = (report.precision or {}).get("compute")
     for kind, rs in by_kind.items():
-        sigs, max_z, differs = step_shapes(step, kind, rs, match)
+        biases: list = []
+        sigs, max_z, differs = step_shapes(step, kind, rs, match, structure.bias_floor(kind, compute), biases)
         shape = report.shapes.setdefault(kind, structure.KindShape(kind))
+        for bias in biases:
+            shape.note_bias(bias)
         shape.max_z = max(shape.max_z, max_z)
         shape.differs |= differs
         if sigs:
