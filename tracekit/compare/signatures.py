@@ -58,6 +58,9 @@ def step_shapes(step: int, kind: str, rs: list, match=None, floor: float = 0.0,
     if sig is None and rest:
         shift = structure.shift_signature(step, kind, rest, floor, found)
         fitted += [shift] if shift is not None else []
+    if not fitted and rest:  # a scale of one rank's shard that the whole tensors' fit cannot see
+        region = structure.region_signature(step, kind, rest, floor)
+        fitted += [region] if region is not None else []
     sigs += own + fitted
     if not sigs:
         one = patterns.one_rank_signature(step, kind, rs)

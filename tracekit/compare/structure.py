@@ -153,9 +153,15 @@ class Signature:
     # stale, swapped found by near matches (compare/near.py): {"rel_l2_err": the loosest match's error
     # against the value it holds, "closer": the least times it is closer to it than to its own reference}
     near: dict | None = None
+    # a scale of the rows (columns, ...) one rank owns in sharded tensors (region_signature), not of
+    # that rank's whole tensors: `ranks` are the owners
+    shard: bool = False
 
     @property
     def where(self) -> str:
+        if self.shard:
+            whose = " and ".join(f"rank {r}'s" for r in self.ranks)
+            return f"{whose} shard{'s' if len(self.ranks) > 1 else ''} of {self.tensors} sharded tensors"
         where = "all tensors and ranks" if self.all_ranks else (
             f"rank {self.ranks[0]} only" if len(self.ranks) == 1 else f"ranks {', '.join(map(str, self.ranks))}")
         if self.tensor is not None and self.tensors == 1:
@@ -198,7 +204,7 @@ class Signature:
                 "rho": self.rho, "offset": self.offset, "ranks": self.ranks, "all_ranks": self.all_ranks,
                 "tensors": self.tensors, "tensor": self.tensor, "source_step": self.source_step,
                 "source_ranks": self.source_ranks, "near": self.near, "first_step": self.first_step or self.step,
-                "text": self.text}
+                "text": self.text, **({"shard": True} if self.shard else {})}
 
 
 @dataclass
@@ -362,6 +368,45 @@ def shift_signature(step: int, kind: str, results, floor: float = 0.0, biases: l
         return None
     return Signature(step, kind, "shift", None, z, fit.rho_shift, carriers, len(carriers) == len(per_rank),
                      len(tensors), example=_example(results, carriers), offset=fit.offset)
+
+
+def region_signature(step: int, kind: str, results, floor: float = 0.0) -> Signature | None:
+    """A scale of the elements one rank owns in the kind's sharded tensors (FSDP2's rows), pooled
+    over the tensors per owner (metrics.regions), that the whole tensors' fit does not see: every
+    rank holds the same assembled tensor, and a fault of one rank's shard that a later step undoes
+    in total (TorchTitan clips the gradients to a norm: rank 1's rows come out scaled up, rank 0's
+    down) leaves no scale over the whole. A signature when some owners' fits are significant (and,
+    under a precision rule, at least `floor` from 1) but not every owner's the same way (that is
+    the whole tensors' scale, which step_signature says)."""
+    if kind not in SCALE_MEANING:
+        return None
+    per_owner: dict[int, Fit] = {}
+    tensors, seen = set(), set()
+    for r in results:
+        for owner, sums in r.metrics.regions or ():
+            if (r.tensor, owner) in seen:  # every rank assembled from the same pieces: one copy counts
+                continue
+            seen.add((r.tensor, owner))
+            per_owner.setdefault(owner, Fit()).add(sums[:4], sums[4])
+            tensors.add(r.tensor)
+    if len(per_owner) < 2:
+        return None
+    strong = {o: f for o, f in per_owner.items() if f.significant() and abs(f.factor - 1.0) >= floor}
+    if not strong:
+        return None
+    up = {o for o, f in strong.items() if f.factor > 1.0}
+    if len(strong) == len(per_owner) and up in (set(), set(strong)):
+        return None  # every owner the same way: a scale of the whole tensors
+    r0 = max(strong, key=lambda o: abs(strong[o].z()))
+    carriers = sorted(o for o in strong if (o in up) == (r0 in up))
+    fit = Fit()
+    for o in carriers:
+        fit.add_fit(per_owner[o])
+    shape = "sign flip" if abs(fit.factor + 1.0) <= SIGN_FLIP_TOLERANCE else "scale"
+    mine = [r for r in results if r.metrics.regions and r.metrics.fit is not None]
+    example = max(mine, key=lambda r: r.metrics.fit[2]) if mine else next(r for r in results if r.metrics.regions)
+    return Signature(step, kind, shape, fit.factor, fit.z(), fit.rho, carriers, False, len(tensors),
+                     example=example, shard=True)
 
 
 def tensor_signatures(step: int, kind: str, results, taken: set[str] = frozenset()) -> list[Signature]:
