@@ -13,7 +13,7 @@ import pytest
 from filelock import FileLock
 
 from tests.dynamo_teardown import release_dynamo
-from tests.launch_guard import Guard, misplaced
+from tests.launch_guard import MARKER, Guard, misplaced
 from tests.paths import SAMPLES
 from tests.scheduling import ordered
 from tests.sharing import shared_root
@@ -37,9 +37,10 @@ def pytest_unconfigure(config):
 
 @pytest.hookimpl(trylast=True)  # after `-k`/`-m` deselect: the slices are of what runs
 def pytest_collection_modifyitems(config, items):
-    # tests/scheduling.py: the slow groups first, one per worker's slice (xdist's workers collect;
-    # each is told how many there are)
-    items[:] = ordered(items, getattr(config, "workerinput", {}).get("workercount", 1))
+    # tests/scheduling.py: the slow groups first, one per worker's slice, then the other launching
+    # tests, then the quick ones (xdist's workers collect; each is told how many there are)
+    items[:] = ordered(items, getattr(config, "workerinput", {}).get("workercount", 1),
+                       slow=lambda item: item.get_closest_marker(MARKER) is not None)
 
 
 def pytest_runtest_setup(item):

@@ -11,9 +11,11 @@ So the slow work goes first, spread over the slices: each HEAVY group below is w
 launches between them (the first of them to run records for all, `shared_once` or
 `recorded_sample`), kept together on one worker in the order listed, so none of its tests waits on
 another worker for a recording; the groups are dealt to the slices longest first, each to the
-slice with the least so far, at the slice's front. Everything else keeps the collection's order
-behind them, and work stealing evens out the rest. A group missing from a run (`-k`, `-m`, a
-single file) costs nothing; a test named in no group runs where the collection puts it.
+slice with the least so far, at the slice's front. Behind them, each slice gets an equal share of
+the other launching tests (tests/e2e/, in the collection's order), then quick tests: a worker that
+steals takes the back of a queue, so what moves is quick tests and the run ends on quick tests. A
+group missing from a run (`-k`, `-m`, a single file) costs nothing; a test named in no group keeps
+its collection order within its kind.
 """
 
 from __future__ import annotations
@@ -53,8 +55,11 @@ def _members(items: list, prefixes: tuple[str, ...]) -> list:
     return out
 
 
-def ordered(items: list, workers: int) -> list:
-    """items reordered for `workers` work-stealing workers (1: the heavy groups first)."""
+def ordered(items: list, workers: int, slow=lambda item: False) -> list:
+    """items reordered for `workers` work-stealing workers: in each worker's first slice, its HEAVY
+    groups, then its share of the other `slow` tests (consecutive, as collected, so that tests of one
+    file that share a recording stay together), then quick tests up to the slice's size. A worker
+    that steals takes the back of a queue, so the quick tests move and the run ends on quick tests."""
     workers = max(1, workers)
     slices: list[list] = [[] for _ in range(workers)]
     load = [0.0] * workers
@@ -68,11 +73,16 @@ def ordered(items: list, workers: int) -> list:
         load[i] += seconds
         taken.update(id(item) for item in members)
     rest = [item for item in items if id(item) not in taken]
+    slower = [item for item in rest if slow(item)]
+    quick = [item for item in rest if not slow(item)]
+    for i in range(workers):
+        share = len(slower) // (workers - i)
+        slices[i] += slower[:share]
+        slower = slower[share:]
     out: list = []
     for i in range(workers):
-        start = len(out)
-        size = (len(items) - start) // (workers - i)  # what worksteal's first hand-out gives worker i
+        size = (len(items) - len(out)) // (workers - i)  # what worksteal's first hand-out gives worker i
         fill = max(0, size - len(slices[i]))
-        out += slices[i] + rest[:fill]
-        rest = rest[fill:]
-    return out + rest
+        out += slices[i] + quick[:fill]
+        quick = quick[fill:]
+    return out + quick

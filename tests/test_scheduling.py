@@ -85,3 +85,18 @@ def test_every_listed_prefix_names_a_collected_test():
     assert ids, out.stdout[-2000:] + out.stderr[-2000:]
     stale = [p for _, _, ps in HEAVY for p in ps if not any(i.startswith(p) for i in ids)]
     assert not stale, stale
+
+
+def test_other_launching_tests_are_shared_out_after_the_groups_and_before_the_quick_ones():
+    launching = [Item(f"tests/e2e/cli/test_y.py::test_{i}") for i in range(10)]
+    quick = [Item(f"tests/tracekit/test_x.py::test_{i}") for i in range(30)]
+    heavy = [i for i in _items(0)]
+    items = quick[:15] + launching + heavy + quick[15:]
+    slow = lambda item: item.nodeid.startswith("tests/e2e/")  # noqa: E731
+    slices = _worksteal_slices(ordered(items, 2, slow), 2)
+    for s in slices:
+        kinds = ["heavy" if any(i is h for h in heavy) else "launching" if slow(i) else "quick" for i in s]
+        assert kinds == sorted(kinds, key=["heavy", "launching", "quick"].index), kinds
+        assert kinds.count("launching") == 5 and kinds.count("heavy") > 0
+    first, second = ([i for i in s if i in launching] for s in slices)
+    assert first + second == launching  # consecutive shares, in the collection's order
