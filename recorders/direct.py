@@ -156,10 +156,10 @@ class DirectCapture:
         self.idents: dict = buffers.setdefault("idents", {})  # spec -> what its hash covers besides the bytes
         self.scratch: dict = buffers.setdefault("scratch", {})  # torch dtype -> one block of a delta
         self.digested_grads: dict = {}  # name -> (hash, summary) of a digested gradient, for snapshots()
-        specs = [spec for spec, _, _ in plan]
         cached = buffers.get("layout")
-        if cached is None or cached[0] != specs:  # laid out again only when the tensors change
-            cached = buffers["layout"] = (specs, layout(specs))
+        # laid out again only when the tensors change (a plan begin() reused is the very same list)
+        if cached is None or (cached[0] is not plan and cached[0] != plan):
+            cached = buffers["layout"] = (plan, layout([spec for spec, _, _ in plan]))
         self.layout = cached[1]
         head, self.offsets, size = entry_head(step, True, self.layout)
         self.slab = handoff.slab(size, budget)
@@ -263,16 +263,31 @@ class DirectCapture:
                 if piece is None:
                     return None
                 pieces[kind, name] = piece
-        for kind, wanted in (("gradients", True), ("parameters", keep_params), ("deltas", deltas)):
-            if wanted:
-                of = "parameters" if kind == "deltas" else kind
-                plan += [(_spec(kind, name, *pieces[of, name], full), kind, name)
-                         for name, _ in (grads if kind == "gradients" else params)]
-        if any(spec is None for spec, _, _ in plan):
-            return None
+
+        def planned():  # the tensors' places, in the entry's order
+            yield from plan
+            for kind, wanted in (("gradients", True), ("parameters", keep_params), ("deltas", deltas)):
+                if wanted:
+                    of = "parameters" if kind == "deltas" else kind
+                    for name, _ in (grads if kind == "gradients" else params):
+                        yield _spec(kind, name, *pieces[of, name], full), kind, name
+
+        # The last step's plan while every tensor still matches it, compared one by one without
+        # building a new one: the ~3 objects a tensor and kind of a new plan lived through the
+        # step, and their promotion made Python's full collections come every few steps (at 2000
+        # tensors ~140 ms each, more than the capture's own work; docs/RELIABILITY.md).
+        last = buffers.get("plan")
+        size = len(plan) + len(grads) + len(params) * (bool(keep_params) + bool(deltas))
+        if last is not None and len(last) == size and all(a == b for a, b in zip(planned(), last)):
+            plan = last
+        else:
+            plan = list(planned())
+            if any(spec is None for spec, _, _ in plan):
+                return None
         befores_bytes = sum(pieces["parameters", name][0].nbytes for name, _ in params) if deltas else 0
         if sum(spec.nbytes for spec, _, _ in plan) + befores_bytes > handoff.max_bytes:  # one slab and the befores
             return None
+        buffers["plan"] = plan
         befores = {}
         snapshots = buffers.setdefault("before", {})
         for name, _ in params if deltas else ():

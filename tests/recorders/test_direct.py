@@ -90,6 +90,45 @@ def test_the_entry_filled_in_place_is_the_one_write_entry_writes(tmp_path, dtype
     assert handoff.made == 1  # one file, reused
 
 
+def test_the_plan_is_reused_while_the_tensors_match_it_and_made_anew_when_one_changes(tmp_path):
+    """begin() keeps the last step's plan while every tensor matches it (the same list, no new
+    objects a step: docs/RELIABILITY.md, the collector); a tensor of another shape, a dtype, or one
+    tensor more gets a new plan, laid out for the new tensors (what write_entry writes)."""
+    params = [("w", torch.randn(5, 3)), ("b", torch.randn(3))]
+    grads = [("w", torch.randn(5, 3)), ("b", torch.randn(3))]
+    staged = {"loss": {"loss": torch.tensor(0.5)}}
+    handoff = _FakeHandoff(str(tmp_path))
+    buffers = {}
+    plans = []
+    changes = [None, None, ("b", torch.randn(4)), ("b", torch.randn(4, dtype=torch.float64)), ("c", torch.randn(2))]
+    for change in changes:
+        if change is not None:
+            name, value = change
+            params = [(n, p) for n, p in params if n != name] + [(name, value)]
+            grads = [(n, g) for n, g in grads if n != name] + [(name, value.clone())]
+        cap = DirectCapture.begin(handoff, 3, staged, grads, params, True, True, buffers)
+        assert cap is not None
+        plans.append(cap.plan)
+        assert cap.capture(staged, dict(params))
+        expected = [("loss", from_torch("loss", staged["loss"]["loss"]))]
+        expected += [("gradients", from_torch(n, g)) for n, g in grads]
+        expected += [("parameters", from_torch(n, p)) for n, p in params]
+        expected += [("deltas", from_torch(n, p - p)) for n, p in params]
+        write_entry(str(tmp_path / "general.part"), 3, True, expected)
+        _, slab, _ = handoff.handed[-1]
+        mine, theirs = read_entry(slab.path), read_entry(str(tmp_path / "general.part"))
+        try:
+            assert [(k, t.name, t.dtype, t.shape) for k, ts in mine.kinds.items() for t in ts] == \
+                [(k, t.name, t.dtype, t.shape) for k, ts in theirs.kinds.items() for t in ts]
+        finally:
+            mine.close()
+            theirs.close()
+        handoff.release(slab)
+    assert plans[1] is plans[0]  # unchanged tensors: the same plan
+    assert all(plans[i] is not plans[i - 1] for i in (2, 3, 4))  # shape, dtype, one more: new ones
+    assert plans[2] != plans[1] and plans[3] != plans[2] and len(plans[4]) == len(plans[3]) + 3
+
+
 def _train(model, opt, steps, rec, clones, flush=False):
     for step in range(1, steps + 1):
         g = torch.Generator().manual_seed(step)
