@@ -116,6 +116,26 @@ def read_object(store, digest: bytes, info, where: str, loc: Located) -> tuple[n
     return out, finite
 
 
+def read_object_span(store, digest: bytes, info, where: str, loc: Located, start: int, stop: int) -> tuple[np.ndarray, bool]:
+    """Elements [start, stop) of the object of `info` (flat, storage dtype), its whole bytes
+    checked against `digest` first unless this open store verified them already (a part of an
+    object is never trusted on its own); and whether all its elements are finite."""
+    finite = store.ensure_verified(digest, info, where, loc)
+    dtype = storage_dtype(info.dtype)
+    out = np.empty(max(0, stop - start), dtype=dtype)
+    key = loc.label
+    try:
+        with io.reader(store.io_root, loc.key, base=loc.base, length=loc.length) as r:
+            got = r.readinto(start * dtype.itemsize, memoryview(out.view(np.uint8))) if out.nbytes else 0
+    except FileNotFoundError:
+        raise damaged(where, f"its object {key} is missing") from None
+    except OSError as err:
+        raise damaged(where, f"its object is unreadable ({err.strerror or err})") from None
+    if got != out.nbytes:
+        raise damaged(where, f"its object {key} is truncated")
+    return out, finite
+
+
 # Claimed tensor sizes above this are checked against an object when a reader first plans along
 # them (ObjectRows._check_huge_claims).
 HUGE_CLAIM = 1 << 30

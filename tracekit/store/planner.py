@@ -93,22 +93,64 @@ def plan_read(view, kind: str, step: int, name: str, region: Region | None = Non
     return ReadPlan(kind, step, info, want, tuple(items))
 
 
+def flat_span(shape, region: Region) -> tuple[int, int]:
+    """[start, stop) of the row-major flat elements of a tensor of `shape` that hold `region`."""
+    (offset, size) = region
+    if not shape:
+        return 0, 1
+    if math.prod(size) == 0:
+        return 0, 0
+    last = tuple(o + n - 1 for o, n in zip(offset, size))
+    return int(np.ravel_multi_index(offset, shape)), int(np.ravel_multi_index(last, shape)) + 1
+
+
+def _in_span(flat: np.ndarray, shape, start: int, region: Region) -> np.ndarray:
+    """`region` of a tensor of `shape`, from its flat elements [start, ...) in `flat` (a view
+    where the region is contiguous: a run of whole rows, the usual request)."""
+    (offset, size) = region
+    if not shape:
+        return flat.reshape(())
+    if math.prod(size) == 0:
+        return np.empty(size, dtype=flat.dtype)
+    partial = [i for i, (n, d) in enumerate(zip(size, shape)) if n != d]
+    if not partial or all(n == 1 for n in size[:partial[-1]]):
+        return flat[:math.prod(size)].reshape(size)  # contiguous: starts at `start`
+    grid = np.ix_(*(np.arange(o, o + n) for o, n in zip(offset, size)))
+    return flat[np.ravel_multi_index(grid, shape) - start]
+
+
 def execute(view, plan: ReadPlan) -> np.ndarray:
     """The requested region, in storage dtype and its shape: each item fetched (checked) by the
-    store's format reader and its overlap copied into place."""
+    store's format reader, only the flat span of the piece its overlap needs, and the overlap
+    copied into place."""
     info, (offset, shape) = plan.info, plan.region
-    if plan.ranged:
-        data = view.read_bits(plan.kind, plan.step, info.name).reshape(info.shape)
-        return data[tuple(slice(o, o + n) for o, n in zip(offset, shape))]
+    if plan.ranged:  # a range of a storage row: the flat span the region lies in
+        start, stop = flat_span(info.shape, plan.region)
+        flat = view.store.format.read_span(view, plan.kind, plan.step, info, start, stop)
+        return _in_span(flat, info.shape, start, plan.region)
     out = np.empty(shape, dtype=storage_dtype(info.dtype))
     fmt = view.store.format
     for item in plan.items:
-        piece = fmt.fetch(view, plan.kind, plan.step, item).reshape(item.piece[1])
-        (po, _), (qo, qs) = item.piece, item.overlap
-        src = tuple(slice(q - p, q - p + n) for q, p, n in zip(qo, po, qs))
+        (po, ps), (qo, qs) = item.piece, item.overlap
+        local = (tuple(q - p for q, p in zip(qo, po)), qs)
+        span = flat_span(ps, local)
+        whole_piece = span == (0, math.prod(ps))
+        flat = fmt.fetch(view, plan.kind, plan.step, item, None if whole_piece else span)
         dst = tuple(slice(q - o, q - o + n) for q, o, n in zip(qo, offset, qs))
-        out[dst] = piece[src]
+        out[dst] = _in_span(flat, ps, span[0] if not whole_piece else 0, local)
     return out
+
+
+def read_flat(view, kind: str, step: int, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+    """Flat elements [start, stop) of a tensor at a step (default: all), in storage dtype: a
+    format that saves it as a range of a storage row reads just those; pieces are read whole."""
+    plan = plan_read(view, kind, step, name)
+    info = plan.info
+    stop = info.numel if stop is None else min(stop, info.numel)
+    if plan.ranged:
+        return view.store.format.read_span(view, kind, step, info, start, stop)
+    flat = execute(view, plan).reshape(-1)
+    return flat if (start, stop) == (0, info.numel) else flat[start:stop]
 
 
 def check_tiling(pieces, numel: int, peers, where: str) -> None:

@@ -32,7 +32,7 @@ from tracekit.store.dtypes import all_finite
 from tracekit.store.hashing import hasher
 from tracekit.store.packs import PACKS, Located, PackSpec, locations
 from tracekit.store import objects as _objects
-from tracekit.store.objects import ObjectRows, Verified, damaged, no_bytes, read_object
+from tracekit.store.objects import ObjectRows, Verified, damaged, no_bytes, read_object, read_object_span
 from tracekit.store.summaries import N_FIELDS, combine, fields_of, row_identity, row_width, unseal
 from tracekit.store.kinds import kind_order
 from tracekit.store.location import Location, resolve
@@ -513,6 +513,11 @@ class RankView:
         (store/formats/: a zarr array, or the same view over content-addressed objects)."""
         return self.store.format.storage_array(self, kind, key)
 
+    def check_claims(self, kind: str, name: str) -> None:
+        """StoreError (damage) when the storage tensor `name` is read from does not hold what the
+        index claims (sizes, huge objects): checked once per open store, before any read plans along it."""
+        self.array(kind, self.tensor(kind, name).array)
+
     def _refuse_irregular(self, kind: str, key: str) -> None:
         """StoreError when a member's metadata is not a regular file: zarr, asked anything about the
         member, would block forever opening a FIFO there (or read a device without end)."""
@@ -884,14 +889,18 @@ class RankView:
         position = self.position(kind, name)
         return Piece(self, row, info, self.row_digests(kind, row)[position], self.locations(kind, row)[position])
 
-    def read_piece(self, kind: str, step: int, piece: "Piece") -> np.ndarray:
-        """One piece's bytes (flat, storage dtype), checked against its hash (once per open store)
-        and its finiteness flag, as assemble() checks them."""
+    def read_piece(self, kind: str, step: int, piece: "Piece", span: tuple[int, int] | None = None) -> np.ndarray:
+        """One piece's bytes (flat, storage dtype; its elements [start, stop) with `span`),
+        checked against its hash (once per open store: the whole piece, before a part of it is
+        used) and its finiteness flag, as assemble() checks them."""
         pv, name = piece.view, piece.info.name
         where = pv.where(kind, step, name)
         if not piece.info.keeps_bytes:
             raise no_bytes(where)
-        data, finite = read_object(self.store, piece.digest, piece.info, where, piece.loc)
+        if span is None:
+            data, finite = read_object(self.store, piece.digest, piece.info, where, piece.loc)
+        else:
+            data, finite = read_object_span(self.store, piece.digest, piece.info, where, piece.loc, *span)
         pv.check_finite_flag(kind, piece.row, pv.position(kind, name), finite, where)
         return data
 
@@ -994,30 +1003,19 @@ class RankView:
         finite = self.store.ensure_verified(digest, info, where, self.locations(kind, row)[position])
         self.check_finite_flag(kind, row, position, finite, where)
 
-    def _read_row(self, kind: str, step: int, key: str, start: int, stop: int) -> np.ndarray:
-        return self.store.format.read_range(self, kind, step, key, start, stop)
-
     def read_bits(self, kind: str, step: int, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """A tensor's stored data, flat, in storage dtype (bfloat16 as uint16 bits); a slice of it with start/stop."""
-        info = self.tensor(kind, name)
-        stop = info.numel if stop is None else min(stop, info.numel)
-        return self._read_row(kind, step, info.array, info.offset + start, info.offset + stop)
+        """A tensor's stored data, flat, in storage dtype (bfloat16 as uint16 bits); a slice of it
+        with start/stop (store/planner.py: read_flat)."""
+        return planner.read_flat(self, kind, step, name, start, stop)
 
     def read(self, kind: str, step: int, name: str) -> np.ndarray:
         """A tensor as numpy values in its shape (bfloat16 widened exactly to float32)."""
         info = self.tensor(kind, name)
-        return to_numpy_values(self.read_bits(kind, step, name), info.dtype).reshape(info.shape)
+        return to_numpy_values(self.read_region(kind, step, name), info.dtype).reshape(info.shape)
 
     def read_kind(self, kind: str, step: int) -> dict[str, np.ndarray]:
-        """Every tensor of a kind at a step, reading each packed row once."""
-        rows = {}
-        out = {}
-        for info in self.tensors(kind):
-            if info.array not in rows:
-                rows[info.array] = self._read_row(kind, step, info.array, 0, self.array(kind, info.array).shape[1])
-            bits = rows[info.array][info.offset : info.offset + info.numel]
-            out[info.name] = to_numpy_values(bits, info.dtype).reshape(info.shape)
-        return out
+        """Every tensor of a kind at a step, as numpy values in their shapes (read as read() reads them)."""
+        return {info.name: self.read(kind, step, info.name) for info in self.tensors(kind)}
 
 
 class _RowPieces:
