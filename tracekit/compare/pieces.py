@@ -27,7 +27,8 @@ import numpy as np
 
 from tracekit.compare.metrics import BLOCK_ELEMENTS, MetricsAccumulator
 from tracekit.store.dtypes import to_numpy_values
-from tracekit.store.reader import PieceReader, prefetch_pieces
+from tracekit.store.objects import PieceReader
+from tracekit.store.planner import prefetch_pieces
 from tracekit.store.rows import Buffers
 
 # Elements read per side at a time: a few metric blocks, small enough to stay in the CPU cache.

@@ -35,7 +35,7 @@ class FormatReader(Protocol):
         """Elements [start, stop) of storage array `key` at a step, checked (StoreError: damage)."""
 
     def whole_piece(self, view, kind: str, step: int, info):
-        """An unsharded tensor's saved bytes as one piece (store.reader.Piece), or None where the
+        """An unsharded tensor's saved bytes as one piece (store.planner.Piece), or None where the
         format saves it only inside a storage array row (read through read_range)."""
 
     def kind_writer(self, group, kind: str, io_root, full, rank: int):
