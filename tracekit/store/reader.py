@@ -332,10 +332,13 @@ class RankView(HashedIndex):
         (store/formats/: a zarr array, or the same view over content-addressed objects)."""
         return self.store.format.storage_array(self, kind, key)
 
-    def check_claims(self, kind: str, name: str) -> None:
-        """StoreError (damage) when the storage tensor `name` is read from does not hold what the
-        index claims (sizes, huge objects): checked once per open store, before any read plans along it."""
-        self.array(kind, self.tensor(kind, name).array)
+    def check_claims(self, kind: str, name: str | None = None) -> None:
+        """StoreError (damage) when the storage tensor `name` (default: every tensor of `kind`) is
+        read from does not hold what the index claims (sizes, huge objects): checked once per open
+        store, before any read plans along it."""
+        infos = self.tensors(kind) if name is None else [self.tensor(kind, name)]
+        for key in sorted({info.array for info in infos}):
+            self.array(kind, key)
 
     def _refuse_irregular(self, kind: str, key: str) -> None:
         """StoreError when a member's metadata is not a regular file: zarr, asked anything about the
