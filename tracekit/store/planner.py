@@ -120,6 +120,8 @@ def plan_read(view, kind: str, step: int, name: str, region: Region | None = Non
     pieces = saved_pieces(view, kind, step, name)
     if pieces is None:
         return ReadPlan(kind, step, info, want, (), ranged=True)
+    if info.shard is not None:  # before reading: pieces that overlap or leave a gap are damage
+        check_tiling(pieces, info.numel, info.shard.peers, view.where(kind, step, name))
     if region is None:  # every piece, empty ones too: each is read and checked, as it was recorded
         return ReadPlan(kind, step, info, want, tuple(item_of(p) for p in pieces))
     items = []

@@ -92,3 +92,23 @@ def test_format_versions_are_tested_only_in_store_formats():
              if "formats" not in p.parts
              for n, line in enumerate(p.read_text().splitlines(), 1) if compared.search(line)]
     assert found == []
+
+
+@pytest.mark.parametrize("second, message", [((3, 4), "overlap"), ((5, 2), "do not cover it")])
+def test_pieces_that_do_not_tile_the_tensor_are_damage_for_every_read(tmp_path, second, message):
+    """Rank 1's piece overlaps rank 0's (rows 3-6 against 0-3) or leaves row 4 out (rows 5-6):
+    whole reads, region reads and the xarray-facing read() refuse it before reading a byte,
+    never filling a gap with whatever memory held."""
+    path = str(tmp_path / "s")
+    create_store(path, {"command": ["test"]})
+    for r, (lo, n) in enumerate([(0, 4), second]):
+        part = np.ascontiguousarray(W[lo:lo + n])
+        w = RankWriter(path, r, {"coords": {"rank": r, "world_size": RANKS}})
+        w.write(1, "parameters", [TensorData("w", "float32", part.shape, part, Shard(W.shape, (lo, 0), part.shape, (0, 1)))])
+        w.complete_step(1)
+        w.close()
+    view = open_store(path).rank(0)
+    for read in (lambda: view.read("parameters", 1, "w"), lambda: view.read_region("parameters", 1, "w", ((0, 0), (2, 5))),
+                 lambda: view.assemble("parameters", 1, "w")):
+        with pytest.raises(StoreError, match=f"damaged store: .*tensor w: the pieces of ranks \\[0, 1\\] {message}"):
+            read()
