@@ -112,3 +112,20 @@ def test_pieces_that_do_not_tile_the_tensor_are_damage_for_every_read(tmp_path, 
                  lambda: view.assemble("parameters", 1, "w")):
         with pytest.raises(StoreError, match=f"damaged store: .*tensor w: the pieces of ranks \\[0, 1\\] {message}"):
             read()
+
+
+@pytest.mark.parametrize("version", [1, 4])
+def test_export_and_replay_reads_execute_read_plans(tmp_path, monkeypatch, version):
+    """`tracekit export` and replay's read_kind ask the planner for each tensor (FORMAT.md says so)."""
+    from tracekit.interchange.export import export_file
+
+    path = write_store(tmp_path / "s", {0: {1: {"parameters": {"w": W, "b": B}}}}, format_version=version)
+    asked = []
+    real = planner.plan_read
+    monkeypatch.setattr(planner, "plan_read", lambda view, kind, step, name, region=None: asked.append(name) or real(view, kind, step, name, region))
+    export_file(path, str(tmp_path / "out.safetensors"), 1)
+    assert sorted(asked) == ["b", "w"]
+    asked.clear()
+    got = open_store(path).rank(0).read_kind("parameters", 1)
+    assert sorted(asked) == ["b", "w"]
+    np.testing.assert_array_equal(got["w"], W)
