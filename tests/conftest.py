@@ -13,8 +13,9 @@ import pytest
 from filelock import FileLock
 
 from tests.dynamo_teardown import release_dynamo
-from tests.launch_guard import Guard, misplaced
+from tests.launch_guard import MARKER, Guard, misplaced
 from tests.paths import SAMPLES
+from tests.scheduling import ordered
 from tests.sharing import shared_root
 from tests.launching import TORCHRUN_TIMEOUT
 
@@ -32,6 +33,14 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     _LAUNCH_GUARD.uninstall()
     release_dynamo()  # tests/dynamo_teardown.py: no dynamo cleanup hook left to fire at interpreter teardown
+
+
+@pytest.hookimpl(trylast=True)  # after `-k`/`-m` deselect: the slices are of what runs
+def pytest_collection_modifyitems(config, items):
+    # tests/scheduling.py: the slow groups first, one per worker's slice, then the other launching
+    # tests, then the quick ones (xdist's workers collect; each is told how many there are)
+    items[:] = ordered(items, getattr(config, "workerinput", {}).get("workercount", 1),
+                       slow=lambda item: item.get_closest_marker(MARKER) is not None)
 
 
 def pytest_runtest_setup(item):

@@ -448,7 +448,7 @@ def step_parts(engine: "_Engine", kp: KindPair, step: int) -> tuple[list[tuple[s
                 accs = [pieces.compare_shared_region(plan, i, new_acc) for i in range(len(plan.regions))]
             else:
                 accs = pieces.compare_regions(plan, new_acc)
-            parts.append((t.name, 0, pieces.merged(accs, new_acc)))
+            parts.append((t.name, 0, pieces.merged(accs, new_acc, plan.owners)))
             nbytes += plan.nbytes
     return parts, nbytes
 
@@ -563,7 +563,8 @@ def _compare_steps_here(engine: "_Engine", plan, steps: list[int], jobs: int | N
                             pieces.check_entries(tp)  # this pair's own index entries (flags)
                         else:
                             accs = wholes[(kp.key, t.name)].result()
-                        partial[(kp.key, t.name)] = [(0, pieces.merged(accs, engine.new_acc(kp.kind, t.dtype, t.name)))]
+                        partial[(kp.key, t.name)] = [(0, pieces.merged(accs, engine.new_acc(kp.kind, t.dtype, t.name),
+                                                                       tp.owners))]
                         tick(tp.nbytes)
                 for f in checks:
                     f.result()
@@ -666,9 +667,13 @@ def _values(view, kind: str, step: int, side) -> np.ndarray:
 
 def _add_shapes(report: DiffReport, step: int, by_kind: dict[str, list[TensorResult]], match=None) -> None:
     """The structured-error fits and patterns of the step: a signature is a violation."""
+    compute = (report.precision or {}).get("compute")
     for kind, rs in by_kind.items():
-        sigs, max_z, differs = step_shapes(step, kind, rs, match)
+        biases: list = []
+        sigs, max_z, differs = step_shapes(step, kind, rs, match, structure.bias_floor(kind, compute), biases)
         shape = report.shapes.setdefault(kind, structure.KindShape(kind))
+        for bias in biases:
+            shape.note_bias(bias)
         shape.max_z = max(shape.max_z, max_z)
         shape.differs |= differs
         if sigs:

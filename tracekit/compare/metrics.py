@@ -120,6 +120,8 @@ class TensorMetrics:
     # (sum ref^2, sum ref*(cand-ref), sum (cand-ref)^2, sum (cand-ref)) over the compared elements:
     # what the structured-error fits of compare/structure.py pool over tensors and ranks (None: not known)
     fit: tuple[float, float, float, float] | None = None
+    # a sharded tensor's fit sums per shard region: ((owner rank, (the four sums above, elements)), ...)
+    regions: tuple | None = None
 
     @property
     def passed(self) -> bool:
@@ -288,6 +290,7 @@ class MetricsAccumulator:
         self.dot_ref_diff = 0.0  # sum ref*(cand-ref)
         self.ss_diff = 0.0  # sum (cand-ref)^2
         self.sum_diff = 0.0  # sum (cand-ref): the constant-shift fit (compare/structure.py)
+        self.regions = None  # per shard region: set by compare/pieces.py merged()
         # worst: (category, error, flat index, ref, cand, oracle); category 2 = non-finite mismatch,
         # 1 = violation, 0 = within tolerance. Ties keep the earlier element.
         self.worst: tuple | None = None
@@ -328,6 +331,10 @@ class MetricsAccumulator:
         w = self.worst
         if w is None or (cat, err) > w[:2] or ((cat, err) == w[:2] and index < w[2]):
             self.worst = (cat, err, index, ref, cand, oracle)
+
+    def fit_sums(self) -> tuple:
+        """(sum ref^2, sum ref*(cand-ref), sum (cand-ref)^2, sum (cand-ref), elements finite on every side)."""
+        return (self.ss_ref, self.dot_ref_diff, self.ss_diff, self.sum_diff, self.n_fin)
 
     def relocate(self, index_of) -> "MetricsAccumulator":
         """Renumber the worst element: fed as a piece of a larger tensor with flat indices local
@@ -653,7 +660,7 @@ class MetricsAccumulator:
         return TensorMetrics(self.n, self.rtol, self.atol, violations, self.nonfinite, self.max_abs,
                              self.max_rel, rel_l2, cosine, worst, oracle, self.rel_l2, norm_failed,
                              elem_margin, norm_margin, self.n_fin, counts,
-                             (self.ss_ref, self.dot_ref_diff, self.ss_diff, self.sum_diff))
+                             (self.ss_ref, self.dot_ref_diff, self.ss_diff, self.sum_diff), self.regions)
 
     def _scaled_elementwise(self) -> tuple[int, float]:
         """(violations, elementwise margin); without the elementwise rule only NaN/Inf mismatches count."""

@@ -51,6 +51,9 @@ class TensorPlan:
     shape: tuple[int, ...]
     regions: list[Region]
     sides: list[SidePlan]  # ref, cand[, oracle]
+    # the rank whose piece each region is on the side the regions were cut along (None: unsharded):
+    # the structured-error fits per shard region (compare/structure.py region_signature)
+    owners: list | None = None
 
     @property
     def shared(self) -> bool:
@@ -99,7 +102,9 @@ def plan_tensor(kind: str, step: int, sides: list[tuple[object, object]]) -> Ten
             if set(by_region) != set(regions):
                 by_region = None  # another layout: this side is read whole
         plans.append(SidePlan(view, info, by_region))
-    return TensorPlan(kind, step, tuple(sides[0][1].shape), regions, plans)
+    owner = {p.region: p.view.rank for p in lead if p.numel > 0 and p.info.shard is not None}
+    owners = [owner.get(r) for r in regions] if len(regions) > 1 else None
+    return TensorPlan(kind, step, tuple(sides[0][1].shape), regions, plans, owners)
 
 
 def _relocated(plan: TensorPlan, region: Region, acc: MetricsAccumulator) -> MetricsAccumulator:
@@ -194,10 +199,13 @@ def compare_regions(plan: TensorPlan, new_acc) -> list[MetricsAccumulator]:
     return out
 
 
-def merged(accs: list[MetricsAccumulator], new_acc) -> MetricsAccumulator:
+def merged(accs: list[MetricsAccumulator], new_acc, owners: list | None = None) -> MetricsAccumulator:
     """The tensor's metrics: its regions' merged in region order (a fresh accumulator: shared
-    region results stay untouched)."""
+    region results stay untouched). With `owners` (TensorPlan.owners: each region's rank), each
+    region's fit sums are kept too (MetricsAccumulator.regions)."""
     acc = new_acc()
     for a in accs:
         acc.merge(a)
+    if owners is not None and len(owners) == len(accs) and None not in owners:
+        acc.regions = tuple((int(o), a.fit_sums()) for o, a in zip(owners, accs))
     return acc

@@ -84,6 +84,17 @@ def _precision_lines(precision: dict | None) -> list[str]:
     return out
 
 
+def _bias_text(report: DiffReport, bias) -> str:
+    """The fit a rounding-like kind owes to the compute dtype's own bias (compare/structure.py)."""
+    if bias is None:
+        return ""
+    compute = (report.precision or {}).get("compute") or "the compute dtype"
+    what = (f"a scale of {1.0 + bias.size:.5f}" if bias.shape == "scale"
+            else f"a shift of {bias.size:+.2e} x the values' rms")
+    return (f"; {what} on all ranks at step {bias.step} (z = {bias.z:.0f}) is under {compute}'s unit roundoff "
+            f"({bias.floor:.2g}): its arithmetic's own bias")
+
+
 def _shape_lines(report: DiffReport) -> list[str]:
     """Each kind's error shape (compare/structure.py): systematic, with each run of signatures once
     (its strongest step), rounding-like, or identical."""
@@ -95,7 +106,7 @@ def _shape_lines(report: DiffReport) -> list[str]:
                "NaN/Inf; docs/DIFF.md):"]
     for shape in sorted(shapes, key=lambda s: (kind_order(s.kind), s.kind)):
         if not shape.signatures:
-            out.append(f"  {shape.kind}: {shape.shape} (largest |z| {shape.max_z:.1f})")
+            out.append(f"  {shape.kind}: {shape.shape} (largest |z| {shape.max_z:.1f}){_bias_text(report, shape.bias)}")
             continue
         runs: dict[tuple, object] = {}
         for sig in shape.signatures:

@@ -21,13 +21,22 @@ def matcher(engine, pairs, align: str, read=None):
     return match
 
 
-def step_shapes(step: int, kind: str, rs: list, match=None) -> tuple[list, float, bool]:
+def step_shapes(step: int, kind: str, rs: list, match=None, floor: float = 0.0,
+                biases: list | None = None) -> tuple[list, float, bool]:
     """Every signature of one kind at one step, the most specific first (the first divergence
     names the first): NaN/Inf, exact matches, permuted or transposed rows, a tensor's own sign flip or shift, the kind's scale
     (or sign flip) or shift, one rank. Tensors with a shape of their own are left out of the kind's
     fits (one flipped tensor would pass for a scale of the lot), unless every tensor has one: then
-    the kind's fit says it once."""
-    sig, max_z, differs = structure.step_signature(step, kind, rs)
+    the kind's fit says it once. `floor` (structure.bias_floor): the size under which an all-rank
+    scale or shift is the compute dtype's own bias; such a fit is no signature, and is appended to
+    `biases` (structure.Bias)."""
+    found: list = []  # the biases of the kind's last scale fit and its shift fit
+
+    def scale(rs_):
+        found.clear()
+        return structure.step_signature(step, kind, rs_, floor, found)
+
+    sig, max_z, differs = scale(rs)
     sigs = [s for s in (patterns.nonfinite_signature(step, kind, rs),) if s is not None]
     matched = (match(step, kind, rs) if match is not None else []) + patterns.row_signatures(step, kind, rs)
     sigs += matched
@@ -36,7 +45,7 @@ def step_shapes(step: int, kind: str, rs: list, match=None) -> tuple[list, float
     explained = {m for s in matched for m in s.names}
     rs_fit = [r for r in rs if (r.rank, r.tensor) not in explained] if explained else rs
     if explained:
-        sig = structure.step_signature(step, kind, rs_fit)[0] if rs_fit else None
+        sig = scale(rs_fit)[0] if rs_fit else None
     own = structure.tensor_signatures(step, kind, rs_fit)
     flagged = {n for s in own for n in s.names}
     rest = rs_fit
@@ -44,13 +53,18 @@ def step_shapes(step: int, kind: str, rs: list, match=None) -> tuple[list, float
         own = []  # the kind's own fit says it once, over all its tensors
     else:
         rest = [r for r in rs_fit if r.tensor not in flagged]
-        sig = structure.step_signature(step, kind, rest)[0] if rest else None
+        sig = scale(rest)[0] if rest else None
     fitted = [sig] if sig is not None else []
     if sig is None and rest:
-        shift = structure.shift_signature(step, kind, rest)
+        shift = structure.shift_signature(step, kind, rest, floor, found)
         fitted += [shift] if shift is not None else []
+    if not fitted and rest:  # a scale of one rank's shard that the whole tensors' fit cannot see
+        region = structure.region_signature(step, kind, rest, floor)
+        fitted += [region] if region is not None else []
     sigs += own + fitted
     if not sigs:
         one = patterns.one_rank_signature(step, kind, rs)
         sigs += [one] if one is not None else []
+    if biases is not None:
+        biases.extend(found)
     return sigs, max_z, differs

@@ -13,7 +13,9 @@ A fit is a signature (a violation, even inside the bounds) when |z| >= Z_MIN and
 and the scale is at least SCALE_FLOOR away from 1 (a shift at least SCALE_FLOOR times the values'
 root mean square away from 0):
 z alone would grow with n for the faintest systematic correlation of rounding with the values,
-rho alone would flag a few elements. Replicated kinds (gradients, deltas: the same full tensor on
+rho alone would flag a few elements. Under a precision rule, an outputs or gradients fit smaller
+than the compute dtype's unit roundoff that every rank carries the same way is that arithmetic's own
+bias, not a signature (bias_floor, COMPUTE_BIASED_KINDS). Replicated kinds (gradients, deltas: the same full tensor on
 every data-parallel rank) pool one rank's worth of elements over all ranks, so that copies of one
 tensor do not count as independent evidence. A tensor is also fitted on its own (over its ranks)
 for a sign flip or a shift, with |rho| >= RHO_TENSOR: one wrong tensor among many is diluted in the
@@ -38,6 +40,16 @@ RHO_MIN = 0.05
 # the values (seen: fsdp vs hsdp, gradients differing by 1e-8 relative, z = -182 at rho = -0.07).
 # The same floor, relative to the values' root mean square, bounds a shift from below.
 SCALE_FLOOR = 8 * 2.0 ** -24
+# Under a precision rule (compare/precision.py) the kinds whose values the low-precision forward and
+# backward computed carry that arithmetic's own bias: a forward in bfloat16 leaves a systematic
+# rescale of a fraction of its unit roundoff u in products such as logits (TorchTitan's debug model,
+# float32 vs bfloat16: k = 1.00088, 0.23 u, on both ranks, the same under a replay from the float32
+# reference). A scale (or a shift, relative to the values' root mean square) of such a kind that is
+# smaller than u and that every rank carries the same way is that bias, not evidence of a bug: it is
+# rounding-like. Deltas are not among them (the optimizer's float32 update, where an lr error shows),
+# and neither is a scale one rank carries alone or ranks carry in opposite directions: every rank
+# runs the same arithmetic, so its bias has one sign on all of them.
+COMPUTE_BIASED_KINDS = frozenset({"outputs", "gradients"})
 Z_QUIET = 5.0  # a rank below this carries no sign of the fit (for "one rank only")
 # A single tensor's own fit: its error must be almost all of that shape (rounding never is), since
 # the tensors of a step are many chances for one to correlate by luck.
@@ -141,9 +153,15 @@ class Signature:
     # stale, swapped found by near matches (compare/near.py): {"rel_l2_err": the loosest match's error
     # against the value it holds, "closer": the least times it is closer to it than to its own reference}
     near: dict | None = None
+    # a scale of the rows (columns, ...) one rank owns in sharded tensors (region_signature), not of
+    # that rank's whole tensors: `ranks` are the owners
+    shard: bool = False
 
     @property
     def where(self) -> str:
+        if self.shard:
+            whose = " and ".join(f"rank {r}'s" for r in self.ranks)
+            return f"{whose} shard{'s' if len(self.ranks) > 1 else ''} of {self.tensors} sharded tensors"
         where = "all tensors and ranks" if self.all_ranks else (
             f"rank {self.ranks[0]} only" if len(self.ranks) == 1 else f"ranks {', '.join(map(str, self.ranks))}")
         if self.tensor is not None and self.tensors == 1:
@@ -186,7 +204,21 @@ class Signature:
                 "rho": self.rho, "offset": self.offset, "ranks": self.ranks, "all_ranks": self.all_ranks,
                 "tensors": self.tensors, "tensor": self.tensor, "source_step": self.source_step,
                 "source_ranks": self.source_ranks, "near": self.near, "first_step": self.first_step or self.step,
-                "text": self.text}
+                "text": self.text, **({"shard": True} if self.shard else {})}
+
+
+@dataclass
+class Bias:
+    """A fit of one kind at one step that is the compute dtype's own bias (COMPUTE_BIASED_KINDS)."""
+
+    step: int
+    shape: str  # "scale" or "shift"
+    size: float  # k - 1 of a scale; the offset over the values' root mean square of a shift
+    z: float
+    floor: float  # the compute dtype's unit roundoff it is under
+
+    def to_dict(self) -> dict:
+        return {"step": self.step, "shape": self.shape, "size": self.size, "z": self.z, "floor": self.floor}
 
 
 @dataclass
@@ -197,6 +229,11 @@ class KindShape:
     max_z: float = 0.0
     differs: bool = False  # some element differed at all
     signatures: list[Signature] = field(default_factory=list)
+    bias: Bias | None = None  # the strongest fit taken for the compute dtype's own bias, if any
+
+    def note_bias(self, bias: "Bias | None") -> None:
+        if bias is not None and (self.bias is None or abs(bias.z) > abs(self.bias.z)):
+            self.bias = bias
 
     @property
     def shape(self) -> str:
@@ -207,7 +244,29 @@ class KindShape:
         return "rounding-like" if self.differs else "identical"
 
     def to_dict(self) -> dict:
-        return {"kind": self.kind, "shape": self.shape, "max_z": self.max_z}
+        out = {"kind": self.kind, "shape": self.shape, "max_z": self.max_z}
+        if self.bias is not None:
+            out["bias"] = self.bias.to_dict()
+        return out
+
+
+def bias_floor(kind: str, compute: str | None) -> float:
+    """The size under which an all-rank scale or shift of `kind` is the compute dtype's own bias:
+    its unit roundoff under a precision rule (COMPUTE_BIASED_KINDS), else 0 (float32: no such floor)."""
+    if compute is None or kind not in COMPUTE_BIASED_KINDS:
+        return 0.0
+    from tracekit.compare.tolerances import UNIT_ROUNDOFF
+
+    return UNIT_ROUNDOFF.get(compute, 0.0)
+
+
+def _compute_bias(size: float, per_rank: dict[int, Fit], carriers: list[int], floor: float, size_of) -> bool:
+    """Whether a fit of `size` carried by `carriers` is the compute dtype's bias: under `floor`,
+    carried by every rank, each rank's own fit on the same side (size_of(Fit) -> its size)."""
+    if floor <= 0 or abs(size) >= floor or len(carriers) < len(per_rank):
+        return False
+    signs = {size_of(per_rank[r]) > 0 for r in carriers}
+    return len(signs) == 1
 
 
 def _per_rank(results) -> tuple[dict[int, Fit], set]:
@@ -256,9 +315,11 @@ def _example(results, carriers, tensor=None):
                 and (tensor is None or r.tensor == tensor)), key=lambda r: r.metrics.fit[2])
 
 
-def step_signature(step: int, kind: str, results) -> tuple[Signature | None, float, bool]:
+def step_signature(step: int, kind: str, results, floor: float = 0.0,
+                   biases: list | None = None) -> tuple[Signature | None, float, bool]:
     """(the scale signature of one kind at one step or None, the largest |z| of its fits, whether
-    anything differed). A scale near -1 is named a sign flip."""
+    anything differed). A scale near -1 is named a sign flip. A scale under `floor` (bias_floor) on
+    every rank the same way is no signature: it is appended to `biases` as a Bias."""
     if kind not in SCALE_MEANING:
         return None, 0.0, any((r.metrics.fit or (0, 0, 0))[2] > 0 for r in results)
     per_rank, tensors = _per_rank(results)
@@ -274,14 +335,24 @@ def step_signature(step: int, kind: str, results) -> tuple[Signature | None, flo
     if got is None:
         return None, max_z, differs
     fit, z, carriers = got
+    if _compute_bias(fit.factor - 1.0, per_rank, carriers, floor, lambda f: f.factor - 1.0):
+        if biases is not None:
+            biases.append(Bias(step, "scale", fit.factor - 1.0, z, floor))
+        return None, max_z, differs
     shape = "sign flip" if abs(fit.factor + 1.0) <= SIGN_FLIP_TOLERANCE else "scale"
     sig = Signature(step, kind, shape, fit.factor, z, fit.rho, carriers, len(carriers) == len(per_rank), len(tensors),
                     example=_example(results, carriers))
     return sig, max_z, differs
 
 
-def shift_signature(step: int, kind: str, results) -> Signature | None:
-    """The constant-shift signature of one kind at one step, pooled over its tensors, or None."""
+def _relative_offset(fit: Fit) -> float:
+    rms_ref = math.sqrt(fit.ss_ref / fit.n) if fit.n and fit.ss_ref > 0 else 0.0
+    return fit.offset / rms_ref if rms_ref > 0 else math.inf
+
+
+def shift_signature(step: int, kind: str, results, floor: float = 0.0, biases: list | None = None) -> Signature | None:
+    """The constant-shift signature of one kind at one step, pooled over its tensors, or None (also
+    for a shift under `floor` of the values' root mean square on every rank the same way: a Bias)."""
     if kind not in SCALE_MEANING:
         return None
     per_rank, tensors = _per_rank(results)
@@ -291,8 +362,51 @@ def shift_signature(step: int, kind: str, results) -> Signature | None:
     if got is None:
         return None
     fit, z, carriers = got
+    if _compute_bias(_relative_offset(fit), per_rank, carriers, floor, lambda f: f.offset):
+        if biases is not None:
+            biases.append(Bias(step, "shift", _relative_offset(fit), z, floor))
+        return None
     return Signature(step, kind, "shift", None, z, fit.rho_shift, carriers, len(carriers) == len(per_rank),
                      len(tensors), example=_example(results, carriers), offset=fit.offset)
+
+
+def region_signature(step: int, kind: str, results, floor: float = 0.0) -> Signature | None:
+    """A scale of the elements one rank owns in the kind's sharded tensors (FSDP2's rows), pooled
+    over the tensors per owner (metrics.regions), that the whole tensors' fit does not see: every
+    rank holds the same assembled tensor, and a fault of one rank's shard that a later step undoes
+    in total (TorchTitan clips the gradients to a norm: rank 1's rows come out scaled up, rank 0's
+    down) leaves no scale over the whole. A signature when some owners' fits are significant (and,
+    under a precision rule, at least `floor` from 1) but not every owner's the same way (that is
+    the whole tensors' scale, which step_signature says)."""
+    if kind not in SCALE_MEANING:
+        return None
+    per_owner: dict[int, Fit] = {}
+    tensors, seen = set(), set()
+    for r in results:
+        for owner, sums in r.metrics.regions or ():
+            if (r.tensor, owner) in seen:  # every rank assembled from the same pieces: one copy counts
+                continue
+            seen.add((r.tensor, owner))
+            per_owner.setdefault(owner, Fit()).add(sums[:4], sums[4])
+            tensors.add(r.tensor)
+    if len(per_owner) < 2:
+        return None
+    strong = {o: f for o, f in per_owner.items() if f.significant() and abs(f.factor - 1.0) >= floor}
+    if not strong:
+        return None
+    up = {o for o, f in strong.items() if f.factor > 1.0}
+    if len(strong) == len(per_owner) and up in (set(), set(strong)):
+        return None  # every owner the same way: a scale of the whole tensors
+    r0 = max(strong, key=lambda o: abs(strong[o].z()))
+    carriers = sorted(o for o in strong if (o in up) == (r0 in up))
+    fit = Fit()
+    for o in carriers:
+        fit.add_fit(per_owner[o])
+    shape = "sign flip" if abs(fit.factor + 1.0) <= SIGN_FLIP_TOLERANCE else "scale"
+    mine = [r for r in results if r.metrics.regions and r.metrics.fit is not None]
+    example = max(mine, key=lambda r: r.metrics.fit[2]) if mine else next(r for r in results if r.metrics.regions)
+    return Signature(step, kind, shape, fit.factor, fit.z(), fit.rho, carriers, False, len(tensors),
+                     example=example, shard=True)
 
 
 def tensor_signatures(step: int, kind: str, results, taken: set[str] = frozenset()) -> list[Signature]:

@@ -180,10 +180,11 @@ class Tolerances:
         if self.exact:
             return Tolerance(0.0, 0.0, "--exact", math.inf, terms=terms)  # equal values: no norm rule can add anything
         eff = defaults_dtype(dtype, self.compute)
+        chained = self._chained(dtype)
         builtin = KIND_DEFAULTS.get((tolerance_class(kind), eff))
         default = DTYPE_DEFAULTS.get(eff, EXACT)
         norm = NORM_KIND_DEFAULTS.get(tolerance_class(kind), norm_default(eff, terms))
-        label = dtype if eff == dtype else f"{eff} compute, {dtype} stored,"
+        label = f"{self.compute} compute, {dtype} stored," if chained else dtype
 
         def three(t):
             t = tuple(t or ())
@@ -217,13 +218,23 @@ class Tolerances:
         # gradient changed sign in the low precision moves by about 2 x lr against the reference
         # (TorchTitan's debug model, fp32 vs bf16 FSDP2: 0.2-0.6% of elements, 50-80 x rtol). They
         # are judged by NaN/Inf and by the structure fit; the parameters carry the magnitude check.
-        lowered = eff != dtype and rtol[1].endswith(" default") and atol[1].endswith(" default")
+        # A tensor stored in the compute dtype itself (TorchTitan's bfloat16 logits under a bfloat16
+        # FSDP2 policy) went through the same chain: its storage rounding is the least of it.
+        lowered = chained and rtol[1].endswith(" default") and atol[1].endswith(" default")
         elementwise = not (lowered and (not math.isinf(bound) or tolerance_class(kind) == "delta"))
-        if eff != dtype and kind == "gradients" and rel_l2[1].endswith(" default"):
+        if chained and kind == "gradients" and rel_l2[1].endswith(" default"):
             # a gradient passes through the forward's chain of low-precision ops and then the
             # backward's, each rounding at u: twice the chain a forward output passes through
             bound *= 2
         return Tolerance(rtol[0], atol[0], source, bound, elementwise, terms)
+
+    def _chained(self, dtype: str) -> bool:
+        """Whether a tensor stored in `dtype` carries the rounding of the rule's whole chain of
+        low-precision ops, not one rounding into its storage: a rule applies and the stored dtype is
+        no coarser than the compute dtype (float32 or bfloat16 values of a bfloat16 forward). A
+        coarser storage (float8 under bfloat16) is judged by its own dtype, elementwise, as before."""
+        return (self.compute is not None and real_float(dtype)
+                and UNIT_ROUNDOFF[dtype] <= UNIT_ROUNDOFF[self.compute])
 
     def to_dict(self) -> dict:
         return {

@@ -1,10 +1,10 @@
 """Root cause on TorchTitan's debug model (issue 36's TorchTitan cells): docs/TORCHTITAN.md's
-`torchtitan:locate` block, run as written after the `same` block whose `runs/tt-ref` it replays
-(that block is recorded once per test run for test_torchtitan_runs.py; linked here, not recorded
-again). Two launches of 2 ranks: a traced clean run and a traced replay with the planted fault.
-Then the `torchtitan:cells` block: one more traced replay holding four faults (backward-only op,
-in-place write through a view, collective input, optimizer op), one per rank and step, diffed
-against the same traced clean run.
+`torchtitan:locate` block, run as written after the `same` block whose `runs/tt-ref` it replays and
+whose traced clean run `runs/tt-trace` it diffs against (that block is recorded once per test run
+for test_torchtitan_runs.py; linked here, not recorded again). One launch of 2 ranks: a traced
+replay with the planted fault. Then the `torchtitan:cells` block: one more traced replay holding
+four faults (backward-only op, in-place write through a view, collective input, optimizer op), one
+per rank and step, diffed against the same traced clean run.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ pytestmark = [
 def locate_block(shared_once):
     same, _ = doc_block(shared_once, "same")
     folder, results = shared_once("torchtitan-locate", lambda f: run_block(
-        f, "locate", reuse={"runs/tt-ref": same / "runs" / "tt-ref"}))
+        f, "locate", reuse={"runs/tt-ref": same / "runs" / "tt-ref", "runs/tt-trace": same / "runs" / "tt-trace"}))
     for r in results:
         if r["command"].startswith("tracekit record"):
             assert r["rc"] == 0, (r["command"], r["err"][-3000:])
@@ -35,10 +35,9 @@ def locate_block(shared_once):
 
 
 def cells_block(shared_once):
-    same, _ = doc_block(shared_once, "same")
-    locate, _ = locate_block(shared_once)
+    same, _ = doc_block(shared_once, "same")  # it reads only this block's stores, not the locate block's
     folder, results = shared_once("torchtitan-cells", lambda f: run_block(
-        f, "cells", reuse={"runs/tt-ref": same / "runs" / "tt-ref", "runs/tt-trace": locate / "runs" / "tt-trace"}))
+        f, "cells", reuse={"runs/tt-ref": same / "runs" / "tt-ref", "runs/tt-trace": same / "runs" / "tt-trace"}))
     record = ran(results, "tracekit record")
     assert record["rc"] == 0, record["err"][-3000:]
     return folder, results

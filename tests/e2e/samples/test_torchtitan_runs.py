@@ -41,8 +41,10 @@ def assert_passes(results: list[dict], diff_command: str, ranks: int) -> None:
 
 
 def test_two_recordings_of_one_configuration_are_equal_bit_for_bit(shared_once):
-    _, results = doc_block(shared_once, "same")
-    assert_passes(results, "tracekit diff --exact runs/tt-ref runs/again", ranks=2)
+    """The second one also traces steps 2 and 3 (the locate block's clean run): tracing changes no bit."""
+    folder, results = doc_block(shared_once, "same")
+    assert_passes(results, "tracekit diff --exact runs/tt-ref runs/tt-trace", ranks=2)
+    assert show_json(folder / "runs" / "tt-trace")["traces"], "the second recording holds its traces"
 
 
 def test_an_lr_one_percent_higher_fails_at_step_1(shared_once):

@@ -11,7 +11,7 @@ from tracekit.cli.main import main
 from tracekit.recorders import Recorder
 
 
-def _record(store, autocast=False, steps=3, lr=0.01):
+def _record(store, autocast=False, steps=3, lr=0.01, bf16_output=False, output_scale=1.0):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
     opt = torch.optim.SGD(model.parameters(), lr=lr)
@@ -20,10 +20,12 @@ def _record(store, autocast=False, steps=3, lr=0.01):
             g = torch.Generator().manual_seed(step)
             x, y = torch.randn(128, 64, generator=g), torch.randn(128, 8, generator=g)
             with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                out = model(x).float()
-            loss = torch.nn.functional.mse_loss(out, y)
+                out = model(x)
+            loss = torch.nn.functional.mse_loss(out.float(), y)
             loss.backward()
-            rec.observe(output=out, loss=loss)
+            # bf16_output: the logits kept in autocast's bfloat16, as TorchTitan's under its FSDP2 policy
+            # output_scale: the recorded outputs rescaled, the training untouched
+            rec.observe(output=(out if bf16_output else out.float()) * output_scale, loss=loss)
             opt.step()
             opt.zero_grad()
     return str(store)
@@ -33,7 +35,12 @@ def _record(store, autocast=False, steps=3, lr=0.01):
 def stores(tmp_path_factory):
     d = tmp_path_factory.mktemp("precision")
     return {"ref": _record(d / "ref"), "ref2": _record(d / "ref2"), "bf16": _record(d / "bf16", autocast=True),
-            "bf16_lr": _record(d / "bf16_lr", autocast=True, lr=0.01 * 1.01)}
+            "bf16_lr": _record(d / "bf16_lr", autocast=True, lr=0.01 * 1.01),
+            "bf16_logits": _record(d / "bf16_logits", autocast=True, bf16_output=True),
+            # outputs 0.23 bfloat16 roundings (2^-8) above the reference's: TorchTitan's bf16 logits'
+            # bias against float32 (docs/DIFF.md); and 1% above, four roundings
+            "out_bias": _record(d / "out_bias", output_scale=1 + 0.23 * 2.0**-8),
+            "out_scale": _record(d / "out_scale", output_scale=1.01)}
 
 
 def _tols(report):
@@ -172,3 +179,43 @@ def test_growing_errors_without_a_replay_print_the_replay_command(stores, tmp_pa
     meta.write_text(json.dumps(doc))
     assert tracekit.diff(stores["ref"], str(replay), precision="fp32").drift is None
     assert tracekit.diff(stores["ref"], stores["bf16"]).drift is None  # a PASS
+
+
+def test_outputs_stored_in_the_compute_dtype_are_judged_by_the_norm_rule(stores):
+    # issue 35: a float32 reference against a candidate whose logits stay bfloat16. Their storage
+    # rounding is the least of their error: they went through the same chain of bfloat16 ops as the
+    # float32-stored loss, so elements that cancel near zero are off by far more than rtol of them.
+    without_rule = tracekit.diff(stores["ref"], stores["bf16_logits"], precision="fp32")
+    bad = {(v.kind, v.metrics.rel_l2_err < v.metrics.rel_l2) for v in without_rule.violations}
+    assert ("outputs", True) in bad  # elementwise failures of outputs well inside their norm bound
+    report = tracekit.diff(stores["ref"], stores["bf16_logits"])
+    out = _tols(report)[("outputs", "bfloat16")]
+    assert out["elementwise"] is False and "bfloat16 compute, bfloat16 stored" in out["source"]
+    assert out["rel_l2"] == pytest.approx(8 * 2.0**-8 + 128 * 2.0**-24)
+    assert report.passed, [(r.step, r.kind, r.tensor) for r in report.violations]
+
+
+def test_an_outputs_scale_under_the_compute_dtypes_unit_roundoff_is_its_bias(stores):
+    # issue 35: a forward in bfloat16 rescales its logits by a fraction of bfloat16's unit roundoff
+    # on every rank; under a bf16 rule that is rounding-like, in float32 it is a signature
+    import jsonschema
+
+    from tracekit.schemas import load
+
+    fp32 = tracekit.diff(stores["ref"], stores["out_bias"], precision="fp32", tol=["outputs=1,1,inf"])
+    assert fp32.num_violations == 0 and not fp32.passed  # the bounds pass, the scale fit flags it
+    assert fp32.first_divergence.signature.kind == "outputs"
+    report = tracekit.diff(stores["ref"], stores["out_bias"], precision="bf16")
+    assert report.passed, [s.text for s in report.signatures]
+    outputs = report.shapes["outputs"]
+    assert outputs.shape == "rounding-like" and outputs.bias is not None and outputs.bias.shape == "scale"
+    assert abs(outputs.bias.size - 0.23 * 2.0**-8) < 1e-4 and outputs.bias.floor == 2.0**-8
+    doc = report.to_dict()
+    jsonschema.validate(doc, load("diff-report"))
+    assert {k["kind"]: k for k in doc["structure"]["kinds"]}["outputs"]["bias"]["step"] in (1, 2, 3)
+    out = CliRunner().invoke(main, ["diff", "--precision", "bf16", stores["ref"], stores["out_bias"]])
+    assert out.exit_code == 0 and "under bfloat16's unit roundoff (0.0039): its arithmetic's own bias" in out.output
+    # four roundings: no bias of the arithmetic
+    scaled = tracekit.diff(stores["ref"], stores["out_scale"], precision="bf16")
+    assert scaled.num_violations == 0 and not scaled.passed
+    assert scaled.first_divergence.signature.text.startswith("systematic: outputs = 1.0100 x reference")

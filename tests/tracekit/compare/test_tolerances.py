@@ -123,3 +123,16 @@ def test_one_table_says_which_dtype_is_coarser():
 
     assert TensorPair("w", info("float32"), info("float8_e5m2")).dtype == "float8_e5m2"
     assert TensorPair("w", info("bfloat16"), info("float16")).dtype == "bfloat16"
+
+
+def test_under_a_rule_storage_no_coarser_than_the_compute_dtype_drops_the_elementwise_bound():
+    # issue 35: whether a value carries the rule's chain of low-precision ops does not depend on the
+    # width it was stored in; a coarser storage (float8) still rounds more than the chain, elementwise
+    rule = Tolerances(compute="bfloat16")
+    for stored in ("float32", "bfloat16", "float16"):
+        out, grad = rule.resolve("outputs", stored), rule.resolve("gradients", stored)
+        assert not out.elementwise and grad.rel_l2 == pytest.approx(2 * out.rel_l2), stored
+    assert rule.resolve("outputs", "float8_e4m3fn").elementwise
+    assert Tolerances().resolve("outputs", "bfloat16").elementwise  # no rule: the stored dtype's, as before
+    assert rule.resolve("outputs", "int64").elementwise  # integers stay exact
+    assert Tolerances(compute="bfloat16", kinds={"outputs": (1e-2, 1e-3)}).resolve("outputs", "bfloat16").elementwise
