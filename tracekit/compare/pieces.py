@@ -5,7 +5,7 @@ A tensor sharded on some side is split into the regions of that side's pieces (t
 sharded side: ref, then cand, then oracle), in order of their offsets; an unsharded tensor of
 format 2 stores is one region, its object on each side. Where every side holds exactly those
 pieces (the same offsets and shapes: "shared layout") each region is streamed from the objects
-in ranges of STREAM_ELEMENTS (RankView's PieceReader hashes the bytes as they pass, once per
+in ranges of STREAM_ELEMENTS (store/objects.py's PieceReader hashes the bytes as they pass, once per
 object and open store, and checks hash and finiteness flag before the metrics count), and a
 region pair that several rank pairs share (DDP replicas; FSDP, where every rank's tensor is
 assembled from the same pieces) is compared once. Where a side is laid out otherwise, that
@@ -27,7 +27,8 @@ import numpy as np
 
 from tracekit.compare.metrics import BLOCK_ELEMENTS, MetricsAccumulator
 from tracekit.store.dtypes import to_numpy_values
-from tracekit.store.reader import PieceReader, prefetch_pieces
+from tracekit.store.objects import PieceReader
+from tracekit.store.planner import prefetch_pieces
 from tracekit.store.rows import Buffers
 
 # Elements read per side at a time: a few metric blocks, small enough to stay in the CPU cache.

@@ -1,8 +1,8 @@
 """A tensor variable of `tracekit.open` as a lazy xarray BackendArray: (rank, step, *tensor dims).
 
 Nothing is read until xarray indexes it; an index reads, per rank, only the requested steps and
-the flat element span that holds the requested region, through the store's logical read
-(tracekit/store/spans.TensorSteps: no rows or chunks here). Stored bits are decoded as they are
+the box of the tensor that holds the selection, each a read plan the store executes
+(tracekit/store/spans.TensorSteps, store/planner.py: no rows, chunks or pieces here). Stored bits are decoded as they are
 read (bfloat16 and float8 widen exactly to float32: the array's dtype is what it opens as), and a
 step a rank did not complete reads NaN.
 """
@@ -67,9 +67,10 @@ class TensorArray(BackendArray):
         out = np.full([len(p) for p in picks], np.nan if self.dtype.kind in "fc" else 0, dtype=self.dtype)
         if out.size:
             tensor_picks = picks[2:]
-            # the flat element span holding the region: one contiguous read per rank and run of steps
-            flat = np.ravel_multi_index(np.ix_(*tensor_picks), self.tensor_shape) if tensor_picks else np.zeros((), np.intp)
-            start, stop = int(flat.min()), int(flat.max()) + 1
+            # the box holding the selection: one region read per rank and step (store/planner.py)
+            lo = tuple(int(p.min()) for p in tensor_picks)
+            box = (lo, tuple(int(p.max()) + 1 - o for p, o in zip(tensor_picks, lo)))
+            inner = np.ix_(*(p - o for p, o in zip(tensor_picks, lo)))
             for i, r in enumerate(picks[0]):
                 src = self.sources[r]
                 if src is None:
@@ -78,7 +79,7 @@ class TensorArray(BackendArray):
                 have = [k for k, s in enumerate(wanted) if src.holds(s)]
                 if not have:
                     continue
-                bits = src.read([wanted[k] for k in have], start, stop)
-                values = to_numpy_values(bits, src.dtype)[:, (flat - start).reshape(-1)]
-                out[i, have] = values.reshape(len(have), *flat.shape)
+                bits = src.read([wanted[k] for k in have], box)
+                values = to_numpy_values(bits, src.dtype)
+                out[i, have] = values[(slice(None), *inner)] if tensor_picks else values
         return out[tuple(0 if s else slice(None) for s in scalar)]

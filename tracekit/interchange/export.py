@@ -41,7 +41,7 @@ def _write(view: RankView, step: int, kind: str, out: str) -> int:
         except ValueError:  # a damaged or foreign tensor index: refuse rather than export wrong bits
             raise StoreError(f"{view.store.path}: rank {view.rank} {kind} tensor {i.name!r}: dtype {i.dtype!r} "
                              "is not one a tracekit store holds") from None
-        entries.append((i.name, i.dtype, tuple(i.shape), view.read_bits(kind, step, i.name)))
+        entries.append((i.name, i.dtype, tuple(i.shape), view.read_region(kind, step, i.name).reshape(-1)))
     try:
         os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
         safetensors_io.write(out, entries, _metadata(view, step, kind, [i.name for i in infos]))

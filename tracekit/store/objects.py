@@ -18,6 +18,7 @@ from tracekit.store import format as _format, io
 from tracekit.store.dtypes import all_finite, storage_dtype
 from tracekit.store.hashing import FILE_PIECE, hasher
 from tracekit.store.packs import Located
+from tracekit.store.scratch import thread_buffer
 
 
 class Verified:
@@ -113,6 +114,26 @@ def read_object(store, digest: bytes, info, where: str, loc: Located) -> tuple[n
             raise damaged(where, f"bytes do not match their hash (object {key})")
         finite = all_finite(out, info.dtype)
         store.verified.add(digest, loc, finite)
+    return out, finite
+
+
+def read_object_span(store, digest: bytes, info, where: str, loc: Located, start: int, stop: int) -> tuple[np.ndarray, bool]:
+    """Elements [start, stop) of the object of `info` (flat, storage dtype), its whole bytes
+    checked against `digest` first unless this open store verified them already (a part of an
+    object is never trusted on its own); and whether all its elements are finite."""
+    finite = store.ensure_verified(digest, info, where, loc)
+    dtype = storage_dtype(info.dtype)
+    out = np.empty(max(0, stop - start), dtype=dtype)
+    key = loc.label
+    try:
+        with io.reader(store.io_root, loc.key, base=loc.base, length=loc.length) as r:
+            got = r.readinto(start * dtype.itemsize, memoryview(out.view(np.uint8))) if out.nbytes else 0
+    except FileNotFoundError:
+        raise damaged(where, f"its object {key} is missing") from None
+    except OSError as err:
+        raise damaged(where, f"its object is unreadable ({err.strerror or err})") from None
+    if got != out.nbytes:
+        raise damaged(where, f"its object {key} is truncated")
     return out, finite
 
 
@@ -264,3 +285,88 @@ class ObjectRows:
         if not isinstance(cols, slice):
             out = out[:, 0]
         return out[0] if scalar_row else out
+
+
+# Bytes hashed at a time when checking an object: a buffer each thread reuses (a fresh one per
+# object costs page faults), small enough that the finiteness pass finds it in the CPU cache.
+SCAN_BYTES = 1 << 20
+
+
+def scan_buffer() -> np.ndarray:
+    return thread_buffer("scan", SCAN_BYTES, np.uint8)
+
+
+class PieceReader:
+    """A piece's object read front to back in ranges (bounded memory), its bytes hashed as they
+    pass unless this open store verified the object already; finish() then checks the hash and
+    the finiteness flag (StoreError: damage). Nothing read is to be trusted before finish()."""
+
+    def __init__(self, kind: str, step: int, piece, finite_from_caller: bool = False):
+        """finite_from_caller: the caller counts the NaN/Inf of the values it reads (the diff's
+        metrics do, exactly) and passes finish() the answer, saving a pass over the bytes."""
+        self.kind, self.piece = kind, piece
+        self.count_finite = not finite_from_caller
+        pv, info = piece.view, piece.info
+        self.store = pv.store
+        self.where = pv.where(kind, step, info.name)
+        if not info.keeps_bytes:
+            raise no_bytes(self.where)
+        self.dtype = storage_dtype(info.dtype)
+        self.key = piece.loc.label
+        self.known = self.store.verified.get(piece.digest, piece.loc)  # finiteness, once verified
+        self.hash = None if self.known is not None else hasher(info.name, info.dtype, info.shape, info.shard)
+        self.finite = True
+        self.pos = 0
+        try:
+            self.reader = io.reader(self.store.io_root, piece.loc.key, base=piece.loc.base, length=piece.loc.length)
+        except FileNotFoundError:
+            raise damaged(self.where, f"its object {self.key} is missing") from None
+        except OSError as err:
+            raise damaged(self.where, f"its object is unreadable ({err.strerror or err})") from None
+        expected = piece.numel * self.dtype.itemsize
+        if self.reader.size() != expected:
+            self.close()
+            raise damaged(self.where, f"its object {self.key} has the wrong size (the index says {expected} bytes)")
+        self.reader.prefetch()
+
+    def read(self, n: int, out: np.ndarray) -> np.ndarray:
+        """The next n elements (storage dtype) into out[:n]."""
+        data = out[:n]
+        view = memoryview(data.view(np.uint8))
+        try:
+            got = self.reader.readinto(self.pos * self.dtype.itemsize, view) if n else 0
+        except OSError as err:
+            raise damaged(self.where, f"its object is unreadable ({err.strerror or err})") from None
+        if got != len(view):
+            raise damaged(self.where, f"its object {self.key} is truncated")
+        if self.hash is not None:
+            self.hash.update(view)
+            if self.count_finite:
+                self.finite = self.finite and all_finite(data, self.piece.info.dtype)
+        self.pos += n
+        return data
+
+    def finish(self, finite: bool | None = None) -> None:
+        """After the last range: StoreError (damage) unless the bytes match their hash and flag.
+        finite: whether every element read was finite (required with finite_from_caller)."""
+        self.close()
+        pv, info = self.piece.view, self.piece.info
+        if self.pos != self.piece.numel:
+            raise ValueError("a piece is checked only once read whole")
+        if self.known is not None:
+            finite = self.known  # verified before: what its bytes said then
+        else:
+            if self.hash.digest() != self.piece.digest:
+                raise damaged(self.where, f"bytes do not match their hash (object {self.key})")
+            if self.count_finite:
+                finite = self.finite
+            elif finite is None:
+                raise ValueError("finish() needs the finiteness the caller counted")
+            finite = bool(finite)
+            self.store.verified.add(self.piece.digest, self.piece.loc, finite)
+        pv.check_finite_flag(self.kind, self.piece.row, pv.position(self.kind, info.name), finite, self.where)
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+            self.reader = None

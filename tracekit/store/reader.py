@@ -3,226 +3,45 @@
 Only rows listed in a kind's `steps` and steps listed in a rank's `completed_steps` are visible,
 so a store left behind by a crash reads as exactly the steps that were fully written.
 
-This is the one reader: compare, inspect, interchange and replay all go through RankView (steps,
-rows, tensors, arrays, hashes), whatever the format version.
+RankView is the logical API: ranks, kinds, steps, tensors and regions of their values, whatever
+the format version. A region is read by a plan (store/planner.py: which saved pieces, found from
+peers' public API for sharded tensors) that the store's format reader (store/formats/) executes;
+what opening refuses is in store/opening.py, the objects' checked reads in store/objects.py.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import threading
-from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 import zarr
 
-from tracekit.store.dtypes import storage_dtype, to_numpy_values
 from tracekit.errors import StoreError
-from tracekit.store import io
-from tracekit.store.chunks import check_size_claims, chunk_cols, first_missing_chunk, irregular_metadata
-from tracekit.store.localmeta import ParsedNodes, local_members
-from tracekit.store.rows import MissingChunk, RowFiles
-from tracekit.store.scratch import thread_buffer
-from tracekit.store.format import (FINITE_ARRAY, HASH_ARRAY, MAX_STEP, OBJECTS_DIR, RANK_PREFIX, ROOT_KEY,
-                                   SUMMARY_ARRAY, TRACES_GROUP, rank_group_name)
-from tracekit.store.hashing import HASH_BYTES, combined
-from tracekit.store.dtypes import all_finite
-from tracekit.store.hashing import hasher
-from tracekit.store.packs import PACKS, Located, PackSpec, locations
-from tracekit.store import objects as _objects
-from tracekit.store.objects import ObjectRows, Verified, damaged, no_bytes, read_object
-from tracekit.store.summaries import N_FIELDS, combine, fields_of, row_identity, row_width, unseal
-from tracekit.store.kinds import kind_order
-from tracekit.store.location import Location, resolve
+from tracekit.store import io, planner
+from tracekit.store import objects as _objects  # scan_object looked up when called (tests count its calls)
+from tracekit.store.chunks import check_size_claims, irregular_metadata
 from tracekit.store.coverage import KEY as COVERAGE_KEY, Coverage
-from tracekit.store.meta import STEPS, TENSORS, KindMeta, SharedIndexes, TensorInfo
-from tracekit.store.runmeta import RankMeta, RunMeta, RunSetup
+from tracekit.store.dtypes import to_numpy_values
+from tracekit.store.format import OBJECTS_DIR, RANK_PREFIX, TRACES_GROUP, rank_group_name
 from tracekit.store.formats import reader_for
-from tracekit.store import planner
+from tracekit.store.formats.index import HashedIndex
+from tracekit.store.hashing import combined
+from tracekit.store.kinds import kind_order
+from tracekit.store.localmeta import ParsedNodes, local_members
+from tracekit.store.location import Location, resolve
+from tracekit.store.meta import STEPS, TENSORS, KindMeta, SharedIndexes, TensorInfo
+from tracekit.store.objects import ObjectRows, Verified, damaged, no_bytes, read_object, read_object_span, scan_buffer
+from tracekit.store.opening import RANK_TYPES, check_types, members, read_root_attrs, step_list
+from tracekit.store.packs import Located, PackSpec
+from tracekit.store.planner import Piece
+from tracekit.store.rows import RowFiles
+from tracekit.store.runmeta import RankMeta, RunMeta, RunSetup
+from tracekit.store.summaries import combine
 
 
-def _read_root_attrs(path: str, location: Location) -> dict:
-    if location.is_local:
-        if not os.path.exists(path):
-            raise StoreError(f"{path}: no such store")
-        if not os.path.isdir(path):
-            raise StoreError(f"{path} is not a directory, so not a tracekit store")
-        meta_file = os.path.join(location.path, "zarr.json")
-        if os.path.lexists(meta_file) and not os.path.isfile(meta_file):  # a FIFO would block the read forever
-            raise StoreError(f"{path}: its zarr.json is not a regular file (damaged store?)")
-    raw = location.read_bytes("zarr.json")
-    if raw is None:
-        if not location.is_local and location.is_empty():
-            raise StoreError(f"{path}: no such store")
-        raise StoreError(f"{path} is not a tracekit store (no zarr.json at its root)")
-    try:
-        doc = json.loads(raw)
-    except ValueError as e:
-        raise StoreError(f"{path}: unreadable root metadata ({e.__class__.__name__})") from None
-    attrs = doc.get("attributes", {}) if isinstance(doc, dict) else {}
-    if not isinstance(attrs, dict) or ROOT_KEY not in attrs:
-        raise StoreError(f"{path} is a zarr store but not a tracekit store (no '{ROOT_KEY}' metadata)")
-    meta = attrs[ROOT_KEY]
-    if not isinstance(meta, dict):
-        raise StoreError(f"{path}: the '{ROOT_KEY}' metadata is not an object (damaged store?)")
-    _check_types(meta, _ROOT_TYPES, f"{path}: root")
-    return meta
-
-
-# Metadata fields readers use as containers: a damaged or hostile value of another type is one
-# StoreError here, not an AttributeError wherever it is first used.
-_ROOT_TYPES = {"run": dict, "ranks": dict, "record_config": dict, "command": list, "world_size": (int, type(None))}
-_RANK_TYPES = {"run": dict, "coords": dict, "completed_steps": list, "status": str, "fallback_ops": list,
-               "env": dict, "versions": dict, "config": dict, COVERAGE_KEY: dict, "precision": dict}
-
-
-def _check_types(attrs: dict, types: dict, where: str) -> None:
-    for key, kind in types.items():
-        if key in attrs and not isinstance(attrs[key], kind):
-            raise StoreError(f"{where} metadata: {key!r} is a {type(attrs[key]).__name__} (damaged store?)")
-
-
-def _members(group: zarr.Group, where: str, parsed: ParsedNodes | None = None) -> list:
-    """A group's children; damaged child metadata is a StoreError naming the place, not a zarr traceback."""
-    fast = local_members(group, parsed=parsed)
-    if fast is not None:
-        return fast
-    odd = irregular_metadata(group)
-    if odd is not None:
-        raise StoreError(f"{where}: {odd} is not a regular file (damaged store?)")
-    try:
-        return list(group.members())
-    except Exception as e:
-        raise StoreError(f"{where}: unreadable metadata below it ({e.__class__.__name__}: {e})") from None
-
-
-def _step_list(value, where: str) -> list[int]:
-    if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-        raise StoreError(f"{where}: malformed step list in its metadata (damaged store?)")
-    bad = next((v for v in value if not 0 <= v <= MAX_STEP), None)
-    if bad is not None:
-        raise StoreError(f"{where}: impossible step {bad} in its metadata (damaged store?)")
-    return value
-
-
-# Bytes hashed at a time when checking an object: a buffer each thread reuses (a fresh one per
-# object costs page faults), small enough that the finiteness pass finds it in the CPU cache.
-SCAN_BYTES = 1 << 20
-
-
-def _scan_buffer() -> np.ndarray:
-    return thread_buffer("scan", SCAN_BYTES, np.uint8)
-
-
-@dataclass(frozen=True)
-class Piece:
-    """One piece of a sharded tensor (format 2): the rank view that wrote it, its row there, its
-    index entry (entry.shard: where it sits), its content hash and where its bytes lie."""
-
-    view: "RankView"
-    row: int
-    info: TensorInfo
-    digest: bytes
-    loc: Located
-
-    @property
-    def region(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """(offset, shape) in the whole tensor; an unsharded tensor's object is one piece: all of it."""
-        if self.info.shard is None:
-            return (0,) * len(self.info.shape), tuple(self.info.shape)
-        return self.info.shard.offset, self.info.shard.shape
-
-    @property
-    def numel(self) -> int:
-        return self.info.stored_numel
-
-
-def prefetch_pieces(pieces) -> None:
-    """Start reading these pieces' objects from disk in the background (a hint, io.prefetch)."""
-    for p in pieces:
-        if p.info.keeps_bytes:
-            io.prefetch(p.view.store.io_root, [(p.loc.key, p.loc.base, p.loc.length)])
-
-
-class PieceReader:
-    """A piece's object read front to back in ranges (bounded memory), its bytes hashed as they
-    pass unless this open store verified the object already; finish() then checks the hash and
-    the finiteness flag (StoreError: damage). Nothing read is to be trusted before finish()."""
-
-    def __init__(self, kind: str, step: int, piece: Piece, finite_from_caller: bool = False):
-        """finite_from_caller: the caller counts the NaN/Inf of the values it reads (the diff's
-        metrics do, exactly) and passes finish() the answer, saving a pass over the bytes."""
-        self.kind, self.piece = kind, piece
-        self.count_finite = not finite_from_caller
-        pv, info = piece.view, piece.info
-        self.store = pv.store
-        self.where = pv.where(kind, step, info.name)
-        if not info.keeps_bytes:
-            raise no_bytes(self.where)
-        self.dtype = storage_dtype(info.dtype)
-        self.key = piece.loc.label
-        self.known = self.store.verified.get(piece.digest, piece.loc)  # finiteness, once verified
-        self.hash = None if self.known is not None else hasher(info.name, info.dtype, info.shape, info.shard)
-        self.finite = True
-        self.pos = 0
-        try:
-            self.reader = io.reader(self.store.io_root, piece.loc.key, base=piece.loc.base, length=piece.loc.length)
-        except FileNotFoundError:
-            raise damaged(self.where, f"its object {self.key} is missing") from None
-        except OSError as err:
-            raise damaged(self.where, f"its object is unreadable ({err.strerror or err})") from None
-        expected = piece.numel * self.dtype.itemsize
-        if self.reader.size() != expected:
-            self.close()
-            raise damaged(self.where, f"its object {self.key} has the wrong size (the index says {expected} bytes)")
-        self.reader.prefetch()
-
-    def read(self, n: int, out: np.ndarray) -> np.ndarray:
-        """The next n elements (storage dtype) into out[:n]."""
-        data = out[:n]
-        view = memoryview(data.view(np.uint8))
-        try:
-            got = self.reader.readinto(self.pos * self.dtype.itemsize, view) if n else 0
-        except OSError as err:
-            raise damaged(self.where, f"its object is unreadable ({err.strerror or err})") from None
-        if got != len(view):
-            raise damaged(self.where, f"its object {self.key} is truncated")
-        if self.hash is not None:
-            self.hash.update(view)
-            if self.count_finite:
-                self.finite = self.finite and all_finite(data, self.piece.info.dtype)
-        self.pos += n
-        return data
-
-    def finish(self, finite: bool | None = None) -> None:
-        """After the last range: StoreError (damage) unless the bytes match their hash and flag.
-        finite: whether every element read was finite (required with finite_from_caller)."""
-        self.close()
-        pv, info = self.piece.view, self.piece.info
-        if self.pos != self.piece.numel:
-            raise ValueError("a piece is checked only once read whole")
-        if self.known is not None:
-            finite = self.known  # verified before: what its bytes said then
-        else:
-            if self.hash.digest() != self.piece.digest:
-                raise damaged(self.where, f"bytes do not match their hash (object {self.key})")
-            if self.count_finite:
-                finite = self.finite
-            elif finite is None:
-                raise ValueError("finish() needs the finiteness the caller counted")
-            finite = bool(finite)
-            self.store.verified.add(self.piece.digest, self.piece.loc, finite)
-        pv.check_finite_flag(self.kind, self.piece.row, pv.position(self.kind, info.name), finite, self.where)
-
-    def close(self) -> None:
-        if self.reader is not None:
-            self.reader.close()
-            self.reader = None
-
-
-class RankView:
+class RankView(HashedIndex):
     """One rank's recorded data."""
 
     def __init__(self, store: "RunStore", rank: int, group: zarr.Group):
@@ -230,7 +49,7 @@ class RankView:
         self.rank = rank
         self.group = group
         self.attrs = dict(group.attrs)
-        _check_types(self.attrs, _RANK_TYPES, f"{store.path}: rank {rank}")
+        check_types(self.attrs, RANK_TYPES, f"{store.path}: rank {rank}")
         self._lock = threading.RLock()  # the diff reads one view from several threads
         self._object_rows: dict[tuple[str, str], ObjectRows] = {}
         self._index_cache: dict[tuple[str, str, int], np.ndarray] = {}
@@ -241,7 +60,7 @@ class RankView:
         self._layouts: dict[str, tuple] = {}
         self._peers: dict[str, set[int]] = {}
         self._steps: dict[str, list[int]] = {}
-        self._members: dict[tuple[str, str], object] = {}  # (kind, key) -> zarr node, or None: absent
+        self.members: dict[tuple[str, str], object] = {}  # (kind, key) -> zarr node, or None: absent
         self._traced = False  # a traces group among its members (set by _kind_groups)
         # The metadata is read once at open and does not change: its step lists are parsed once
         # (a 32-rank diff spent most of its time re-validating them for every piece of every tensor).
@@ -270,7 +89,7 @@ class RankView:
 
     @property
     def completed_steps(self) -> list[int]:
-        return sorted(_step_list(self.attrs.get("completed_steps", []), f"{self.store.path}: rank {self.rank}"))
+        return sorted(step_list(self.attrs.get("completed_steps", []), f"{self.store.path}: rank {self.rank}"))
 
     @property
     def _final(self) -> dict:
@@ -307,7 +126,7 @@ class RankView:
         """Steps the rank completed that its writer process did not store (stopped or killed at
         --flush-timeout; step 0 is the initial parameters): with completed_steps, every step it trained."""
         steps = self._final.get("unwritten_steps", self.attrs.get("unwritten_steps", []))
-        return sorted(_step_list(steps, f"{self.store.path}: rank {self.rank} unwritten"))
+        return sorted(step_list(steps, f"{self.store.path}: rank {self.rank} unwritten"))
 
     @property
     def unwritten_cause(self) -> str | None:
@@ -340,7 +159,7 @@ class RankView:
         for name, node in below:  # each kind's arrays, for _member to find without opening them
             kind, _, key = name.partition("/")
             if kind in groups and "/" not in key:
-                self._members[(kind, key)] = node
+                self.members[(kind, key)] = node
         return groups
 
     def _listing(self) -> list:
@@ -358,7 +177,7 @@ class RankView:
                 return list(self.group.members(max_depth=1))
             except Exception:
                 pass
-        return _members(self.group, f"{self.store.path}: rank {self.rank}", self.store.parsed)
+        return members(self.group, f"{self.store.path}: rank {self.rank}", self.store.parsed)
 
     @property
     def traced(self) -> bool:
@@ -480,7 +299,7 @@ class RankView:
         """The steps of `kind`'s rows, in row order (read-only: cached)."""
         def parse() -> tuple[int, ...]:
             where = f"{self.store.path}: rank {self.rank} {kind}"
-            steps = tuple(_step_list(self._kind(kind).attrs.get(STEPS, []), where))
+            steps = tuple(step_list(self._kind(kind).attrs.get(STEPS, []), where))
             # rows are appended in step order (the writer refuses any other): a step list out of
             # order, or naming a step twice, would read one step's row as another's
             bad = next((i for i in range(1, len(steps)) if steps[i] <= steps[i - 1]), None)
@@ -513,6 +332,14 @@ class RankView:
         (store/formats/: a zarr array, or the same view over content-addressed objects)."""
         return self.store.format.storage_array(self, kind, key)
 
+    def check_claims(self, kind: str, name: str | None = None) -> None:
+        """StoreError (damage) when the storage tensor `name` (default: every tensor of `kind`) is
+        read from does not hold what the index claims (sizes, huge objects): checked once per open
+        store, before any read plans along it."""
+        infos = self.tensors(kind) if name is None else [self.tensor(kind, name)]
+        for key in sorted({info.array for info in infos}):
+            self.array(kind, key)
+
     def _refuse_irregular(self, kind: str, key: str) -> None:
         """StoreError when a member's metadata is not a regular file: zarr, asked anything about the
         member, would block forever opening a FIFO there (or read a device without end)."""
@@ -542,8 +369,8 @@ class RankView:
         read once per open store (zarr reads it for each lookup, and `key in group` is a lookup:
         ~1-2 ms here, a diff of many ranks did hundreds). StoreError when it is unreadable."""
         with self._lock:
-            if (kind, key) in self._members:
-                return self._members[(kind, key)]
+            if (kind, key) in self.members:
+                return self.members[(kind, key)]
         self._refuse_irregular(kind, key)  # before zarr opens anything in its place
         try:
             node = self._kind(kind)[key]
@@ -555,19 +382,8 @@ class RankView:
             raise StoreError(f"{self.store.path}: rank {self.rank} {kind}/{key}: unreadable array metadata "
                              f"({e.__class__.__name__}: {e})") from None
         with self._lock:
-            self._members[(kind, key)] = node
+            self.members[(kind, key)] = node
         return node
-
-    def _index_array(self, kind: str, name: str) -> zarr.Array:
-        with self._lock:
-            arr = self._index_arrays.get((kind, name))
-        if arr is None:
-            if self._member(kind, name) is None:
-                raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: no {name!r} index array (damaged store?)")
-            arr = self._checked_array(kind, name, [])
-            with self._lock:
-                self._index_arrays[(kind, name)] = arr
-        return arr
 
     def empty_completed_steps(self) -> list[int]:
         """Steps listed as completed that no kind holds a row of: damaged metadata (a reader must
@@ -589,139 +405,16 @@ class RankView:
         """Rows of `kind` listed in its steps (written completely; rows are appended in order)."""
         return len(self._rows(kind))
 
-    def _row_files(self, kind: str, name: str) -> RowFiles | None:
-        """How to read the index array's rows as files (None: through zarr)."""
-        with self._lock:
-            if (kind, name) in self._row_files_of:
-                return self._row_files_of[kind, name]
-        files = RowFiles.of(self._index_array(kind, name))
-        with self._lock:
-            self._row_files_of[kind, name] = files
-        return files
-
-    def _index_row(self, kind: str, name: str, row: int, width: int) -> np.ndarray:
-        """One row of an index array; in format 4 only once the row's seal holds (row_summaries):
-        a hash or finiteness row is never used from another rank, kind or step."""
-        values = self._raw_index_row(kind, name, row, width)
-        if self.sealed and name in (HASH_ARRAY, FINITE_ARRAY):
-            self.row_summaries(kind, row)
-        return values
-
-    @property
-    def sealed(self) -> bool:
-        """Whether index rows are sealed to their rank, kind and step (format 4, summaries.row_identity)."""
-        return self.store.format.sealed_rows
-
-    def row_bound(self, kind: str, row: int, step: int | None = None, rank: int | None = None) -> bytes:
-        """What a format-4 row's seal covers besides its summaries, for this rank (or `rank`) and the
-        step the kind's step list gives the row (or `step`): verify asks for other places to say
-        where a misplaced row came from."""
-        n = len(self.tensors(kind))
-        step = self.step_of_row(kind, row) if step is None else step
-        return (row_identity(self.rank if rank is None else rank, kind, -1 if step is None else step)
-                + self._raw_index_row(kind, HASH_ARRAY, row, HASH_BYTES * n).tobytes()
-                + self._raw_index_row(kind, FINITE_ARRAY, row, n).tobytes())
-
-    def _sealed_as(self, kind: str, row: int, raw: np.ndarray, fields: int) -> str | None:
-        """Where a row whose seal fails here was written, among the likely places (this kind's other
-        steps, the other ranks at this step, this rank's other kinds): "rank R KIND step S", or None
-        (damaged values, or a place further off). Asked only on a failure; a few hashes of one row."""
-        step = self.step_of_row(kind, row)
-        tail = self.row_bound(kind, row)[len(row_identity(self.rank, kind, -1 if step is None else step)):]
-        try:
-            ranks, kinds = self.store.ranks, self.kinds
-        except StoreError:
-            ranks, kinds = [], []
-        places = ([(self.rank, kind, s) for s in self._rows(kind) if s != step]
-                  + [(r, kind, step) for r in ranks if r != self.rank]
-                  + [(self.rank, k, step) for k in kinds if k != kind])
-        for r, k, s in places:
-            if s is not None and unseal(raw, fields, row_identity(r, k, s) + tail) is not None:
-                return f"rank {r} {k} step {s}"
-        return None
-
-    def _raw_index_row(self, kind: str, name: str, row: int, width: int) -> np.ndarray:
-        key = (kind, name, row)
-        with self._lock:
-            cached = self._index_cache.get(key)
-        if cached is not None:
-            return cached
-        where = lambda: f"{self.store.path}: rank {self.rank} {kind} step {self.step_of_row(kind, row)}"
-        files = self._row_files(kind, name)
-        arr = self._index_array(kind, name) if files is None else None
-        shape = files.shape if files is not None else arr.shape
-        if shape[1] != width or not 0 <= row < shape[0]:
-            raise StoreError(f"damaged store: {where()}: the {name} index does not match the tensor index")
-        try:
-            if files is not None:
-                values = files.read(row)
-            else:  # not a plain local array (an object store, another codec): through zarr
-                missing = first_missing_chunk(arr, [row], chunk_cols(0, width, arr.chunks[1]))
-                if missing is not None:
-                    raise MissingChunk(*missing)
-                values = np.asarray(arr[row])
-        except MissingChunk as m:
-            raise StoreError(f"damaged store: {where()}: chunk c/{m.args[0]}/{m.args[1]} of its {name} index is missing") from None
-        except Exception as e:
-            raise StoreError(f"damaged store: {where()}: unreadable {name} index ({e.__class__.__name__}: {e})") from None
-        with self._lock:
-            self._index_cache[key] = values
-        return values
-
-    def pack_spec(self, kind: str) -> PackSpec | None:
-        """How the kind's small tensors are packed (format 3, store/packs.py); None: not at all."""
-        def parse():
-            try:
-                return PackSpec.from_attrs(dict(self._kind(kind).attrs).get(PACKS))
-            except ValueError as e:
-                raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: malformed tensor index ({e})") from None
-        return self._once(self._pack_specs, kind, parse)
-
-    def locations(self, kind: str, row: int) -> tuple[Located, ...]:
-        """Where each tensor's bytes lie at a row, in index order (format 2 and 3)."""
-        key = (kind, PACKS, row)
-        with self._lock:
-            cached = self._index_cache.get(key)
-        if cached is None:
-            tensors = self.tensors(kind)
-            spec = self.pack_spec(kind)
-            previous = self.row_digests(kind, row - 1) if spec is not None and row > 0 else None
-            cached = tuple(locations(spec, self.row_digests(kind, row),
-                                     [t.stored_nbytes if t.keeps_bytes else None for t in tensors],
-                                     [t.shard is not None for t in tensors], previous))
-            with self._lock:
-                self._index_cache[key] = cached
-        return cached
-
-    def locate(self, kind: str, step: int, name: str) -> Located:
-        """Where tensor `name`'s bytes on this rank lie at `step` (format 2 and 3): its object, or
-        its range of a pack. What tools that look at files (and tests that damage them) ask."""
-        return self.locations(kind, self._row(kind, step))[self.position(kind, name)]
-
-    def row_digests(self, kind: str, row: int) -> tuple[bytes, ...]:
-        """Each tensor's 16-byte content hash at a row, in index order (v2 only). The row's one
-        tuple, not a copy: the diff asks once per tensor, and a list per ask made it O(tensors^2)."""
-        key = (kind, HASH_ARRAY, row, "split")
-        with self._lock:
-            cached = self._index_cache.get(key)
-        if cached is None:  # asked once per tensor by the diff: split once
-            n = len(self.tensors(kind))
-            raw = self._index_row(kind, HASH_ARRAY, row, HASH_BYTES * n).tobytes()
-            cached = tuple(raw[i * HASH_BYTES : (i + 1) * HASH_BYTES] for i in range(n))
-            with self._lock:
-                self._index_cache[key] = cached
-        return cached
-
     def digests(self, kind: str, step: int) -> dict[str, bytes] | None:
         """{tensor: content hash} at a step; None for a format v1 store (it has no hashes). A sharded
         tensor's hash is that of its pieces' hashes in peer order (hashing.combined)."""
         if not self.store.format.hashed:
             return None
         out = dict(zip((t.name for t in self.tensors(kind)), self.row_digests(kind, self._row(kind, step))))
-        out.update(self._of_row_pieces("digest", kind, step, lambda ps: combined(d for _, _, _, d, _ in ps)))
+        out.update(planner.of_row_pieces(self, "digest", kind, step, lambda ps: combined(d for _, _, _, d, _ in ps)))
         return out
 
-    def _layout(self, kind: str) -> tuple:
+    def layout(self, kind: str) -> tuple:
         """This rank's sharded tensors of `kind` as (name, peers, shape, dtype): every rank with the
         same layout (all of an FSDP or TP group) gets the same pieces, so answers are kept under it.
         The store's one copy of it (RunStore.layouts), so that its id() names it in cache keys: a
@@ -733,122 +426,36 @@ class RankView:
 
         return self._once(self._layouts, kind, layout)
 
-    def _of_row_pieces(self, what: str, kind: str, step: int, compute) -> dict:
-        """{tensor: compute(its pieces)} of every sharded tensor of `kind` at `step`: the same for
-        every holder of the layout, so made once per store (under `what`, the step and the layout).
-        StoreError (damage) for the first tensor, in index order, whose pieces do not fit."""
-        layout = self._layout(kind)
-        if not layout:
-            return {}
+    def has_kind(self, kind: str) -> bool:
+        return kind in self._kind_groups
 
-        def make() -> dict:
-            found = self._row_pieces(kind, step, layout)
-            return {name: compute(self._fitting(kind, step, name, found.pieces(name))) for name, _, _, _ in layout}
+    def index(self, kind: str) -> dict[str, TensorInfo]:
+        """{tensor: entry} of `kind`, in index order (read-only: parsed once)."""
+        return self._kind_index(kind)
 
-        return self._kept((what, kind, step, id(layout)), make)
+    def positions(self, kind: str) -> dict[str, int]:
+        """{tensor: its place in the kind's index} (read-only)."""
+        return self._positions(kind)
 
-    def _kept(self, key: tuple, make):
-        """The store-wide pieces cache's value under `key`, made by make() the first time."""
-        known = self.store.pieces_cache.get(key)
-        if known is None:
-            known = self.store.pieces_cache[key] = make()
-        return known
+    def own_row(self, kind: str, step: int) -> int | None:
+        """The row this rank wrote `kind` at `step` in, whatever its peers wrote (None: none)."""
+        return self._rows(kind).index(step) if step in self._own_steps(kind) else None
 
-    def _pieces(self, kind: str, step: int, t: TensorInfo):
-        """(peer view, its row, its entry, its digest, its position in the peer's index) of each
-        piece of sharded tensor `t` (this rank's entry) at `step`, in peer order; StoreError
-        (damage) when a peer's entry does not fit this rank's layout. Every holder of the tensor
-        asks the same question: the answers for a whole row are found at once (each peer's index,
-        row and hashes looked up once, not once per tensor), and kept once per store."""
-        return self._fitting(kind, step, t.name, self._row_pieces(kind, step, self._layout(kind)).pieces(t.name))
+    def pieces(self, kind: str, step: int, name: str) -> list[Piece]:
+        """The pieces of sharded tensor `name` at `step`, each on the rank that wrote it, in peer
+        order (StoreError: damage, when a peer's entry does not fit this rank's layout)."""
+        return planner.shard_pieces(self, kind, step, name)
 
-    def _row_pieces(self, kind: str, step: int, layout: tuple) -> "_RowPieces":
-        return self._kept(("pieces", kind, step, id(layout)), lambda: self._find_row_pieces(kind, step))
+    def object_piece(self, kind: str, step: int, name: str) -> Piece:
+        """An unsharded tensor's object (format 2) as a piece covering the whole tensor."""
+        info = self.tensor(kind, name)
+        row = self._row(kind, step)
+        position = self.position(kind, name)
+        return Piece(self, row, info, self.row_digests(kind, row)[position], self.locations(kind, row)[position])
 
-    def _fitting(self, kind: str, step: int, name: str, got: tuple | str) -> tuple:
-        if isinstance(got, str):  # the damage, named here: the message names the asking rank's entry
-            raise StoreError(f"damaged store: {self.where(kind, step, name)}: {got}")
-        return got
-
-    def _find_row_pieces(self, kind: str, step: int) -> "_RowPieces":
-        """The pieces of every sharded tensor at `step`, or what is wrong with them. A peer's
-        problems are checked in the order a reader meets them: the rank is missing, its index is
-        unreadable, its entry does not fit, it has no row at the step."""
-        layout = self._layout(kind)
-        peers: dict[int, object] = {}  # rank -> (its view, its index, ...), or what is wrong with it
-        for p in sorted({p for _, ps, _, _ in layout for p in ps}):
-            pv = self if p == self.rank else self.store.rank(p) if p in self.store.ranks else None
-            if pv is None:
-                peers[p] = f"its piece on rank {p} is missing (no rank {p} in the store)"
-                continue
-            try:
-                index = pv._kind_index(kind) if kind in pv._kind_groups else {}
-                positions = pv._positions(kind) if index else {}
-                # the store's one copy of an equal layout: every entry of this one fits (the usual case)
-                fits = bool(index) and pv._layout(kind) is layout
-            except StoreError as e:
-                peers[p] = f"rank {p}'s index is unreadable ({e})"
-                continue
-            peers[p] = (pv, index, positions, fits)
-        found = _RowPieces(layout)
-
-        def slot(p: int, pv: "RankView", index: dict, positions: dict) -> tuple | None:
-            # looked up only where a piece needs it: a peer whose entry does not fit is named for that first
-            if p not in found.slots:
-                row = pv._rows(kind).index(step) if step in pv._own_steps(kind) else None
-                found.slots[p] = None if row is None else (pv, index, positions, row, pv.row_digests(kind, row))
-            return found.slots[p]
-
-        for name, tpeers, shape, dtype in layout:
-            for p in tpeers:
-                peer = peers[p]
-                if isinstance(peer, str):
-                    found.damage[name] = peer
-                    break
-                pv, index, positions, fits = peer
-                if not fits:
-                    info = index.get(name)
-                    if (info is None or info.shard is None or info.shape != shape or info.dtype != dtype
-                            or info.shard.peers != tpeers):
-                        found.damage[name] = f"rank {p} holds no matching piece of it"
-                        break
-                if slot(p, pv, index, positions) is None:
-                    found.damage[name] = f"rank {p} did not record its piece at this step"
-                    break
-        return found
-
-    def has_summaries(self, kind: str) -> bool:
-        """Whether `kind` holds per-tensor summaries (format 2 stores written since summaries exist)."""
-        if not self.store.format.hashed:
-            return False
-        return self._member(kind, SUMMARY_ARRAY) is not None
-
-    def row_summaries(self, kind: str, row: int) -> np.ndarray:
-        """Each tensor's summary at a row, in index order: float64 (tensors, N_FIELDS) (store/summaries.py)."""
-        def unsealed():
-            n = len(self.tensors(kind))
-            # older format-2 stores have one field fewer (summaries.LEGACY_FIELDS); any other width is damage
-            fields = fields_of(self._index_array(kind, SUMMARY_ARRAY).shape[1], n) or N_FIELDS
-            raw = self._raw_index_row(kind, SUMMARY_ARRAY, row, row_width(n, fields))
-            values = unseal(raw, fields, self.row_bound(kind, row) if self.sealed else b"")
-            if values is None:
-                origin = self._sealed_as(kind, row, raw, fields) if self.sealed else None
-                raise StoreError(f"damaged store: {self.store.path}: rank {self.rank} {kind} step "
-                                 f"{self.step_of_row(kind, row)}: " + (
-                                     f"its index row was sealed as {origin}'s: read here it would be another step's "
-                                     "or rank's data" if origin else
-                                     "its index row does not match its seal (written for another rank, kind or step, "
-                                     "or its hash, finite or summary row changed)" if self.sealed else
-                                     f"its {SUMMARY_ARRAY} index does not match its checksum"))
-            values.flags.writeable = False  # shared by every caller
-            return values
-
-        return self._once(self._checked_rows, (kind, SUMMARY_ARRAY, row), unsealed)
-
-    def check_summaries(self, kind: str, step: int) -> None:
-        """StoreError (damage) unless the kind's summary row at `step` is intact (nothing without summaries)."""
-        if self.has_summaries(kind):
-            self.row_summaries(kind, self._row(kind, step))
+    def saved_pieces(self, kind: str, step: int, name: str) -> list[Piece] | None:
+        """The saved pieces tensor `name` is read from at `step` (store/planner.py: saved_pieces)."""
+        return planner.saved_pieces(self, kind, step, name)
 
     def summaries(self, kind: str, step: int) -> dict[str, np.ndarray] | None:
         """{tensor: summary (min, max, mean, L2, NaN count, Inf count, -Inf count)} at a step; None where the
@@ -861,37 +468,25 @@ class RankView:
         for t in self.tensors(kind):
             if t.shard is not None:
                 parts = []
-                for pv, row, info, _, position in self._pieces(kind, step, t):
+                for pv, row, info, _, position in planner.piece_entries(self, kind, step, t):
                     if not pv.has_summaries(kind):
                         return None
                     parts.append((pv.row_summaries(kind, row)[position], info.stored_numel))
                 out[t.name] = combine(parts)
         return out
 
-    def pieces(self, kind: str, step: int, name: str) -> list["Piece"]:
-        """The pieces of sharded tensor `name` at `step`, each on the rank that wrote it, in peer
-        order (StoreError: damage, when a peer's entry does not fit this rank's layout)."""
-        t = self.tensor(kind, name)
-        if t.shard is None:
-            raise StoreError(f"rank {self.rank} {kind} tensor {name!r} is not sharded")
-        return [Piece(pv, row, info, digest, pv.locations(kind, row)[position])
-                for pv, row, info, digest, position in self._pieces(kind, step, t)]
-
-    def object_piece(self, kind: str, step: int, name: str) -> "Piece":
-        """An unsharded tensor's object (format 2) as a piece covering the whole tensor."""
-        info = self.tensor(kind, name)
-        row = self._row(kind, step)
-        position = self.position(kind, name)
-        return Piece(self, row, info, self.row_digests(kind, row)[position], self.locations(kind, row)[position])
-
-    def read_piece(self, kind: str, step: int, piece: "Piece") -> np.ndarray:
-        """One piece's bytes (flat, storage dtype), checked against its hash (once per open store)
-        and its finiteness flag, as assemble() checks them."""
+    def read_piece(self, kind: str, step: int, piece: "Piece", span: tuple[int, int] | None = None) -> np.ndarray:
+        """One piece's bytes (flat, storage dtype; its elements [start, stop) with `span`),
+        checked against its hash (once per open store: the whole piece, before a part of it is
+        used) and its finiteness flag, as assemble() checks them."""
         pv, name = piece.view, piece.info.name
         where = pv.where(kind, step, name)
         if not piece.info.keeps_bytes:
             raise no_bytes(where)
-        data, finite = read_object(self.store, piece.digest, piece.info, where, piece.loc)
+        if span is None:
+            data, finite = read_object(self.store, piece.digest, piece.info, where, piece.loc)
+        else:
+            data, finite = read_object_span(self.store, piece.digest, piece.info, where, piece.loc, *span)
         pv.check_finite_flag(kind, piece.row, pv.position(kind, name), finite, where)
         return data
 
@@ -899,23 +494,11 @@ class RankView:
         """A sharded tensor at a step, whole (storage dtype, its shape): every piece read from the
         rank that wrote it, checked against its hash and finiteness flag; the pieces must tile it."""
         t = self.tensor(kind, name)
-        where = self.where(kind, step, name)
         if not t.keeps_bytes:
-            raise no_bytes(where)
-        pieces = self.pieces(kind, step, name)
-        # before reading: no full-size coverage mask is needed
-        planner.check_tiling(pieces, t.numel, t.shard.peers, where)
-        return self.read_region(kind, step, name)
-
-    def saved_pieces(self, kind: str, step: int, name: str) -> list["Piece"] | None:
-        """The saved pieces tensor `name` is read from at `step`: a sharded tensor's (on the ranks
-        that wrote them, peer order), or an unsharded one's own object as one piece; None where the
-        format saves no pieces (format 1: ranges of packed rows, read_bits)."""
-        t = self.tensor(kind, name)
-        if t.shard is not None:
-            return self.pieces(kind, step, name)
-        piece = self.store.format.whole_piece(self, kind, step, t)
-        return None if piece is None else [piece]
+            raise no_bytes(self.where(kind, step, name))
+        if t.shard is None:
+            raise StoreError(f"rank {self.rank} {kind} tensor {name!r} is not sharded")
+        return self.read_region(kind, step, name)  # the plan checks that the pieces tile it
 
     @property
     def saves_pieces(self) -> bool:
@@ -927,16 +510,6 @@ class RankView:
         """Region (offset, shape) of a tensor at a step (default: all of it), storage dtype, its
         shape: the saved pieces overlapping it read and checked (store/planner.py)."""
         return planner.execute(self, planner.plan_read(self, kind, step, name, region))
-
-    def _finite_flags(self, kind: str, row: int) -> np.ndarray:
-        def checked():
-            flags = self._index_row(kind, FINITE_ARRAY, row, len(self.tensors(kind)))
-            if flags.size and int(flags.max()) > 1:
-                raise StoreError(f"damaged store: {self.store.path}: rank {self.rank} {kind} step "
-                                 f"{self.step_of_row(kind, row)}: its {FINITE_ARRAY} index holds {int(flags.max())}, not 0 or 1")
-            return flags
-
-        return self._once(self._checked_rows, (kind, FINITE_ARRAY, row), checked)
 
     def finite(self, kind: str, step: int) -> dict[str, bool] | None:
         """{tensor: True when it holds no NaN/Inf} at a step; None for v1. Index values, checked
@@ -955,17 +528,9 @@ class RankView:
                 got = rows[pv.rank, row] = pv._finite_flags(kind, row).tolist()
             return got
 
-        out.update(self._of_row_pieces("finite", kind, step, lambda ps: all(
+        out.update(planner.of_row_pieces(self, "finite", kind, step, lambda ps: all(
             flags_of(pv, row)[position] for pv, row, _, _, position in ps)))
         return out
-
-    def check_finite_flag(self, kind: str, row: int, position: int, finite: bool, where: str) -> None:
-        """StoreError (damage) unless the index's finiteness flag of tensor `position` at `row`
-        says what its verified bytes say: a lying flag could let the diff skip NaNs by hash."""
-        flag = bool(self._finite_flags(kind, row)[position])
-        if flag != finite:
-            raise StoreError(f"damaged store: {where}: its {FINITE_ARRAY} index says "
-                             f"{'all finite' if flag else 'not all finite'}, its bytes say otherwise")
 
     def where(self, kind: str, step: int, name: str) -> str:
         """How a damage message names one tensor entry."""
@@ -983,7 +548,7 @@ class RankView:
         if not info.keeps_bytes:
             return  # summary and hash only (--full): there is no object to check the hash against
         if info.shard is not None:  # every piece, on the rank that wrote it
-            for pv, prow, pinfo, digest, ppos in self._pieces(kind, step, info):
+            for pv, prow, pinfo, digest, ppos in planner.piece_entries(self, kind, step, info):
                 where = pv.where(kind, step, name)
                 finite = self.store.ensure_verified(digest, pinfo, where, pv.locations(kind, prow)[ppos])
                 pv.check_finite_flag(kind, prow, ppos, finite, where)
@@ -994,58 +559,19 @@ class RankView:
         finite = self.store.ensure_verified(digest, info, where, self.locations(kind, row)[position])
         self.check_finite_flag(kind, row, position, finite, where)
 
-    def _read_row(self, kind: str, step: int, key: str, start: int, stop: int) -> np.ndarray:
-        return self.store.format.read_range(self, kind, step, key, start, stop)
-
     def read_bits(self, kind: str, step: int, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
-        """A tensor's stored data, flat, in storage dtype (bfloat16 as uint16 bits); a slice of it with start/stop."""
-        info = self.tensor(kind, name)
-        stop = info.numel if stop is None else min(stop, info.numel)
-        return self._read_row(kind, step, info.array, info.offset + start, info.offset + stop)
+        """A tensor's stored data, flat, in storage dtype (bfloat16 as uint16 bits); a slice of it
+        with start/stop (store/planner.py: read_flat)."""
+        return planner.read_flat(self, kind, step, name, start, stop)
 
     def read(self, kind: str, step: int, name: str) -> np.ndarray:
         """A tensor as numpy values in its shape (bfloat16 widened exactly to float32)."""
         info = self.tensor(kind, name)
-        return to_numpy_values(self.read_bits(kind, step, name), info.dtype).reshape(info.shape)
+        return to_numpy_values(self.read_region(kind, step, name), info.dtype).reshape(info.shape)
 
     def read_kind(self, kind: str, step: int) -> dict[str, np.ndarray]:
-        """Every tensor of a kind at a step, reading each packed row once."""
-        rows = {}
-        out = {}
-        for info in self.tensors(kind):
-            if info.array not in rows:
-                rows[info.array] = self._read_row(kind, step, info.array, 0, self.array(kind, info.array).shape[1])
-            bits = rows[info.array][info.offset : info.offset + info.numel]
-            out[info.name] = to_numpy_values(bits, info.dtype).reshape(info.shape)
-        return out
-
-
-class _RowPieces:
-    """The pieces of one row's sharded tensors, as one rank's layout names them (RankView._find_row_pieces):
-    what is wrong with a tensor's pieces, and each peer's view, index, positions, row and row hashes,
-    from which a tensor's pieces are made when asked. Kept once per store and layout: a tuple per
-    piece, made ahead for every tensor, was most of the objects an FSDP diff kept (and so of its
-    garbage collector's work)."""
-
-    __slots__ = ("peers_of", "slots", "damage")
-
-    def __init__(self, layout: tuple):
-        self.peers_of = {name: tpeers for name, tpeers, _, _ in layout}
-        self.slots: dict[int, tuple | None] = {}  # peer -> (view, index, positions, row, row hashes)
-        self.damage: dict[str, str] = {}
-
-    def pieces(self, name: str) -> tuple | str:
-        """(peer view, its row, its entry, its digest, its position) of each piece, in peer order,
-        or what is wrong with them."""
-        wrong = self.damage.get(name)
-        if wrong is not None:
-            return wrong
-        out = []
-        for p in self.peers_of[name]:
-            pv, index, positions, row, digests = self.slots[p]
-            position = positions[name]
-            out.append((pv, row, index[name], digests[position], position))
-        return tuple(out)
+        """Every tensor of a kind at a step, as numpy values in their shapes (read as read() reads them)."""
+        return {info.name: self.read(kind, step, info.name) for info in self.tensors(kind)}
 
 
 class RunStore:
@@ -1059,7 +585,7 @@ class RunStore:
         self.parsed = share_with.parsed if share_with is not None else ParsedNodes()
         # as given for local folders (messages name what the user typed), the URL otherwise
         self.path = os.fspath(path) if self.location.is_local and not isinstance(path, Location) else str(self.location)
-        self.meta = _read_root_attrs(self.path, self.location)
+        self.meta = read_root_attrs(self.path, self.location)
         self.format = reader_for(self.meta.get("format_version"), self.path)  # store/formats/: picked once
         self.format_version: int = self.format.version
         self.verified = Verified()  # objects whose bytes matched their hash (immutable: checked once)
@@ -1077,7 +603,7 @@ class RunStore:
     @cached_property
     def _rank_groups(self) -> dict[int, zarr.Group]:
         out = {}
-        for name, node in _members(self.root, self.path, self.parsed):
+        for name, node in members(self.root, self.path, self.parsed):
             if name.startswith(RANK_PREFIX) and isinstance(node, zarr.Group):
                 try:
                     out[int(name[len(RANK_PREFIX) :])] = node
@@ -1164,7 +690,7 @@ class RunStore:
             finite = self.verified.get(digest, loc)
             if finite is None:
                 # local files: a small reused buffer; an object store: FILE_PIECE-sized ranged GETs
-                problem, finite = _objects.scan_object(self.io_root, digest, info, _scan_buffer() if self.location.is_local else None, loc)
+                problem, finite = _objects.scan_object(self.io_root, digest, info, scan_buffer() if self.location.is_local else None, loc)
                 if problem is not None:
                     raise damaged(where, problem)
                 self.verified.add(digest, loc, finite)

@@ -163,7 +163,8 @@ def test_open_reads_only_metadata(tmp_path):
     assert tree["gradients"]["a"].shape == (64, 10, 4) and tree["gradients"]["b"].shape == (64, 10, 2, 2)
     assert tree.to_dataset().tp_rank.values.tolist()[:5] == [0, 1, 2, 3, 0]
     # the data was never read: computing now meets the missing chunks, which is damage, not zeros
-    with pytest.raises(StoreError, match=r"rank 63 gradients/float32: unreadable data \(chunk c/9/0 is missing\)"):
+    # (named as every reader names it: the one read path, store/planner.py)
+    with pytest.raises(StoreError, match=r"rank 63 gradients step 10: unreadable data \(FileNotFoundError: chunk c/9/0 of float32 is missing\)"):
         tree["gradients"]["a"].sel(rank=63, step=10).values
 
 
@@ -183,7 +184,7 @@ def test_corrupt_chunk_is_one_store_error(tmp_path):
     with open(chunk, "wb") as f:
         f.write(b"xx")  # truncated
     g = tracekit.open(path)["gradients"]["g"]
-    with pytest.raises(StoreError, match=r"rank 1 gradients/float32: unreadable data"):
+    with pytest.raises(StoreError, match=r"rank 1 gradients step 2: unreadable data"):
         g.sel(rank=1, step=2).values
     assert float(g.sel(rank=1, step=1)[0, 0]) == 1.25  # the rest stays readable
 
@@ -213,6 +214,6 @@ def test_deleted_chunk_is_one_store_error_not_zeros(tmp_path):
     path = write_store(str(tmp_path / "s"), version=1)
     os.remove(os.path.join(path, "rank_1", "gradients", "float32", "c", "1", "0"))
     g = tracekit.open(path)["gradients"]["g"]
-    with pytest.raises(StoreError, match=r"rank 1 gradients/float32: unreadable data \(chunk c/1/0 is missing\)"):
+    with pytest.raises(StoreError, match=r"rank 1 gradients step 2: unreadable data \(FileNotFoundError: chunk c/1/0 of float32 is missing\)"):
         g.sel(rank=1, step=2).values
     assert float(g.sel(rank=1, step=1)[0, 0]) == 1.25  # the rest stays readable

@@ -241,6 +241,6 @@ def test_chunk_deleted_under_an_open_diff_is_a_store_error(tmp_path):
     ref, cand = write_store(tmp_path / "ref", data, format_version=1), write_store(tmp_path / "cand", data, format_version=1)
     ds = tracekit.open_diff(ref, cand)
     os.remove(os.path.join(cand, "rank_0", "gradients", "float32", "c", "1", "0"))  # step 2, after the diff
-    with pytest.raises(StoreError, match=r"cand: rank 0 gradients/float32: unreadable data \(chunk c/1/0 is missing\)"):
+    with pytest.raises(StoreError, match=r"cand: rank 0 gradients step 2: unreadable data \(FileNotFoundError: chunk c/1/0 of float32 is missing\)"):
         ds["abs_err/gradients/g"].sel(step=2).values
     assert ds["abs_err/gradients/g"].sel(step=1).values.tolist() == [[0.0, 0.0, 0.0]]

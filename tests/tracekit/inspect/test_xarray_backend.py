@@ -12,6 +12,7 @@ import xarray as xr
 import tracekit
 from tracekit.inspect.backend import TracekitBackendEntrypoint
 from tracekit.inspect.summary import summarize
+from tracekit.store import planner
 from tracekit.store.spans import TensorSteps
 from tracekit.testing import write_store
 from tests.paths import REPO
@@ -80,23 +81,33 @@ def test_guess_can_open_claims_stores_only(stores, tmp_path):
         assert not entry.guess_can_open(str(other))
 
 
-def test_a_selection_reads_only_its_rank_steps_and_span(stores, monkeypatch):
-    reads = []
-    real = TensorSteps.read
+def test_a_selection_reads_only_its_rank_steps_and_region(stores, monkeypatch):
+    reads, plans = [], []
+    real, real_plan = TensorSteps.read, planner.plan_read
 
-    def spy(self, steps, start=0, stop=None):
-        reads.append((self.info.name, list(steps), start, stop))
-        return real(self, steps, start, stop)
+    def spy(self, steps, region=None):
+        reads.append((self.info.name, list(steps), region))
+        return real(self, steps, region)
+
+    def spy_plan(view, kind, step, name, region=None):
+        plans.append((view.rank, step, name, region))
+        return real_plan(view, kind, step, name, region)
 
     monkeypatch.setattr(TensorSteps, "read", spy)
+    monkeypatch.setattr(planner, "plan_read", spy_plan)
     tree = tracekit.open(stores["holes"], chunks=None)
-    assert reads == []  # opening reads metadata only
+    assert reads == [] and plans == []  # opening reads metadata only: no plan is made
     w = tree["parameters"]["w"]
     assert w.isel(rank=1, step=2, w_dim0=1).values.tolist() == [19.0, 22.0, 25.0]  # step 2: row 1 is (3, 4, 5) x 3 + 10
-    assert reads == [("w", [2], 3, 6)]  # one rank, one step, the elements of row 1 of (2, 3)
+    assert reads == [("w", [2], ((1, 0), (1, 3)))]  # one rank, one step, row 1 of (2, 3)
+    assert plans == [(1, 2, "w", ((1, 0), (1, 3)))]  # executed as one read plan of that region
     reads.clear()
     assert float(w.sel(rank=0, step=3, w_dim0=0, w_dim1=2)) == 8.0
-    assert reads == [("w", [3], 2, 3)]
+    assert reads == [("w", [3], ((0, 2), (1, 1)))]
+    reads.clear()
+    picked = w.sel(rank=0, step=[1, 3]).isel(w_dim1=[0, 2]).values.tolist()
+    assert picked == [[[0, 4], [6, 10]], [[0, 8], [12, 20]]]  # columns 0 and 2: read as the box holding them
+    assert reads == [("w", [1, 3], ((0, 0), (2, 3)))]
 
 
 def test_open_without_dask_equals_open_with_dask(stores, tmp_path):

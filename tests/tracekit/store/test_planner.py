@@ -92,3 +92,40 @@ def test_format_versions_are_tested_only_in_store_formats():
              if "formats" not in p.parts
              for n, line in enumerate(p.read_text().splitlines(), 1) if compared.search(line)]
     assert found == []
+
+
+@pytest.mark.parametrize("second, message", [((3, 4), "overlap"), ((5, 2), "do not cover it")])
+def test_pieces_that_do_not_tile_the_tensor_are_damage_for_every_read(tmp_path, second, message):
+    """Rank 1's piece overlaps rank 0's (rows 3-6 against 0-3) or leaves row 4 out (rows 5-6):
+    whole reads, region reads and the xarray-facing read() refuse it before reading a byte,
+    never filling a gap with whatever memory held."""
+    path = str(tmp_path / "s")
+    create_store(path, {"command": ["test"]})
+    for r, (lo, n) in enumerate([(0, 4), second]):
+        part = np.ascontiguousarray(W[lo:lo + n])
+        w = RankWriter(path, r, {"coords": {"rank": r, "world_size": RANKS}})
+        w.write(1, "parameters", [TensorData("w", "float32", part.shape, part, Shard(W.shape, (lo, 0), part.shape, (0, 1)))])
+        w.complete_step(1)
+        w.close()
+    view = open_store(path).rank(0)
+    for read in (lambda: view.read("parameters", 1, "w"), lambda: view.read_region("parameters", 1, "w", ((0, 0), (2, 5))),
+                 lambda: view.assemble("parameters", 1, "w")):
+        with pytest.raises(StoreError, match=f"damaged store: .*tensor w: the pieces of ranks \\[0, 1\\] {message}"):
+            read()
+
+
+@pytest.mark.parametrize("version", [1, 4])
+def test_export_and_replay_reads_execute_read_plans(tmp_path, monkeypatch, version):
+    """`tracekit export` and replay's read_kind ask the planner for each tensor (FORMAT.md says so)."""
+    from tracekit.interchange.export import export_file
+
+    path = write_store(tmp_path / "s", {0: {1: {"parameters": {"w": W, "b": B}}}}, format_version=version)
+    asked = []
+    real = planner.plan_read
+    monkeypatch.setattr(planner, "plan_read", lambda view, kind, step, name, region=None: asked.append(name) or real(view, kind, step, name, region))
+    export_file(path, str(tmp_path / "out.safetensors"), 1)
+    assert sorted(asked) == ["b", "w"]
+    asked.clear()
+    got = open_store(path).rank(0).read_kind("parameters", 1)
+    assert sorted(asked) == ["b", "w"]
+    np.testing.assert_array_equal(got["w"], W)

@@ -35,11 +35,17 @@ class FormatReader(Protocol):
         """Elements [start, stop) of storage array `key` at a step, checked (StoreError: damage)."""
 
     def whole_piece(self, view, kind: str, step: int, info):
-        """An unsharded tensor's saved bytes as one piece (store.reader.Piece), or None where the
+        """An unsharded tensor's saved bytes as one piece (store.planner.Piece), or None where the
         format saves it only inside a storage array row (read through read_range)."""
 
     def kind_writer(self, group, kind: str, io_root, full, rank: int):
         """The writer of a new kind group of this format (store/writer.py)."""
 
-    def fetch(self, view, kind: str, step: int, item) -> np.ndarray:
-        """One ReadItem's bytes, flat in storage dtype, checked against the index (hash, finiteness)."""
+    def read_span(self, view, kind: str, step: int, info, start: int, stop: int) -> np.ndarray:
+        """Flat elements [start, stop) of tensor `info` at a step where the format saves it only as
+        a range of a storage row (whole_piece None), checked (StoreError: damage)."""
+
+    def fetch(self, view, kind: str, step: int, item, span: tuple[int, int] | None = None) -> np.ndarray:
+        """One ReadItem's bytes, flat in storage dtype (only its flat elements [start, stop) with
+        `span`), checked against the index (hash, finiteness): a part only once the whole piece
+        was, once per open store."""

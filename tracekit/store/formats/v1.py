@@ -54,6 +54,9 @@ class PackedArrays:
 
         return _KindWriter(group, kind)
 
-    def fetch(self, view, kind: str, step: int, item) -> np.ndarray:
+    def read_span(self, view, kind: str, step: int, info, start: int, stop: int) -> np.ndarray:
+        return self.read_range(view, kind, step, info.array, info.offset + start, info.offset + stop)
+
+    def fetch(self, view, kind: str, step: int, item, span=None) -> np.ndarray:
         raise TypeError("format 1 saves no pieces to fetch")
 

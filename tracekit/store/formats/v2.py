@@ -54,7 +54,10 @@ class Objects:
 
         return _ObjectKindWriter(group, kind, io_root, full, self.pack_spec(), rank if self.sealed_rows else None)
 
-    def fetch(self, view, kind: str, step: int, item) -> np.ndarray:
+    def read_span(self, view, kind: str, step: int, info, start: int, stop: int) -> np.ndarray:
+        raise TypeError("format 2 saves every tensor as pieces: read them (fetch)")
+
+    def fetch(self, view, kind: str, step: int, item, span=None) -> np.ndarray:
         """The piece's object (or its range of a pack), hash-checked once per open store, and its
         finiteness flag checked against what the bytes say."""
-        return view.read_piece(kind, step, item.source)
+        return view.read_piece(kind, step, item.source, span)
