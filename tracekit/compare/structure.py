@@ -116,16 +116,30 @@ class Fit:
     def z_shift(self, copies: int = 1) -> float:
         return self.rho_shift * math.sqrt(self.n / max(copies, 1))
 
+    @property
+    def rms_ref(self) -> float:
+        """The reference values' root mean square (what a shift is measured against)."""
+        return math.sqrt(self.ss_ref / self.n) if self.n and self.ss_ref > 0 else 0.0
+
+    @property
+    def relative_offset(self) -> float:
+        """The shift over the values' root mean square (inf where the values are all 0)."""
+        return self.offset / self.rms_ref if self.rms_ref > 0 else math.inf
+
     def shift_significant(self, copies: int = 1, rho_min: float = RHO_MIN) -> bool:
         """A shift that explains d better than the scale does (a scale of values with a non-zero
         mean also has a mean error), at least SCALE_FLOOR of the values' root mean square."""
-        rms_ref = math.sqrt(self.ss_ref / self.n) if self.n else 0.0
         return (abs(self.z_shift(copies)) >= Z_MIN and abs(self.rho_shift) >= rho_min
-                and abs(self.rho_shift) > abs(self.rho) and abs(self.offset) >= SCALE_FLOOR * rms_ref)
+                and abs(self.rho_shift) > abs(self.rho) and abs(self.offset) >= SCALE_FLOOR * self.rms_ref)
+
+    @property
+    def scale_shape(self) -> str:
+        """What a significant scale fit is called: a factor near -1 is a sign flip."""
+        return "sign flip" if abs(self.factor + 1.0) <= SIGN_FLIP_TOLERANCE else "scale"
 
     def sign_flip(self, copies: int = 1, rho_min: float = RHO_MIN) -> bool:
         return (abs(self.z(copies)) >= Z_MIN and self.rho <= -rho_min
-                and abs(self.factor + 1.0) <= SIGN_FLIP_TOLERANCE)
+                and self.scale_shape == "sign flip")
 
 
 @dataclass
@@ -339,15 +353,9 @@ def step_signature(step: int, kind: str, results, floor: float = 0.0,
         if biases is not None:
             biases.append(Bias(step, "scale", fit.factor - 1.0, z, floor))
         return None, max_z, differs
-    shape = "sign flip" if abs(fit.factor + 1.0) <= SIGN_FLIP_TOLERANCE else "scale"
-    sig = Signature(step, kind, shape, fit.factor, z, fit.rho, carriers, len(carriers) == len(per_rank), len(tensors),
+    sig = Signature(step, kind, fit.scale_shape, fit.factor, z, fit.rho, carriers, len(carriers) == len(per_rank), len(tensors),
                     example=_example(results, carriers))
     return sig, max_z, differs
-
-
-def _relative_offset(fit: Fit) -> float:
-    rms_ref = math.sqrt(fit.ss_ref / fit.n) if fit.n and fit.ss_ref > 0 else 0.0
-    return fit.offset / rms_ref if rms_ref > 0 else math.inf
 
 
 def shift_signature(step: int, kind: str, results, floor: float = 0.0, biases: list | None = None) -> Signature | None:
@@ -362,9 +370,9 @@ def shift_signature(step: int, kind: str, results, floor: float = 0.0, biases: l
     if got is None:
         return None
     fit, z, carriers = got
-    if _compute_bias(_relative_offset(fit), per_rank, carriers, floor, lambda f: f.offset):
+    if _compute_bias(fit.relative_offset, per_rank, carriers, floor, lambda f: f.offset):
         if biases is not None:
-            biases.append(Bias(step, "shift", _relative_offset(fit), z, floor))
+            biases.append(Bias(step, "shift", fit.relative_offset, z, floor))
         return None
     return Signature(step, kind, "shift", None, z, fit.rho_shift, carriers, len(carriers) == len(per_rank),
                      len(tensors), example=_example(results, carriers), offset=fit.offset)
@@ -402,10 +410,9 @@ def region_signature(step: int, kind: str, results, floor: float = 0.0) -> Signa
     fit = Fit()
     for o in carriers:
         fit.add_fit(per_owner[o])
-    shape = "sign flip" if abs(fit.factor + 1.0) <= SIGN_FLIP_TOLERANCE else "scale"
     mine = [r for r in results if r.metrics.regions and r.metrics.fit is not None]
     example = max(mine, key=lambda r: r.metrics.fit[2]) if mine else next(r for r in results if r.metrics.regions)
-    return Signature(step, kind, shape, fit.factor, fit.z(), fit.rho, carriers, False, len(tensors),
+    return Signature(step, kind, fit.scale_shape, fit.factor, fit.z(), fit.rho, carriers, False, len(tensors),
                      example=example, shard=True)
 
 
