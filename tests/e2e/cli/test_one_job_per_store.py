@@ -198,7 +198,11 @@ def test_killed_launcher_takes_the_torchrun_agent_and_its_workers_with_it(tmp_pa
     assert len(writers) == 2  # each rank's writer process
     launcher.send_signal(signal.SIGKILL)
     launcher.wait(timeout=DEADLINE_S)
-    open(go, "w").close()  # were the workers left running, they would now train steps 3-4
+    # The go file only once the agent has ended: a worker still polling for it in the moment between
+    # the agent's SIGTERM and its own could otherwise finish step 3 first (seen once in CI). Workers
+    # that outlived their agent would find it and train steps 3-4; an agent that lived on fails here.
+    wait_for(lambda: not _running(agent), "the torchrun agent to end")
+    open(go, "w").close()
     wait_for(lambda: not any(_running(p) for p in [agent, *workers, *writers]), "every process of the job to end")
     s = open_store(store)
     assert s.job_state == "launcher died"
