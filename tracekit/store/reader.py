@@ -186,6 +186,25 @@ class RankView(HashedIndex):
         self._kind_groups
         return self._traced
 
+    def trace_steps(self, level: str, listed_only: bool = False) -> list[int]:
+        """The rank's completely written traced steps at `level` (store/traces.py); `listed_only`:
+        from the step list's metadata alone (damage further down is verify's to find)."""
+        from tracekit.store import traces
+
+        return (traces.listed_trace_steps if listed_only else traces.trace_steps)(self.group, level)
+
+    def trace_events(self, level: str, step: int):
+        """The events of one traced step, in execution order, typed (store/traces.py read_events)."""
+        from tracekit.store.traces import read_events
+
+        return read_events(self.group, level, step)
+
+    def trace_full(self, level: str, step: int, key: str):
+        """(bits, dtype, shape) of a tensor the trace kept whole, or None (store/traces.py read_full)."""
+        from tracekit.store.traces import read_full
+
+        return read_full(self.group, level, step, key)
+
     @property
     def kinds(self) -> list[str]:
         return sorted(self._kind_groups, key=lambda k: (kind_order(k), k))
