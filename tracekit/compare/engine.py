@@ -84,19 +84,20 @@ def _batches(segments: list[_Segment], readers: list[SegmentReader]) -> list[lis
     back to back on every side (many small tensors: one read per side for the lot)."""
     out: list[list[tuple[_Segment, int, int]]] = []
     cur: list[tuple[_Segment, int, int]] = []
-    size, last = 0, None  # last: (the previous piece's segment index, its end)
+    size = 0
+    # whether each segment's first piece continues the previous segment's last on every side
+    continues = [all(c) for c in zip(*(r.continues for r in readers))]
     for sg in segments:  # in the ref store's storage order (read_units)
         f = sg.start
+        follows = continues[sg.index]
         while f < sg.stop:
             n = min(sg.stop - f, PIECE_ELEMENTS)
-            joins = cur and size + n <= PIECE_ELEMENTS and all(r.follows(last[0], last[1], sg.index, f) for r in readers)
-            if not joins:
+            if not (cur and size + n <= PIECE_ELEMENTS and (f > sg.start or follows)):
                 if cur:
                     out.append(cur)
                 cur, size = [], 0
             cur.append((sg, f, f + n))
             size += n
-            last = (sg.index, f + n)
             f += n
     if cur:
         out.append(cur)

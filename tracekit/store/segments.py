@@ -7,9 +7,9 @@ sees a row, a chunk or an offset into one:
 - read_units(view, kind, names): the named tensors split into units of work, each a list of
   (tensor, start, stop) the store reads together, in storage order (each unit lies in one
   stored chunk: format 1's packed row, or the same widths of a format 2-4 row of objects);
-- SegmentReader(view, kind, step, segments): reads a unit's segments of one side. follows()
-  says whether one segment's range continues another's in storage, so that a consumer may ask
-  for several back to back in one read(); prefetch() hints the disk; close() when done.
+- SegmentReader(view, kind, step, segments): reads a unit's segments of one side. continues[j]
+  says whether segment j's range begins where segment j - 1's ends in storage, so that a
+  consumer may ask for several back to back in one read(); prefetch() hints the disk; close().
 
 Every byte is read through the format's storage rows (store/rows.py RowReader: chunk files read
 directly, ranged GETs, or zarr; formats 2-4: objects checked against their hashes and flags).
@@ -39,8 +39,11 @@ def read_units(view, kind: str, names) -> list[list[tuple[str, int, int]]]:
     unit a list of (tensor, start, stop) element ranges that lie in one stored chunk, in storage
     order; units in the order of the tensors' storage (first seen), then of their chunks."""
     by_key: dict[str, list] = {}
+    index = view._kind_index(kind)  # one lookup for the lot (view.tensor() takes a lock per name)
     for name in names:
-        info = view.tensor(kind, name)
+        info = index.get(name)
+        if info is None:
+            view.tensor(kind, name)  # raises, naming it
         by_key.setdefault(info.array, []).append(info)
     out = []
     for key, infos in by_key.items():
@@ -63,12 +66,15 @@ class SegmentReader:
 
     def __init__(self, view, kind: str, step: int, segments: list[tuple[str, int, int]]):
         self.view, self.kind, self.step = view, kind, step
-        self._infos = [view.tensor(kind, name) for name, _, _ in segments]
+        index = view._kind_index(kind)  # one lookup for the lot (view.tensor() takes a lock per name)
+        # each segment's tensor's (storage array, offset in its row)
+        self._at = at = [(info.array, info.offset) for info in
+                         (index.get(name) or view.tensor(kind, name) for name, _, _ in segments)]
         spans: dict[str, tuple[int, int]] = {}  # per storage array, the element range the segments cover
-        for info, (_, start, stop) in zip(self._infos, segments):
-            lo, hi = info.offset + start, info.offset + stop
-            old = spans.get(info.array)
-            spans[info.array] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
+        for (key, offset), (_, start, stop) in zip(at, segments):
+            lo, hi = offset + start, offset + stop
+            old = spans.get(key)
+            spans[key] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
         row = view._row(kind, step)
         self._readers: dict[str, RowReader] = {}
         try:
@@ -78,28 +84,26 @@ class SegmentReader:
             self.close()
             raise
         self._spans = spans
+        # whether each segment's range begins right where the one before it ends, in storage
+        self.continues = [False] + [ka == kb and oa + prev[2] == ob + seg[1] for (ka, oa), (kb, ob), prev, seg
+                                    in zip(at, at[1:], segments, segments[1:])]
 
     def prefetch(self) -> None:
         """Start reading the segments' bytes from disk in the background (a hint: io.prefetch)."""
         for key, r in self._readers.items():
             r.prefetch(*self._spans[key])
 
-    def follows(self, i: int, end: int, j: int, start: int) -> bool:
-        """Whether element `start` of segment j's tensor lies right after element end - 1 of
-        segment i's in storage: the two ranges are then one read."""
-        a, b = self._infos[i], self._infos[j]
-        return a.array == b.array and a.offset + end == b.offset + start
-
     def dtype(self, j: int) -> np.dtype:
         """The storage dtype segment j is read in (bfloat16 as its uint16 bits)."""
-        return self._readers[self._infos[j].array].dtype
+        return self._readers[self._at[j][0]].dtype
 
     def read(self, j: int, start: int, n: int, out: np.ndarray) -> np.ndarray:
         """n elements in storage dtype from element `start` of segment j's tensor on, continuing
-        into the segments that follow it in storage (follows()); into `out` where read directly."""
-        info = self._infos[j]
-        s = info.offset + start
-        return self._readers[info.array].read(s, s + n, out)
+        into the segments after it where they continue it in storage (continues); into `out`
+        where read directly."""
+        key, offset = self._at[j]
+        s = offset + start
+        return self._readers[key].read(s, s + n, out)
 
     def close(self) -> None:
         for r in self._readers.values():
