@@ -158,6 +158,25 @@ def test_the_cpu_block_mask_is_built_without_compiling_and_other_devices_keep_to
         attention._compiled_create_block_mask = compiled
 
 
+def test_the_trainers_closing_sleep_is_skipped_and_its_clock_still_runs(monkeypatch):
+    """Rank 0's 2 s sleep after the last step (`Trainer.train`, trainer.py's only sleep) returns at
+    once under the shim; the step timings' perf_counter is the real one."""
+    import inspect
+    import time
+
+    from torchtitan import trainer
+
+    source = inspect.getsource(trainer)
+    assert source.count("time.sleep(") == 1 and "time.sleep(2)" in inspect.getsource(trainer.Trainer.train)
+    monkeypatch.setattr(trainer, "time", trainer.time)  # restored after the test
+    cpu_shim._no_closing_sleep()
+    assert trainer.time is not time
+    start = time.monotonic()
+    trainer.time.sleep(2)
+    assert time.monotonic() - start < 1.0
+    assert trainer.time.perf_counter is time.perf_counter
+
+
 @pytest.mark.parametrize("name", ["cuda", "neuron"])
 def test_the_accelerator_commands_flags_parse_under_torchtitan(name, tmp_path):
     """docs/TORCHTITAN.md's CUDA and Neuron commands, with the setup block's variables, parsed by
