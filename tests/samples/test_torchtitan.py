@@ -256,3 +256,21 @@ def test_the_runners_fault_specs_parse_or_name_the_problem():
     for bad in ("grad_scale:1:2", "ffn_bf16:1:2:1.5", "grad_scale:1:0:2", "grad_scale:1:2:x", "other:1:2"):
         with pytest.raises(ValueError, match="expected KIND:RANK:STEP"):
             parse(bad)
+
+
+def test_a_bad_fault_spec_is_one_line_and_exit_2(monkeypatch, capsys):
+    """The runner's --fault error, before anything is patched or TorchTitan imported (in-process:
+    the runner parses its own flags first, so no launch is needed to see it)."""
+    import re
+
+    monkeypatch.setattr("sys.argv", [os.path.join(SAMPLES, "torchtitan", "train.py"), "--fault", "ffn_act:1"])
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.setenv(name, os.environ.get(name, "0"))  # main() sets them; restored after the test
+    applied = []
+    monkeypatch.setattr(cpu_shim, "apply", lambda: applied.append("apply"))
+    with pytest.raises(SystemExit) as exited:
+        train.main()
+    assert exited.value.code == 2 and applied == []
+    captured = capsys.readouterr()
+    assert re.fullmatch(r"Error: --fault 'ffn_act:1': .*\n", captured.err) and captured.out == "", captured.err
+
