@@ -53,6 +53,9 @@ def step_ranges(steps: list[int], n_pairs: int, slots: int) -> list[list[int]]:
     return [steps[i : i + per_range] for i in range(0, len(steps), per_range)]
 
 
+SCHEDULER_CONNECT_TIMEOUT_S = 10  # how long `--scheduler ADDRESS` waits for the scheduler to answer
+
+
 def _client(workers: int | None, scheduler: str | None):
     try:
         from distributed import Client, LocalCluster
@@ -60,7 +63,7 @@ def _client(workers: int | None, scheduler: str | None):
         raise UsageError("--workers/--scheduler need dask.distributed: pip install 'tracekit[cluster]'") from None
     if scheduler is not None:
         try:
-            return Client(scheduler, timeout="10s"), None
+            return Client(scheduler, timeout=f"{SCHEDULER_CONNECT_TIMEOUT_S}s"), None
         except (OSError, TimeoutError, ValueError) as e:  # ValueError: not an address ("bogus": no port)
             raise UsageError(f"--scheduler {scheduler}: cannot connect ({e.__class__.__name__}: {e})") from None
     # one thread per worker process: one task, so one task's buffers, in memory per worker at a time

@@ -3,6 +3,7 @@
 import os
 import sys
 
+from tests.e2e.cli.tiny_runs import tiny_recording
 from tests.paths import CLI_SCRIPTS
 
 
@@ -24,14 +25,14 @@ def test_a_selection_matching_no_rank_fails_the_record(tmp_path):
                                                  "matched no rank of the job; see docs/ZEROCODE.md")
 
 
-def test_replay_steps_beyond_the_run_fail_the_record(tmp_path):
-    """A reference of 4 steps replayed from step 3 by a run of 1 step replays nothing: exit 2 and
+def test_replay_steps_beyond_the_run_fail_the_record(shared_once, tmp_path):
+    """A reference of 3 steps replayed from step 3 by a run of 1 step replays nothing: exit 2 and
     one line, not exit 0 (the reference check at launch lets it through: step 3 has its state)."""
     import subprocess
 
-    ref, cand = tmp_path / "ref", tmp_path / "cand"
+    ref, _ = tiny_recording(shared_once)  # tiny_train.py, 3 steps, shared with test_record_cli.py
+    cand = tmp_path / "cand"
     record = [sys.executable, "-m", "tracekit.cli.main", "record"]
-    subprocess.run([*record, "-o", ref, "--", sys.executable, TINY], check=True, capture_output=True, timeout=120)
     r = subprocess.run([*record, "-o", cand, "--replay-from", ref, "--replay-steps", "3:", "--",
                         sys.executable, TINY, "--steps", "1"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 2, r.stderr

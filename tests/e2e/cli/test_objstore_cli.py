@@ -18,18 +18,70 @@ from tests.paths import CLI_SCRIPTS
 TINY = os.path.join(CLI_SCRIPTS, "tiny_train.py")
 
 
-def test_a_two_rank_recording_straight_into_a_bucket(s3, recorded_sample, tmp_path, monkeypatch):
-    url = s3.url("runs/ref")
-    recorded = run_recorded(url, "tutorial", "ddp", extra=["--steps", "3"])
-    local, _ = recorded_sample("ddp")
+def test_a_rank_killed_mid_run_against_the_bucket_leaves_its_completed_steps(s3):
+    """A SIGKILLed torchrun worker keeps the steps before the kill, status `killed` (docs/RELIABILITY.md):
+    its writer process stores steps 1-2 after the rank's death, here into a bucket."""
+    url = s3.url("runs/killed")
+    result = subprocess.run(
+        [sys.executable, "-m", "tracekit.cli.main", "record", "-o", url, "--", sys.executable, "-m",
+         "torch.distributed.run", "--standalone", "--nproc-per-node=2", TINY, "--steps", "4", "--die-rank", "1",
+         "--die-step", "3"], capture_output=True, text=True, timeout=240)
+    assert result.returncode != 0
     store = open_store(url)
-    assert store.ranks == [0, 1] and store.finished and store.meta["exit_status"] == 0
-    assert all(store.rank(r).completed_steps == [1, 2, 3] for r in store.ranks)
+    assert store.meta["exit_status"] == result.returncode
+    assert store.ranks == [0, 1]
+    dead = store.rank(1)
+    assert dead.completed_steps == [1, 2]
+    assert dead.status == "killed" and dead.cause == "killed by SIGKILL"  # its writer process stored steps 1-2
+    assert dead.read("loss", 2, "loss").shape == ()
+    assert store.meta["ranks"]["1"]["completed_steps"] == [1, 2]
+    code, out = cli("diff", "--allow-missing", url, url)
+    assert code == 0, out
+    assert s3.secret not in result.stdout + result.stderr + out
 
+
+def test_record_refuses_a_foreign_prefix_in_one_line(s3):
+    s3.fs.pipe_file(f"{s3.bucket}/notes/a.txt", b"mine")
+    code, out = cli("record", "-o", s3.url("notes"), "--force", "--", "true")
+    assert code == 2 and "not a tracekit store; refusing" in out and "Traceback" not in out
+    assert s3.fs.cat_file(f"{s3.bucket}/notes/a.txt") == b"mine"
+
+
+def test_fsdp_recorded_into_a_bucket_keeps_pieces_and_equals_the_recording_on_disk(s3, recorded_sample, tmp_path,
+                                                                                   monkeypatch):
+    """Format 2 on a bucket: a 2-rank job recorded straight into it, each rank PUTting only its own
+    pieces of the sharded tensors (no gather), reads back bit for bit as the same recording in a
+    local folder; and every command reads the bucket store: diff (bucket against folder, and bucket
+    against bucket with the endpoint as a --storage-option), show, loss, export, import, verify,
+    plain xarray. The secret is in no object and no output."""
+    url = s3.url("runs/fsdp")
+    recorded = run_recorded(url, "tutorial", "fsdp", extra=["--steps", "3"])
+    assert recorded.returncode == 0, recorded.stderr[-2000:]
+    local, _ = recorded_sample("fsdp")
+    remote, disk = open_store(url), open_store(local)
+    assert remote.ranks == [0, 1] and remote.finished and remote.meta["exit_status"] == 0
+    assert all(remote.rank(r).completed_steps == [1, 2, 3] for r in remote.ranks)
+    assert remote.format_version == disk.format_version == 4  # the current format
+    pieces = [t for t in remote.rank(0).tensors("parameters") if t.shard is not None]
+    assert pieces, "fsdp parameters should be recorded as each rank's pieces"
     outputs = [recorded.stdout, recorded.stderr]
     code, out = cli("diff", "--exact", url, local)
     outputs.append(out)
     assert code == 0 and out.splitlines()[-1] == "PASS comparison ranks=2 steps=3", out
+    checked = 0
+    for r in disk.ranks:
+        for kind in disk.rank(r).kinds:
+            for step in disk.rank(r).steps(kind):
+                want = disk.rank(r).read_kind(kind, step)
+                got = remote.rank(r).read_kind(kind, step)  # assembled from pieces, every object hash-checked
+                assert got.keys() == want.keys()
+                for name in want:
+                    assert got[name].tobytes() == want[name].tobytes(), (r, kind, step, name)
+                    checked += 1
+    assert checked > 20
+    code, out = cli("verify", url)
+    outputs.append(out)
+    assert code == 0 and out.startswith("verify: OK"), out
 
     # the same recording in another bucket store (copied from disk), diffed bucket against bucket,
     # with the endpoint given as a --storage-option instead of the environment
@@ -51,7 +103,8 @@ def test_a_two_rank_recording_straight_into_a_bucket(s3, recorded_sample, tmp_pa
     outputs.append(out)
     assert code == 0
 
-    # export from the bucket, import back into it, and read the imported step
+    # export from the bucket (rank 1's whole tensors, assembled from both ranks' pieces), import back
+    # into it, and read the imported step
     code, out = cli("export", url, "--rank", "1", "--step", "2", "-o", tmp_path / "r1s2.safetensors")
     outputs.append(out)
     assert code == 0, out
@@ -61,75 +114,22 @@ def test_a_two_rank_recording_straight_into_a_bucket(s3, recorded_sample, tmp_pa
     imported = open_store(s3.url("imported"))
     assert imported.ranks == [1]  # the exported file says which rank it came from
     back = imported.rank(1).read_kind("parameters", imported.rank(1).steps("parameters")[-1])
-    original = store.rank(1).read_kind("parameters", 2)
+    original = remote.rank(1).read_kind("parameters", 2)
     assert back.keys() == original.keys()
     assert all(np.array_equal(back[k], original[k]) for k in original)
 
-    # plain xarray opens the bucket store: format 2 shows it the index (a 16-byte hash per tensor and step)
+    # plain xarray opens the bucket store: format 2 shows it the index (a 16-byte hash per tensor and
+    # step; a whole tensor's, as the rank's outputs are: a piece's hash is not the tensor's)
     tree = xr.open_datatree(url, engine="zarr", storage_options={"endpoint_url": s3.endpoint})
     assert sorted(tree.children) == ["rank_0", "rank_1"]
-    assert store.format_version == 4  # the current format
-    hashes = tree["rank_1/gradients"]["hash"].values
-    digests = store.rank(1).digests("gradients", 2)
-    first = store.rank(1).tensors("gradients")[0]
-    assert hashes[1, :16].tobytes() == digests[first.name]
+    hashes = tree["rank_1/outputs"]["hash"].values
+    (first,) = remote.rank(1).tensors("outputs")
+    assert first.shard is None
+    assert hashes[remote.rank(1).steps("outputs").index(2), :16].tobytes() == remote.rank(1).digests("outputs", 2)[first.name]
 
     blobs = s3.objects()
     assert not any(s3.secret.encode() in b for b in blobs.values())
     assert not any(s3.secret in text for text in outputs)
-
-
-def test_a_rank_killed_mid_run_against_the_bucket_leaves_its_completed_steps(s3):
-    url = s3.url("runs/killed")
-    result = subprocess.run(
-        [sys.executable, "-m", "tracekit.cli.main", "record", "-o", url, "--", sys.executable, "-m",
-         "torch.distributed.run", "--standalone", "--nproc-per-node=2", TINY, "--steps", "4", "--die-rank", "1",
-         "--die-step", "3"], capture_output=True, text=True, timeout=240)
-    assert result.returncode != 0
-    store = open_store(url)
-    assert store.meta["exit_status"] == result.returncode
-    dead = store.rank(1)
-    assert dead.completed_steps == [1, 2]
-    assert dead.status == "killed" and dead.cause == "killed by SIGKILL"  # its writer process stored steps 1-2
-    assert dead.read("loss", 2, "loss").shape == ()
-    code, out = cli("diff", "--allow-missing", url, url)
-    assert code == 0, out
-    assert s3.secret not in result.stdout + result.stderr + out
-
-
-def test_record_refuses_a_foreign_prefix_in_one_line(s3):
-    s3.fs.pipe_file(f"{s3.bucket}/notes/a.txt", b"mine")
-    code, out = cli("record", "-o", s3.url("notes"), "--force", "--", "true")
-    assert code == 2 and "not a tracekit store; refusing" in out and "Traceback" not in out
-    assert s3.fs.cat_file(f"{s3.bucket}/notes/a.txt") == b"mine"
-
-
-def test_fsdp_recorded_into_a_bucket_keeps_pieces_and_equals_the_recording_on_disk(s3, recorded_sample):
-    """Format 2 on a bucket: each rank PUTs only its own pieces of the sharded tensors (no gather),
-    and the store reads back bit for bit as the same recording in a local folder."""
-    url = s3.url("runs/fsdp")
-    recorded = run_recorded(url, "tutorial", "fsdp", extra=["--steps", "3"])
-    assert recorded.returncode == 0, recorded.stderr[-2000:]
-    local, _ = recorded_sample("fsdp")
-    remote, disk = open_store(url), open_store(local)
-    assert remote.format_version == disk.format_version == 4
-    pieces = [t for t in remote.rank(0).tensors("parameters") if t.shard is not None]
-    assert pieces, "fsdp parameters should be recorded as each rank's pieces"
-    code, out = cli("diff", "--exact", url, local)
-    assert code == 0 and out.splitlines()[-1] == "PASS comparison ranks=2 steps=3", out
-    checked = 0
-    for r in disk.ranks:
-        for kind in disk.rank(r).kinds:
-            for step in disk.rank(r).steps(kind):
-                want = disk.rank(r).read_kind(kind, step)
-                got = remote.rank(r).read_kind(kind, step)  # assembled from pieces, every object hash-checked
-                assert got.keys() == want.keys()
-                for name in want:
-                    assert got[name].tobytes() == want[name].tobytes(), (r, kind, step, name)
-                    checked += 1
-    assert checked > 20
-    code, out = cli("verify", url)
-    assert code == 0 and out.startswith("verify: OK"), out
 
 
 def test_one_job_per_bucket_prefix_by_a_conditional_create(s3, tmp_path):

@@ -68,26 +68,10 @@ def wait_paused(proc):
     raise AssertionError(f"the job ended without pausing: {proc.stderr.read()}")
 
 
-def test_second_job_is_refused_while_the_first_lives_force_included(tmp_path):
-    store, go = str(tmp_path / "s"), str(tmp_path / "go")
-    first = paused_job(store, go, steps=3)
-    wait_paused(first)
-    for force in (False, True):
-        second = record(store, sys.executable, TINY, "--steps", "5", force=force)
-        out, err = second.communicate(timeout=DEADLINE_S)
-        assert second.returncode == 2
-        lines = err.strip().splitlines()
-        assert len(lines) == 1 and "is being recorded by another job" in lines[0], err
-        assert root_meta(store)["run_id"] in lines[0]
-    open(go, "w").close()
-    assert first.wait(timeout=DEADLINE_S) == 0, first.stderr.read()
-    s = open_store(store)
-    assert s.rank(0).completed_steps == [1, 2, 3]  # the first job's data, under its own run id
-    assert s.rank(0).attrs["run_id"] == s.meta["run_id"]
-    assert s.job_state == "finished"
-
-
-def test_two_jobs_started_together_one_wins_and_the_store_is_consistent(tmp_path):
+def test_two_jobs_started_together_one_wins_and_later_ones_are_refused_while_it_lives(tmp_path):
+    """Two jobs started together (both --force): exactly one runs, the other is refused; while the
+    winner lives, a later job is refused in one line naming its run, with and without --force; the
+    store's data is the winner's, under its run id. (One launch for what two tests launched apart.)"""
     store, go = str(tmp_path / "s"), str(tmp_path / "go")
     jobs = [paused_job(store, go, steps=3, force=True), paused_job(store, go, steps=5, force=True)]
     # exactly one is refused; the other holds the store until released
@@ -100,12 +84,20 @@ def test_two_jobs_started_together_one_wins_and_the_store_is_consistent(tmp_path
     assert loser.returncode == 2
     assert "is being recorded by another job" in loser.stderr.read()
     wait_paused(winner)
+    for force in (False, True):
+        second = record(store, sys.executable, TINY, "--steps", "5", force=force)
+        out, err = second.communicate(timeout=DEADLINE_S)
+        assert second.returncode == 2
+        lines = err.strip().splitlines()
+        assert len(lines) == 1 and "is being recorded by another job" in lines[0], err
+        assert root_meta(store)["run_id"] in lines[0]
     open(go, "w").close()
-    assert winner.wait(timeout=DEADLINE_S) == 0
+    assert winner.wait(timeout=DEADLINE_S) == 0, winner.stderr.read()
     s = open_store(store)
     expected = [1, 2, 3] if winner is jobs[0] else [1, 2, 3, 4, 5]
-    assert s.rank(0).completed_steps == expected
+    assert s.rank(0).completed_steps == expected  # the winner's data, under its own run id
     assert s.rank(0).attrs["run_id"] == s.meta["run_id"]
+    assert s.job_state == "finished"
 
 
 def test_stale_lock_of_a_killed_launcher_is_reported_and_taken_over_with_force(tmp_path):

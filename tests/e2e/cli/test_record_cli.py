@@ -1,5 +1,6 @@
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ import pytest
 from tracekit import open_store
 from tracekit.schemas import load
 
+from tests.e2e.cli.tiny_runs import EXIT_CODE, tiny_recording
 from tests.paths import CLI_SCRIPTS
 
 TINY = os.path.join(CLI_SCRIPTS, "tiny_train.py")
@@ -20,10 +22,12 @@ def run_cli(*args, timeout=120):
                           timeout=timeout)
 
 
-def test_records_a_world_of_one_and_propagates_exit_code(tmp_path):
-    store = str(tmp_path / "s")
-    result = run_cli("record", "-o", store, "--", sys.executable, TINY, "--steps", "3", "--exit-code", "3")
-    assert result.returncode == 3, result.stderr
+# The tests below that only read a finished world of one share one recording (tests/e2e/cli/tiny_runs.py:
+# tiny_train.py, 3 steps, `--json`, the script exiting 3); the killed-rank and SIGTERM cases are checked
+# in test_objstore_cli.py (the same 2-rank launch, into a bucket) and test_signals.py's matrix.
+def test_records_a_world_of_one_and_propagates_exit_code(shared_once):
+    store, result = tiny_recording(shared_once)
+    assert result.returncode == EXIT_CODE == 3, result.stderr
     s = open_store(store)
     assert s.meta["exit_status"] == 3
     assert s.meta["launcher"] == "tracekit record"
@@ -31,42 +35,16 @@ def test_records_a_world_of_one_and_propagates_exit_code(tmp_path):
     assert s.run["mode"] == "tiny"
 
 
-def test_refuses_existing_store_without_force_and_keeps_it(tmp_path):
+def test_refuses_existing_store_without_force_and_keeps_it(shared_once, tmp_path):
     store = str(tmp_path / "s")
-    assert run_cli("record", "-o", store, "--", sys.executable, TINY, "--steps", "1").returncode == 0
+    shutil.copytree(tiny_recording(shared_once)[0], store)  # a finished 3-step store, ours to overwrite
     again = run_cli("record", "-o", store, "--", sys.executable, TINY, "--steps", "2")
     assert again.returncode == 2
     assert again.stderr.strip() == f"Error: {store} already holds a tracekit store; pass --force to overwrite it"
-    assert open_store(store).rank(0).completed_steps == [1]
+    assert open_store(store).rank(0).completed_steps == [1, 2, 3]
     forced = run_cli("record", "-o", store, "--force", "--", sys.executable, TINY, "--steps", "2")
     assert forced.returncode == 0
     assert open_store(store).rank(0).completed_steps == [1, 2]
-
-
-def test_sigterm_flushes_completed_steps(tmp_path):
-    store = str(tmp_path / "s")
-    result = run_cli("record", "-o", store, "--", sys.executable, TINY, "--steps", "5",
-                     "--die-rank", "0", "--die-step", "4", "--signal", "TERM")
-    assert result.returncode == 128 + 15
-    rank = open_store(store).rank(0)
-    assert rank.status == "terminated"
-    assert rank.completed_steps == [1, 2, 3]
-    assert rank.steps("parameters") == [0, 1, 2, 3]
-
-
-def test_killed_rank_leaves_readable_store(tmp_path):
-    store = str(tmp_path / "s")
-    result = run_cli("record", "-o", store, "--", sys.executable, "-m", "torch.distributed.run", "--standalone",
-                     "--nproc-per-node=2", TINY, "--steps", "4", "--die-rank", "1", "--die-step", "3", timeout=180)
-    assert result.returncode != 0
-    s = open_store(store)
-    assert s.meta["exit_status"] == result.returncode
-    assert s.ranks == [0, 1]
-    dead = s.rank(1)
-    assert dead.completed_steps == [1, 2]
-    assert dead.status == "killed" and dead.cause == "killed by SIGKILL"  # its writer stored steps 1-2
-    assert dead.read("loss", 2, "loss").shape == ()
-    assert s.meta["ranks"]["1"]["completed_steps"] == [1, 2]
 
 
 def test_unrunnable_command_is_one_line_and_the_store_is_finalized(tmp_path):
@@ -80,41 +58,48 @@ def test_unrunnable_command_is_one_line_and_the_store_is_finalized(tmp_path):
     assert open_store(store).meta["exit_status"] == 127
 
 
-def test_a_job_that_ignores_sigterm_keeps_ignoring_it(tmp_path):
+def test_a_job_that_ignores_sigterm_keeps_ignoring_it_and_exits_without_close_flushing_every_step(tmp_path):
+    """Two promises, one process: a recorder started in a job that ignores SIGTERM leaves it ignored
+    (a SIGTERM mid-run changes nothing), and a recorder never closed is drained by the exit hooks,
+    before zarr's executors shut down (every step of 20, each ~3 MiB, status `finished`)."""
     script = (
         "import os, signal, sys, torch\n"
         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
         "from tracekit.recorders import Recorder\n"
-        "m = torch.nn.Linear(2, 2); opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
-        "with Recorder(m, opt, store=sys.argv[1]) as rec:\n"
-        "    os.kill(os.getpid(), signal.SIGTERM)\n"
-        "    m(torch.ones(1, 2)).sum().backward(); opt.step()\n"
+        "m = torch.nn.Linear(512, 512); opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        "rec = Recorder(m, opt, store=sys.argv[1]).start()\n"
+        "for s in range(20):\n"
+        "    if s == 1:\n"
+        "        os.kill(os.getpid(), signal.SIGTERM)\n"
+        "    out = m(torch.ones(3, 512)); l = out.sum(); l.backward()\n"
+        "    rec.observe(output=out, loss=l); opt.step(); opt.zero_grad()\n"
         "print('survived SIGTERM')\n"
-    )
+    )  # never closes
     out = subprocess.run([sys.executable, "-c", script, str(tmp_path / "s")], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "survived SIGTERM" in out.stdout
-    assert open_store(tmp_path / "s").rank(0).completed_steps == [1]
+    rank = open_store(tmp_path / "s").rank(0)
+    assert rank.completed_steps == list(range(1, 21))
+    assert rank.status == "finished"
 
 
-def test_ends_with_a_one_line_summary(tmp_path):
+def test_ends_with_a_one_line_summary(shared_once):
     """On stderr; with --json, also the object of schemas/record-result as the last stdout line,
     after the job's own output."""
-    store = str(tmp_path / "s")
-    result = run_cli("record", "--json", "-o", store, "--", sys.executable, TINY, "--steps", "3")
-    assert result.returncode == 0, result.stderr
+    store, result = tiny_recording(shared_once)  # `record --json`, the script exiting 3
+    assert result.returncode == 3, result.stderr
     *job, last_out = result.stdout.splitlines()
     assert job == ["rank=0 step=1", "rank=0 step=2", "rank=0 step=3"]
     doc = json.loads(last_out)
     jsonschema.validate(doc, load("record-result"))
     assert (doc["ranks"], doc["steps"], doc["statuses"], doc["exit_status"], doc["errors"]) == (
-        1, [1, 2, 3], {"finished": 1}, 0, [])
+        1, [1, 2, 3], {"finished": 1}, 3, [])
     assert (doc["coverage"]["optimizer_params"], doc["coverage"]["recorded"], doc["unwritten"]) == (2, 2, {})
     assert doc["store"] in result.stderr.splitlines()[-1]
     *before, finalizing, last = result.stderr.strip().splitlines()
     assert last.startswith("tracekit record: 1 rank(s), steps 1-3, kinds outputs, loss, gradients, parameters, deltas, "
                            "2 of 2 optimizer parameters, ")  # the script's Recorder(model, opt): its coverage
-    assert last.endswith(f" in {store}; ranks: 1 finished; exit status 0")
+    assert last.endswith(f" in {store}; ranks: 1 finished; exit status 3")
     assert finalizing == f"tracekit record: finalizing {store} ..."  # the wait after training is never silent
     # the rank closed its Recorder (waiting for its writer) before exiting: nothing left to store then
     assert not any("the command ended" in line for line in before), result.stderr

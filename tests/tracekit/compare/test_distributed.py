@@ -121,12 +121,14 @@ def test_damage_found_on_a_worker_is_the_same_one_line_error(tmp_path, stores, c
     assert "is missing" in str(there.value)
 
 
-def test_cli_scheduler_flag_and_an_unreachable_scheduler(stores, cluster):
+def test_cli_scheduler_flag_and_an_unreachable_scheduler(stores, cluster, monkeypatch):
     ref, cand = stores
     plain = CliRunner().invoke(main, ["diff", ref, cand])
     dask = CliRunner().invoke(main, ["diff", "--scheduler", cluster, ref, cand])
     assert plain.exit_code == dask.exit_code == 1
     assert plain.output.splitlines()[-1] == dask.output.splitlines()[-1]
+    # nothing listens on port 9: the client retries until its connect timeout (10 s; 1 s here)
+    monkeypatch.setattr("tracekit.compare.distributed.SCHEDULER_CONNECT_TIMEOUT_S", 1)
     with pytest.raises(UsageError, match="cannot connect"):
         tracekit.diff(ref, cand, scheduler="tcp://127.0.0.1:9")
 

@@ -121,8 +121,8 @@ def test_a_writer_that_hears_of_the_close_mid_batch_drains_the_rest_of_it_at_its
         part = str(spool / entry_name(seq, PART))
         write_entry(part, seq, True, tensors)
         os.rename(part, str(spool / entry_name(seq, STEP)))
-    # ~1 KB/s: the small entry takes about a second, the big one over an hour (cut short below)
-    env = dict(_writer_env(), TRACEKIT_WRITE_MBPS="0.001")
+    # ~10 KB/s: the small entry takes a fraction of a second, the big one (4 MiB) about 7 minutes (cut short below)
+    env = dict(_writer_env(), TRACEKIT_WRITE_MBPS="0.01")
     proc = subprocess.Popen(
         [sys.executable, "-m", "tracekit.writer.spool_writer", "--spool", str(spool), "--store", store,
          "--rank", "0", "--rank-pid", str(os.getpid()), "--nice", str(DEFAULT_WRITER_NICE)],
