@@ -17,6 +17,11 @@ checkout is never reached. Prints per case the medians and the ratios new/old, m
 machine), and says when the two trees' verdict lines or exit statuses differ.
 
     python bench/bench_read_path.py [--old REV] [--new REV] [--repeat 5] [--size-mb 64] [--dir DIR]
+                                    [--diff-formats 1,4] [--diff-tensors 8]
+
+--diff-formats builds a diff pair per format listed: format 1 times the packed-row reads
+(store/segments.py's batches), formats 2-4 the saved pieces'; --diff-tensors sets the tensors per
+kind (many small ones: the batching of back-to-back tensors).
 
 --new REV checks out the new tree too (default: this working tree, uncommitted changes included);
 `--old main --new main` times one tree against itself: the ratios' spread is the bench's noise.
@@ -128,6 +133,10 @@ def main(argv=None) -> int:
     ap.add_argument("--repeat", type=int, default=5, help="rounds (each: every case on both trees)")
     ap.add_argument("--size-mb", type=float, default=64, help="size of each store of the diff pair")
     ap.add_argument("--jobs", type=int, default=2, help="the diff pair's --jobs")
+    ap.add_argument("--diff-formats", default=None,
+                    help="store formats of the diff pair, comma-separated, a pair each (default: the older tree's "
+                         "current one); 1 times the packed-row reads (store/segments.py), 2-4 the pieces'")
+    ap.add_argument("--diff-tensors", type=int, default=8, help="tensors per kind in the diff pair (default 8)")
     ap.add_argument("--dir", default=None, help="the folder to make the bench's own folder, tracekit-bench-read-path, "
                     "in (default: the temp folder); only that folder is removed at the end")
     a = ap.parse_args(argv)
@@ -157,18 +166,25 @@ def compare(a, rev: str, trees: dict, work: str) -> int:
     for name in trees:
         check_imports(trees[name], roots[name], cwd)
     version = min(format_version(old_tree), format_version(new_tree))
+    formats = [int(f) for f in a.diff_formats.split(",")] if a.diff_formats else [version]
+    if any(not 1 <= f <= version for f in formats):
+        raise SystemExit(f"error: --diff-formats: both trees write formats 1 to {version}")
     t = time.perf_counter()
-    ref, cand = os.path.join(work, "ref"), os.path.join(work, "cand")
     size = int(a.size_mb * 2**20)
-    build(ref, size, 2, 4, 8, 0.0, 0, version)
-    build(cand, size, 2, 4, 8, 1e-7, 1, version)
+    pairs = {}
+    for f in formats:
+        ref, cand = os.path.join(work, f"ref{f}"), os.path.join(work, f"cand{f}")
+        build(ref, size, 2, 4, a.diff_tensors, 0.0, 0, f)
+        build(cand, size, 2, 4, a.diff_tensors, 1e-7, 1, f)
+        pairs[f] = [ref, cand]
     small_ref, small_cand = build_small_pair(os.path.join(work, "small"))
     wide = build_wide(os.path.join(work, "wide16"))
     new = f"{a.new} ({git('rev-parse', '--short', a.new)})" if a.new else f"{ROOT} (working tree)"
     print(f"old {rev} ({git('rev-parse', '--short', rev)}) vs new {new}; "
-          f"stores built in {time.perf_counter() - t:.1f} s, diff pair format {version}, {a.repeat} rounds", flush=True)
+          f"stores built in {time.perf_counter() - t:.1f} s, diff pair format {','.join(map(str, formats))}, "
+          f"{a.repeat} rounds", flush=True)
     cases = [
-        (f"diff pair ({a.size_mb:g} MB each, --jobs {a.jobs})", "diff", [ref, cand]),
+        *((f"diff pair v{f} ({a.size_mb:g} MB, {a.diff_tensors} t, -j{a.jobs})", "diff", pair) for f, pair in pairs.items()),
         ("cli: diff --help", "cli", ["diff", "--help"]),
         ("cli: diff REF CAND (4 ranks, 5 steps)", "cli", ["diff", small_ref, small_cand]),
         ("cli: show STORE (16 ranks)", "cli", ["show", wide]),

@@ -37,13 +37,11 @@ HEAVY: list[tuple[str, float, tuple[str, ...]]] = [
         "tests/e2e/samples/test_torchtitan_dp4.py::",
         "tests/e2e/samples/test_torchtitan_runs.py::test_fsdp_and_hsdp",
     )),
-    ("torchtitan: loss block (tp 2, fsdp x tp 2 x 2)", 100, (
+    ("torchtitan: loss block (tp 2 compiled, fsdp x tp 2 x 2)", 110, (
         "tests/e2e/samples/test_torchtitan_runs.py::test_initial_weights",
         "tests/e2e/samples/test_torchtitan_runs.py::test_the_recorded_loss_is_the_loss_torchtitan_logs[tp2]",
         "tests/e2e/samples/test_torchtitan_runs.py::test_the_recorded_loss_is_the_loss_torchtitan_logs[fsdp2xtp2]",
-    )),
-    ("torchtitan: coverage block (compiled)", 60, (
-        "tests/e2e/samples/test_torchtitan_runs.py::test_every_optimizer_parameter_is_recorded_under_its_full_name[no-ac-compiled]",
+        "tests/e2e/samples/test_torchtitan_runs.py::test_every_optimizer_parameter_is_recorded_under_its_full_name[tp-no-ac-compiled]",
     )),
     # tests/e2e/samples/traced_layouts.py's recordings: per layout a traced reference and a replayed candidate
     ("root-cause matrix: traced layouts (simplefsdp_tp 2 x 2 first)", 150, (

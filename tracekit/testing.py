@@ -85,12 +85,8 @@ def write_store(path, data: Mapping[int, Mapping[int, Mapping[str, Mapping[str, 
 def tensor_bytes(store, rank: int, kind: str, step: int, name: str) -> tuple[str, int, int]:
     """Where one recorded tensor's bytes lie in a local format-2/3 store, for tests that damage
     them on purpose: (the file, the offset of its first byte there, its length). The file is the
-    tensor's own object, or the pack it shares with other small tensors (docs/FORMAT.md)."""
-    import os
+    tensor's own object, or the pack it shares with other small tensors (docs/FORMAT.md); the
+    store's answer (tracekit/store/places.py)."""
+    from tracekit.store.places import tensor_bytes as where
 
-    from tracekit.store import open_store
-
-    view = open_store(os.fspath(store)).rank(rank)
-    loc = view.locate(kind, step, name)
-    length = loc.length if loc.length is not None else view.tensor(kind, name).stored_nbytes
-    return os.path.join(os.fspath(store), *loc.key.split("/")), loc.base, length
+    return where(store, rank, kind, step, name)

@@ -19,6 +19,9 @@ same on a GPU host. See docs/TORCHTITAN.md for why each one is there.
    (its force-sum path), which with a factor of 1.0 divides by nothing: the same gradients.
 5. `torch.distributed.set_timeout` is missing before torch nightly: it is supplied from
    `distributed_c10d._set_pg_timeout`, which sets a group's gloo/nccl default timeout.
+6. the closing sleep: after the last step, rank 0 sleeps 2 s "for other ranks to complete"
+   (`Trainer.train`), then training is over and nothing waits on it: torchrun waits for every rank
+   anyway. On a CPU-only host that sleep is skipped (a third of a short run's last seconds).
 """
 
 from __future__ import annotations
@@ -41,6 +44,8 @@ def apply() -> list[str]:
     if cpu_only():
         _device_falls_back_to_cpu()
         applied.append("device")
+        _no_closing_sleep()
+        applied.append("closing_sleep")
     _flex_attention_to_sdpa_on_cpu()
     applied.append("attention")
     _gloo_reduce_scatter_without_premul_sum()
@@ -97,6 +102,26 @@ def _device_falls_back_to_cpu() -> None:
         import torchtitan.tools.utils  # noqa: F401  (binds device_type, device_module once, at import)
     finally:
         torch._utils._get_available_device_type, torch._utils._get_device_module = probe, module_of
+
+
+class _TimeWithoutSleep:
+    """The time module as torchtitan.trainer sees it, but sleep returns at once: trainer.py's only
+    sleep is rank 0's closing 2 s."""
+
+    def __getattr__(self, name):
+        import time
+
+        return getattr(time, name)
+
+    @staticmethod
+    def sleep(seconds) -> None:
+        pass
+
+
+def _no_closing_sleep() -> None:
+    from torchtitan import trainer
+
+    trainer.time = _TimeWithoutSleep()
 
 
 def _flex_attention_to_sdpa_on_cpu() -> None:

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from tracekit import open_store
+from tracekit.store.places import located
 from tests.cli.runner import cli
 
 
@@ -45,7 +46,7 @@ def test_verify_finds_a_corrupted_object_in_a_bucket_store(s3):
     assert open_store(url).format_version == 4  # the current format
     code, out = cli("verify", url)
     assert code == 0 and out.startswith("verify: OK"), out
-    loc = open_store(url).rank(1).locate("gradients", 2, "w")  # its own object, or its range of a pack
+    loc = located(open_store(url).rank(1), "gradients", 2, "w")  # its own object, or its range of a pack
     obj = f"{s3.bucket}/ref/{loc.key}"
     good = bytearray(s3.fs.cat_file(obj))
     good[loc.base + 47] ^= 0x80  # one flipped bit in w's last byte, same size
@@ -74,7 +75,7 @@ def test_full_keeps_only_matching_bytes_in_a_bucket_store(s3, tmp_path):
     assert [t.keeps_bytes for t in view.tensors("gradients")] == [False]
     objects = {k.rsplit("/objects/", 1)[1].replace("/", "") for k in s3.objects() if "/objects/" in k and not k.endswith("zarr.json")}
     # the files of the kept tensors (their objects, or the packs they lie in) and no others
-    kept = {store.rank(r).locate(k, s, name).key.split("/", 1)[1].replace("/", "") for r in (0, 1)
+    kept = {located(store.rank(r), k, s, name).key.split("/", 1)[1].replace("/", "") for r in (0, 1)
             for k in ("parameters", "loss") for s in (1, 2, 3) for name in ("w", "loss") if name in view.digests(k, s)}
     dropped = {store.rank(r).digests("gradients", s)["w"].hex() for r in (0, 1) for s in (1, 2, 3)}
     assert objects == kept and not objects & dropped

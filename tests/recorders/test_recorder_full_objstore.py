@@ -5,6 +5,7 @@ import torch
 
 from tracekit import open_store
 from tracekit.recorders import RecordConfig, Recorder
+from tracekit.store.places import located
 from tests.recorders import full_runs
 
 
@@ -19,7 +20,7 @@ def test_full_into_a_bucket_keeps_bytes_of_matching_tensors_only(s3):
     view = open_store(url).rank(0)
     assert open_store(url).format_version == 4  # summaries and --full: format 2 and later
     # the objects of the kept tensors, or the packs they lie in (format 3)
-    kept = {view.locate(k, s, t.name).key.split("/", 1)[1].replace("/", "") for k in ("parameters", "loss")
+    kept = {located(view, k, s, t.name).key.split("/", 1)[1].replace("/", "") for k in ("parameters", "loss")
             for s in view.steps(k) for t in view.tensors(k)}
     stored = {k.rsplit("/objects/", 1)[1].replace("/", "") for k in s3.objects() if "/objects/" in k and not k.endswith("zarr.json")}
     assert stored == kept  # no gradient object went up

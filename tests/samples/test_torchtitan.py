@@ -158,6 +158,25 @@ def test_the_cpu_block_mask_is_built_without_compiling_and_other_devices_keep_to
         attention._compiled_create_block_mask = compiled
 
 
+def test_the_trainers_closing_sleep_is_skipped_and_its_clock_still_runs(monkeypatch):
+    """Rank 0's 2 s sleep after the last step (`Trainer.train`, trainer.py's only sleep) returns at
+    once under the shim; the step timings' perf_counter is the real one."""
+    import inspect
+    import time
+
+    from torchtitan import trainer
+
+    source = inspect.getsource(trainer)
+    assert source.count("time.sleep(") == 1 and "time.sleep(2)" in inspect.getsource(trainer.Trainer.train)
+    monkeypatch.setattr(trainer, "time", trainer.time)  # restored after the test
+    cpu_shim._no_closing_sleep()
+    assert trainer.time is not time
+    start = time.monotonic()
+    trainer.time.sleep(2)
+    assert time.monotonic() - start < 1.0
+    assert trainer.time.perf_counter is time.perf_counter
+
+
 @pytest.mark.parametrize("name", ["cuda", "neuron"])
 def test_the_accelerator_commands_flags_parse_under_torchtitan(name, tmp_path):
     """docs/TORCHTITAN.md's CUDA and Neuron commands, with the setup block's variables, parsed by
@@ -237,3 +256,21 @@ def test_the_runners_fault_specs_parse_or_name_the_problem():
     for bad in ("grad_scale:1:2", "ffn_bf16:1:2:1.5", "grad_scale:1:0:2", "grad_scale:1:2:x", "other:1:2"):
         with pytest.raises(ValueError, match="expected KIND:RANK:STEP"):
             parse(bad)
+
+
+def test_a_bad_fault_spec_is_one_line_and_exit_2(monkeypatch, capsys):
+    """The runner's --fault error, before anything is patched or TorchTitan imported (in-process:
+    the runner parses its own flags first, so no launch is needed to see it)."""
+    import re
+
+    monkeypatch.setattr("sys.argv", [os.path.join(SAMPLES, "torchtitan", "train.py"), "--fault", "ffn_act:1"])
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.setenv(name, os.environ.get(name, "0"))  # main() sets them; restored after the test
+    applied = []
+    monkeypatch.setattr(cpu_shim, "apply", lambda: applied.append("apply"))
+    with pytest.raises(SystemExit) as exited:
+        train.main()
+    assert exited.value.code == 2 and applied == []
+    captured = capsys.readouterr()
+    assert re.fullmatch(r"Error: --fault 'ffn_act:1': .*\n", captured.err) and captured.out == "", captured.err
+

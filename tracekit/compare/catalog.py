@@ -21,7 +21,12 @@ class KindCatalog:
     kind: str
     tensors: dict[str, TensorInfo]  # in recorded order
     steps: list[int]  # visible steps (completed, or 0 for initial parameters)
-    rows: dict[int, int]  # step -> row of the packed arrays
+
+    def __post_init__(self):
+        self._visible = frozenset(self.steps)
+
+    def has_step(self, step: int) -> bool:
+        return step in self._visible
 
 
 @dataclass
@@ -30,21 +35,6 @@ class RankCatalog:
     coords: RankCoords
     view: object  # tracekit.store.RankView
     kinds: dict[str, KindCatalog] = field(default_factory=dict)
-    _arrays: dict = field(default_factory=dict)
-
-    def array(self, kind: str, key: str):
-        """The zarr array, opened once (each open re-reads its metadata file)."""
-        arr = self._arrays.get((kind, key))
-        if arr is None:
-            try:
-                arr = self._arrays[(kind, key)] = self.view.array(kind, key)
-            except StoreError:
-                raise  # already one line naming the place and the damage
-            except Exception as e:
-                raise StoreError(
-                    f"{self.view.store.path}: rank {self.rank} {kind}: cannot open array {key!r} ({e.__class__.__name__})"
-                ) from None
-        return arr
 
     @property
     def dp(self) -> tuple[int, int]:
@@ -107,11 +97,11 @@ def _load_rank(store: RunStore, r: int) -> RankCatalog:
         view = store.rank(r)
         cat = RankCatalog(r, view.meta.coords, view)
         for kind in view.kinds:
-            rows = view.rows(kind)
+            steps = view.steps(kind)
             # every field of every entry was checked as the index was parsed (TensorInfo.from_attrs):
             # a malformed index has failed by now, naming its rank and kind
             tensors = {t.name: t for t in view.tensors(kind)}
-            cat.kinds[kind] = KindCatalog(kind, tensors, list(rows), rows)
+            cat.kinds[kind] = KindCatalog(kind, tensors, steps)
     except StoreError:
         raise
     except Exception as e:

@@ -1,10 +1,13 @@
-"""The diff itself: plan the comparison, stream it chunk by chunk on a thread pool, build the report
-(format 2 tensors: region by region from their objects, compare/pieces.py).
+"""The diff itself: plan the comparison, stream it unit by unit on a thread pool, build the report
+(tensors saved as pieces: region by region, compare/pieces.py).
 
-Memory stays bounded whatever the store size: a unit of work is the part of one packed row (a
-(rank, kind, step) row holds all tensors of a kind) that lies in one chunk; it is read and
-compared piece by piece (PIECE_ELEMENTS per side, in buffers each worker thread reuses), and
-per-tensor metrics are accumulated block by block and merged in order.
+Every read is the store's: the engine names tensors and element ranges of them, never rows,
+chunks or offsets. Memory stays bounded whatever the store size: a unit of work is a batch of
+element ranges of one (rank pair, kind, step) that the ref store reads together
+(store/segments.py read_units: what lies in one stored chunk); each side's SegmentReader reads it
+piece by piece (PIECE_ELEMENTS per side, ranges that follow each other in storage on every side
+joined into one read, in buffers each worker thread reuses), and per-tensor metrics are
+accumulated block by block and merged in order.
 """
 
 from __future__ import annotations
@@ -40,7 +43,8 @@ from tracekit.compare.tolerances import DEFAULT_ORACLE_FACTOR, Tolerance, Tolera
 from tracekit.store.dtypes import storage_dtype, to_numpy_values
 from tracekit.errors import StoreError, UsageError
 from tracekit.store.kinds import kind_order
-from tracekit.store.rows import Buffers, RowReader
+from tracekit.store.scratch import Buffers
+from tracekit.store.segments import SegmentReader, read_units
 from tracekit.store.summaries import summarize
 
 DETAILS = ("violations", "all")
@@ -60,9 +64,6 @@ class _Segment:
 class _Unit:
     pair: KindPair
     step: int
-    key: str  # ref packed array
-    start: int  # element span of the ref array
-    stop: int
     segments: list[_Segment]
 
     def nbytes(self, sides: int) -> int:
@@ -71,67 +72,35 @@ class _Unit:
 
 
 def _units(pair: KindPair, step: int, ref_rc, skip: frozenset = frozenset()) -> list[_Unit]:
-    """Split the tensors of one (rank, kind, step) row into spans that each lie in one ref chunk
-    (tensors named in `skip` are decided without reading)."""
-    out = []
-    by_key: dict[str, list[TensorPair]] = {}
-    for t in pair.tensors:
-        if t.name in skip:
-            continue
-        by_key.setdefault(t.ref.array, []).append(t)
-    for key, tensors in by_key.items():
-        width = ref_rc.array(pair.kind, key).chunks[1]
-        chunks: dict[int, list[_Segment]] = {}
-        for t in sorted(tensors, key=lambda t: t.ref.offset):
-            s, e = t.ref.offset, t.ref.offset + t.ref.numel
-            while s < e:
-                c = s // width
-                stop = min(e, (c + 1) * width)
-                chunks.setdefault(c, []).append(_Segment(t, s - t.ref.offset, stop - t.ref.offset))
-                s = stop
-        for c, segs in sorted(chunks.items()):
-            for i, sg in enumerate(segs):
-                sg.index = i
-            start = min(sg.tensor.ref.offset + sg.start for sg in segs)
-            stop = max(sg.tensor.ref.offset + sg.stop for sg in segs)
-            out.append(_Unit(pair, step, key, start, stop, segs))
-    return out
+    """The tensors of one (rank pair, kind, step) in units of work as the ref store reads them
+    together (store/segments.py read_units; tensors named in `skip` are decided without reading)."""
+    by_name = {t.ref.name: t for t in pair.tensors if t.name not in skip}
+    return [_Unit(pair, step, [_Segment(by_name[name], start, stop, i) for i, (name, start, stop) in enumerate(segs)])
+            for segs in read_units(ref_rc.view, pair.kind, list(by_name))]
 
 
-def _batches(segments: list[_Segment], oracle: bool) -> list[list[tuple[_Segment, int, int]]]:
+def _batches(segments: list[_Segment], readers: list[SegmentReader]) -> list[list[tuple[_Segment, int, int]]]:
     """Cut the unit's segments into pieces of at most PIECE_ELEMENTS, joining neighbours that lie
     back to back on every side (many small tensors: one read per side for the lot)."""
     out: list[list[tuple[_Segment, int, int]]] = []
     cur: list[tuple[_Segment, int, int]] = []
-    size, ends = 0, None
-    for sg in sorted(segments, key=lambda sg: sg.tensor.ref.offset + sg.start):
-        t = sg.tensor
+    size = 0
+    # whether each segment's first piece continues the previous segment's last on every side
+    continues = [all(c) for c in zip(*(r.continues for r in readers))]
+    for sg in segments:  # in the ref store's storage order (read_units)
         f = sg.start
+        follows = continues[sg.index]
         while f < sg.stop:
             n = min(sg.stop - f, PIECE_ELEMENTS)
-            starts = (t.ref.offset + f, t.cand.array, t.cand.offset + f,
-                      (t.oracle.array, t.oracle.offset + f) if oracle else None)
-            if not cur or starts != ends or size + n > PIECE_ELEMENTS:
+            if not (cur and size + n <= PIECE_ELEMENTS and (f > sg.start or follows)):
                 if cur:
                     out.append(cur)
                 cur, size = [], 0
             cur.append((sg, f, f + n))
             size += n
-            ends = (starts[0] + n, starts[1], starts[2] + n, (starts[3][0], starts[3][1] + n) if oracle else None)
             f += n
     if cur:
         out.append(cur)
-    return out
-
-
-def _span(segments: list[_Segment], info_of) -> dict[str, tuple[int, int]]:
-    """Per packed array, the element range the segments cover on one side."""
-    out: dict[str, tuple[int, int]] = {}
-    for sg in segments:
-        i = info_of(sg.tensor)
-        lo, hi = i.offset + sg.start, i.offset + sg.stop
-        old = out.get(i.array)
-        out[i.array] = (lo, hi) if old is None else (min(old[0], lo), max(old[1], hi))
     return out
 
 
@@ -236,44 +205,46 @@ class _Engine:
             sides.append(("oracle", self.oracle.ranks[p.oracle_rank], lambda t: t.oracle))
         return sides
 
-    @staticmethod
-    def _row_reader(rc, kind: str, step: int, key: str, span: tuple[int, int]) -> RowReader:
-        return RowReader(rc.view, kind, step, key, span, array=rc.array(kind, key), row=rc.kinds[kind].rows[step])
+    def _readers(self, u: _Unit) -> list[SegmentReader]:
+        """Each side's reader of the unit's segments (its own tensors' names), ref first."""
+        out = []
+        try:
+            for _, rc, info_of in self._sides(u.pair):
+                out.append(SegmentReader(rc.view, u.pair.kind, u.step,
+                                         [(info_of(sg.tensor).name, sg.start, sg.stop) for sg in u.segments]))
+        except BaseException:
+            for r in out:
+                r.close()
+            raise
+        return out
 
     def hint_unit(self, u: _Unit) -> None:
         """Start reading a unit's bytes from disk in the background (compare/readahead.py)."""
-        for _, rc, info_of in self._sides(u.pair):
-            for key, span in _span(u.segments, info_of).items():
-                r = self._row_reader(rc, u.pair.kind, u.step, key, span)
-                try:
-                    r.prefetch(*span)
-                finally:
-                    r.close()
+        for r in self._readers(u):
+            try:
+                r.prefetch()
+            finally:
+                r.close()
 
     def run_unit(self, u: _Unit) -> tuple[list[tuple[str, int, MetricsAccumulator]], int]:
-        kind, step = u.pair.kind, u.step
-        sides = self._sides(u.pair)
+        kind = u.pair.kind
+        sides = [side for side, _, _ in self._sides(u.pair)]
         buffers = self._local.__dict__.setdefault("buffers", Buffers())
-        readers: dict[tuple[str, str], RowReader] = {}
         accs = []  # one per segment, in segment order
         for sg in u.segments:
             tol = self.tol(kind, sg.tensor.dtype, sg.tensor.name)
             accs.append(MetricsAccumulator(tol.rtol, tol.atol, self.equal_nan, self.oracle_factor, tol.rel_l2, tol.elementwise))
         nbytes = 0
+        readers = self._readers(u)
         try:
-            for side, rc, info_of in sides:
-                for key, span in _span(u.segments, info_of).items():
-                    readers[(side, key)] = self._row_reader(rc, kind, step, key, span)
-                    readers[(side, key)].prefetch(*span)  # the disk reads ahead while the first tensors are compared
-            for batch in _batches(u.segments, self.oracle is not None):
+            for r in readers:
+                r.prefetch()  # the disk reads ahead while the first tensors are compared
+            for batch in _batches(u.segments, readers):
                 n = sum(t - f for _, f, t in batch)
                 sg0, f0, _ = batch[0]
                 data = []
-                for side, _, info_of in sides:
-                    info = info_of(sg0.tensor)
-                    reader = readers[(side, info.array)]
-                    start = info.offset + f0
-                    block = reader.read(start, start + n, buffers.get(side, reader.dtype, n))
+                for side, reader, info in zip(sides, readers, (sg0.tensor.ref, sg0.tensor.cand, sg0.tensor.oracle)):
+                    block = reader.read(sg0.index, f0, n, buffers.get(side, reader.dtype(sg0.index), n))
                     nbytes += block.nbytes
                     data.append((block, info.dtype))
                 pos = 0
@@ -283,7 +254,7 @@ class _Engine:
                     accs[sg.index].update(vals[0], vals[1], vals[2] if len(vals) > 2 else None, offset=f)
                     pos += k
         finally:
-            for r in readers.values():
+            for r in readers:
                 r.close()
         return [(sg.tensor.name, sg.start, acc) for sg, acc in zip(u.segments, accs)], nbytes
 
@@ -658,11 +629,9 @@ def _layout(engine: "_Engine", kp: KindPair, step: int, t, m) -> dict | None:
 
 def _values(view, kind: str, step: int, side) -> np.ndarray:
     """One side's whole tensor as numpy values (its shards assembled)."""
-    if side.shard is not None:
-        data = view.assemble(kind, step, side.name)
-    else:
-        data = view.read_piece(kind, step, view.object_piece(kind, step, side.name)).reshape(side.shape)
-    return to_numpy_values(data, side.dtype)
+    if side.shard is None and not view.saves_pieces:
+        raise LookupError("a store without saved pieces (format 1): values are not read again")
+    return to_numpy_values(view.read_region(kind, step, side.name), side.dtype)
 
 
 def _add_shapes(report: DiffReport, step: int, by_kind: dict[str, list[TensorResult]], match=None) -> None:

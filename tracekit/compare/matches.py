@@ -39,7 +39,7 @@ class _Digests:
         if key not in self.cache:
             rc = self.catalog.ranks.get(rank)
             value = None
-            if rc is not None and kind in rc.kinds and step in rc.kinds[kind].rows:
+            if rc is not None and kind in rc.kinds and rc.kinds[kind].has_step(step):
                 try:
                     value = rc.view.digests(kind, step) if what == "digests" else rc.view.summaries(kind, step)
                 except StoreError:

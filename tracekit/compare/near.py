@@ -112,7 +112,7 @@ class NearMatcher:
             return self.cache[key]
         value = None
         rc = (self.ref if side == "ref" else self.cand).ranks.get(rank)
-        if (rc is not None and self.kind in rc.kinds and step in rc.kinds[self.kind].rows
+        if (rc is not None and self.kind in rc.kinds and rc.kinds[self.kind].has_step(step)
                 and info.numel <= self.budget):
             self.budget -= info.numel
             try:

@@ -5,7 +5,7 @@ A tensor sharded on some side is split into the regions of that side's pieces (t
 sharded side: ref, then cand, then oracle), in order of their offsets; an unsharded tensor of
 format 2 stores is one region, its object on each side. Where every side holds exactly those
 pieces (the same offsets and shapes: "shared layout") each region is streamed from the objects
-in ranges of STREAM_ELEMENTS (store/objects.py's PieceReader hashes the bytes as they pass, once per
+in ranges of STREAM_ELEMENTS (the store's PieceReader, store/planner.py, hashes the bytes as they pass, once per
 object and open store, and checks hash and finiteness flag before the metrics count), and a
 region pair that several rank pairs share (DDP replicas; FSDP, where every rank's tensor is
 assembled from the same pieces) is compared once. Where a side is laid out otherwise, that
@@ -27,9 +27,8 @@ import numpy as np
 
 from tracekit.compare.metrics import BLOCK_ELEMENTS, MetricsAccumulator
 from tracekit.store.dtypes import to_numpy_values
-from tracekit.store.objects import PieceReader
-from tracekit.store.planner import prefetch_pieces
-from tracekit.store.rows import Buffers
+from tracekit.store.planner import PieceReader, check_piece_flag, prefetch_pieces
+from tracekit.store.scratch import Buffers
 
 # Elements read per side at a time: a few metric blocks, small enough to stay in the CPU cache.
 STREAM_ELEMENTS = 2 * BLOCK_ELEMENTS
@@ -67,7 +66,7 @@ class TensorPlan:
         ranks, so in each rank's own pack) are therefore compared at each, not once."""
         region = self.regions[i]
         return (self.kind, self.shape, region) + tuple(
-            (s.pieces[region].digest, s.pieces[region].loc, s.info.dtype) for s in self.sides)
+            (s.pieces[region].place, s.info.dtype) for s in self.sides)
 
     @property
     def nbytes(self) -> int:
@@ -75,7 +74,7 @@ class TensorPlan:
 
     def region_nbytes(self, i: int) -> int:
         """The bytes of shared region i's objects, every side."""
-        return sum(s.pieces[self.regions[i]].info.stored_nbytes for s in self.sides)
+        return sum(s.pieces[self.regions[i]].nbytes for s in self.sides)
 
     def hint(self, i: int) -> None:
         """Start reading shared region i's objects from disk in the background (readahead.py)."""
@@ -102,7 +101,7 @@ def plan_tensor(kind: str, step: int, sides: list[tuple[object, object]]) -> Ten
             if set(by_region) != set(regions):
                 by_region = None  # another layout: this side is read whole
         plans.append(SidePlan(view, info, by_region))
-    owner = {p.region: p.view.rank for p in lead if p.numel > 0 and p.info.shard is not None}
+    owner = {p.region: p.owner for p in lead if p.numel > 0 and p.info.shard is not None}
     owners = [owner.get(r) for r in regions] if len(regions) > 1 else None
     return TensorPlan(kind, step, tuple(sides[0][1].shape), regions, plans, owners)
 
@@ -164,11 +163,7 @@ def check_entries(plan: TensorPlan) -> None:
     flags against what the verified bytes said (StoreError: damage). Index reads only."""
     for s in plan.sides:
         for p in s.pieces.values():
-            pv, name = p.view, p.info.name
-            finite = pv.store.verified.get(p.digest, p.loc)
-            if finite is None:
-                raise RuntimeError("check_entries before the region's objects were read")
-            pv.check_finite_flag(plan.kind, p.row, pv.position(plan.kind, name), finite, pv.where(plan.kind, plan.step, name))
+            check_piece_flag(plan.kind, plan.step, p)
 
 
 def _whole(plan: TensorPlan, side: SidePlan) -> np.ndarray:

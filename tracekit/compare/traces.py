@@ -12,13 +12,14 @@ from tracekit.compare.rootcause import TraceComparison, compare_traces
 from tracekit.compare.tolerances import Tolerances
 from tracekit.errors import StoreError
 from tracekit.store.dtypes import to_numpy_values
-from tracekit.store.traces import LEVELS, read_events, read_full, trace_steps
+from tracekit.store.kinds import TRACE_LEVELS as LEVELS
 
 
 def _named(view, read, *args):
-    """read(view.group, *args), a damaged trace named with its store and rank like any damage."""
+    """read(*args) (one of the view's trace reads), a damaged trace named with its store and rank
+    like any damage."""
     try:
-        return read(view.group, *args)
+        return read(*args)
     except StoreError as e:
         raise StoreError(f"damaged store: {view.store.path}: rank {view.rank} {e}") from None
 
@@ -29,7 +30,7 @@ def _full_loader(view, level: str, step: int):
 
     def load(key: str):
         if key not in cache:
-            got = _named(view, read_full, level, step, key)
+            got = _named(view, view.trace_full, level, step, key)
             cache[key] = None if got is None else to_numpy_values(got[0], got[1]).reshape(got[2])
         return cache[key]
     return load
@@ -46,11 +47,11 @@ def compare_store_traces(ref: StoreCatalog, cand: StoreCatalog, rank_pairs: dict
         if not (cv.traced and rv.traced):  # known from the listings: no zarr lookup per rank and level
             continue
         for level in LEVELS:
-            common = sorted(set(_named(cv, trace_steps, level)) & set(_named(rv, trace_steps, level)))
+            common = sorted(set(_named(cv, cv.trace_steps, level)) & set(_named(rv, rv.trace_steps, level)))
             for step in common:
                 if steps is not None and step not in steps:
                     continue
-                out.append(compare_traces(_named(rv, read_events, level, step), _named(cv, read_events, level, step),
+                out.append(compare_traces(_named(rv, rv.trace_events, level, step), _named(cv, cv.trace_events, level, step),
                                           tolerances, rank=rank, ref_rank=ref_rank, step=step, level=level,
                                           ref_full=_full_loader(rv, level, step), cand_full=_full_loader(cv, level, step)))
     return out

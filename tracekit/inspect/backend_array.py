@@ -16,7 +16,7 @@ from xarray.backends import BackendArray
 from xarray.core import indexing
 
 from tracekit.store.dtypes import storage_dtype, to_numpy_values
-from tracekit.store.format import MAX_CHUNK_BYTES
+from tracekit.store.planner import PREFERRED_READ_BYTES
 
 
 def value_dtype(logical: str) -> np.dtype:
@@ -46,12 +46,12 @@ class TensorArray(BackendArray):
         self.shape = (*lead, *self.tensor_shape)
 
     def preferred_chunks(self, dims: tuple[str, ...]) -> dict[str, int]:
-        """A dask chunk per (rank, step), the tensor split along its first dim beyond MAX_CHUNK_BYTES
-        (the size of a stored chunk, so a chunk is one read)."""
+        """A dask chunk per (rank, step), the tensor split along its first dim beyond the store's
+        PREFERRED_READ_BYTES (store/planner.py: a dask chunk is then one read)."""
         out = {d: 1 for d in dims[: len(self.shape) - len(self.tensor_shape)]}
         if self.tensor_shape:
             row = math.prod(self.tensor_shape[1:]) * self.dtype.itemsize
-            out[dims[len(self.shape) - len(self.tensor_shape)]] = max(1, MAX_CHUNK_BYTES // max(1, row))
+            out[dims[len(self.shape) - len(self.tensor_shape)]] = max(1, PREFERRED_READ_BYTES // max(1, row))
         return out
 
     def __getitem__(self, key: indexing.ExplicitIndexer) -> np.ndarray:

@@ -48,7 +48,7 @@ def trace_steps_held(store, damage: list | None = None) -> dict[str, list[int]]:
     the step lists' metadata only (store/traces.listed_trace_steps). Damaged trace metadata is a
     StoreError, or, given `damage`, appended there as {"rank", "problem"} and that rank skipped."""
     from tracekit.errors import StoreError
-    from tracekit.store.traces import LEVELS, listed_trace_steps
+    from tracekit.store.kinds import TRACE_LEVELS as LEVELS
 
     out: dict[str, set[int]] = {}
     for r in store.ranks:
@@ -57,7 +57,7 @@ def trace_steps_held(store, damage: list | None = None) -> dict[str, list[int]]:
             continue
         for level in LEVELS:
             try:
-                steps = listed_trace_steps(view.group, level)
+                steps = view.trace_steps(level, listed_only=True)
             except StoreError as e:
                 if damage is None:
                     raise

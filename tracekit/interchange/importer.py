@@ -20,7 +20,7 @@ from tracekit.interchange import safetensors_io
 from tracekit.interchange.layout import KIND_NAMES, TENSOR_SUFFIXES, parse_path
 from tracekit.store.tensors import from_torch
 from tracekit.store import RankWriter, TensorData, create_store, finalize_store
-from tracekit.store.format import MAX_STEP
+from tracekit.store import MAX_STEP
 from tracekit.store.kinds import INITIAL_STEP
 
 # More ranks than any job runs: a larger number is a damaged or hostile file, not a world.

@@ -8,7 +8,7 @@ from tracekit._lazy import lazy_names
 
 _LAZY = {
     "finalize_store": "finalize",
-    "DEFAULT_KINDS": "format", "FORMAT_VERSION": "format", "KINDS": "format",
+    "DEFAULT_KINDS": "format", "FORMAT_VERSION": "format", "KINDS": "format", "MAX_STEP": "format",
     "RankView": "reader", "RunStore": "reader", "TensorInfo": "reader", "open_store": "reader",
     "RankWriter": "writer", "TensorData": "writer", "create_store": "writer", "holds_pieces": "writer",
     "is_store": "writer", "update_root_meta": "writer",

@@ -156,7 +156,7 @@ class ObjectRows:
         width = sum(t.numel for t in self.tensors)
         # rows listed in the kind's steps (an unlisted trailing row of a crash is never read);
         # known from metadata already read, so opening a view opens no index array
-        self.shape = (view.listed_rows(kind), width)
+        self.shape = (view._listed_rows(kind), width)
         self.ndim = 2
         # virtual chunks of v1's size: the diff splits its work along them
         self.chunks = (1, max(1, min(width, _format.MAX_CHUNK_BYTES // self.dtype.itemsize)))
@@ -177,7 +177,7 @@ class ObjectRows:
             expected = t.stored_nbytes
             if expected <= HUGE_CLAIM or t.shard is not None or not t.keeps_bytes:
                 continue
-            loc = self.view.locations(self.kind, 0)[self._positions[t.name]]  # never packed: its own object
+            loc = self.view._locations(self.kind, 0)[self._positions[t.name]]  # never packed: its own object
             key = loc.key
             size = io.size(self.view.store.io_root, key)
             if size != expected:
@@ -191,18 +191,18 @@ class ObjectRows:
         if cached is not None and cached[0] == (row, t.name):
             return cached[1]
         self._assembled.entry = None  # at most one assembled tensor per thread, even while building the next
-        step = self.view.step_of_row(self.kind, row)
+        step = self.view._step_of_row(self.kind, row)
         full = self.view.assemble(self.kind, step, t.name).reshape(-1)
         self._assembled.entry = ((row, t.name), full)
         return full
 
     def _where(self, row: int, name: str) -> str:
-        return self.view.where(self.kind, self.view.step_of_row(self.kind, row), name)
+        return self.view.where(self.kind, self.view._step_of_row(self.kind, row), name)
 
     def prefetch(self, row: int, start: int, stop: int) -> None:
         """Start reading from disk the objects that elements [start, stop) of a row lie in (a hint,
         io.prefetch): a caller about to read the range has them arrive while it compares."""
-        locs = self.view.locations(self.kind, row)
+        locs = self.view._locations(self.kind, row)
         i = max(0, int(np.searchsorted(self._starts, start, side="right")) - 1)
         keys = []
         while i < len(self.tensors) and self.tensors[i].offset < stop:
@@ -221,8 +221,8 @@ class ObjectRows:
         row's finiteness flag, so no byte of the store is used unchecked."""
         store = self.view.store
         root = store.io_root
-        digests = self.view.row_digests(self.kind, row)
-        locs = self.view.locations(self.kind, row)
+        digests = self.view._row_digests(self.kind, row)
+        locs = self.view._locations(self.kind, row)
         item = self.dtype.itemsize
         dest = out.view(np.uint8)
         i = max(0, int(np.searchsorted(self._starts, start, side="right")) - 1)
@@ -267,7 +267,7 @@ class ObjectRows:
                     raise damaged(where, f"its object is unreadable ({err.strerror or err})") from None
                 if got != len(view):
                     raise damaged(where, f"its object {key} is truncated")
-                self.view.check_finite_flag(self.kind, row, pos, finite, where)
+                self.view._check_finite_flag(self.kind, row, pos, finite, where)
                 s = e
             i += 1
         return out
@@ -364,7 +364,7 @@ class PieceReader:
                 raise ValueError("finish() needs the finiteness the caller counted")
             finite = bool(finite)
             self.store.verified.add(self.piece.digest, self.piece.loc, finite)
-        pv.check_finite_flag(self.kind, self.piece.row, pv.position(self.kind, info.name), finite, self.where)
+        pv._check_finite_flag(self.kind, self.piece.row, pv.position(self.kind, info.name), finite, self.where)
 
     def close(self) -> None:
         if self.reader is not None:

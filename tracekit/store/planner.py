@@ -19,14 +19,19 @@ import numpy as np
 from tracekit.errors import StoreError
 from tracekit.store import io
 from tracekit.store.dtypes import storage_dtype
+from tracekit.store.format import MAX_CHUNK_BYTES
 from tracekit.store.meta import TensorInfo
-from tracekit.store.objects import no_bytes
+from tracekit.store.objects import PieceReader, no_bytes  # PieceReader: a piece read in ranges, for streaming readers
 from tracekit.store.packs import Located
 
 if TYPE_CHECKING:
     from tracekit.store.reader import RankView
 
 Region = tuple[tuple[int, ...], tuple[int, ...]]  # (offset, shape) in the whole tensor
+
+# The bytes a reader that splits its requests (xarray's dask chunks) best asks for at a time: a
+# stored chunk's (format 1's packed rows are chunked at it; the diff splits formats 2-4's rows at it too).
+PREFERRED_READ_BYTES = MAX_CHUNK_BYTES
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,32 @@ class Piece:
     @property
     def numel(self) -> int:
         return self.info.stored_numel
+
+    @property
+    def nbytes(self) -> int:
+        return self.info.stored_nbytes
+
+    @property
+    def owner(self) -> int:
+        """The rank that wrote the piece."""
+        return self.view.rank
+
+    @property
+    def place(self) -> tuple:
+        """What identifies the piece's bytes where they lie (its hash and place: equal places hold
+        equal bytes, checked once per open store), opaque to readers."""
+        return self.digest, self.loc
+
+
+def check_piece_flag(kind: str, step: int, piece: Piece) -> None:
+    """StoreError (damage) unless the finiteness flag of the piece's index entry says what its
+    bytes said when they were verified (read earlier through another rank pair's entries, or
+    this one's). RuntimeError if they were not verified yet: index reads only."""
+    pv, name = piece.view, piece.info.name
+    finite = pv.store.verified.get(piece.digest, piece.loc)
+    if finite is None:
+        raise RuntimeError("check_piece_flag before the piece's bytes were read")
+    pv._check_finite_flag(kind, piece.row, pv.position(kind, name), finite, pv.where(kind, step, name))
 
 
 def prefetch_pieces(pieces) -> None:
@@ -213,7 +244,7 @@ def shard_pieces(view, kind: str, step: int, name: str) -> list[Piece]:
     t = view.tensor(kind, name)
     if t.shard is None:
         raise StoreError(f"rank {view.rank} {kind} tensor {name!r} is not sharded")
-    return [Piece(pv, row, info, digest, pv.locations(kind, row)[position])
+    return [Piece(pv, row, info, digest, pv._locations(kind, row)[position])
             for pv, row, info, digest, position in piece_entries(view, kind, step, t)]
 
 
@@ -235,7 +266,7 @@ def of_row_pieces(view, what: str, kind: str, step: int, compute) -> dict:
     """{tensor: compute(its pieces)} of every sharded tensor of `kind` at `step`: the same for
     every holder of the layout, so made once per store (under `what`, the step and the layout).
     StoreError (damage) for the first tensor, in index order, whose pieces do not fit."""
-    layout = view.layout(kind)
+    layout = view._layout(kind)
     if not layout:
         return {}
 
@@ -258,7 +289,7 @@ def piece_entries(view, kind: str, step: int, t: TensorInfo):
     (damage) when a peer's entry does not fit this rank's layout. Every holder of the tensor
     asks the same question: the answers for a whole row are found at once (each peer's index,
     row and hashes looked up once, not once per tensor), and kept once per store."""
-    return _fitting(view, kind, step, t.name, _row_pieces(view, kind, step, view.layout(kind)).pieces(t.name))
+    return _fitting(view, kind, step, t.name, _row_pieces(view, kind, step, view._layout(kind)).pieces(t.name))
 
 def _row_pieces(view, kind: str, step: int, layout: tuple) -> "RowPieces":
     return _kept(view, ("pieces", kind, step, id(layout)), lambda: _find_row_pieces(view, kind, step))
@@ -272,7 +303,7 @@ def _find_row_pieces(view, kind: str, step: int) -> "RowPieces":
     """The pieces of every sharded tensor at `step`, or what is wrong with them. A peer's
     problems are checked in the order a reader meets them: the rank is missing, its index is
     unreadable, its entry does not fit, it has no row at the step."""
-    layout = view.layout(kind)
+    layout = view._layout(kind)
     peers: dict[int, object] = {}  # rank -> (its view, its index, ...), or what is wrong with it
     for p in sorted({p for _, ps, _, _ in layout for p in ps}):
         pv = view if p == view.rank else view.store.rank(p) if p in view.store.ranks else None
@@ -280,10 +311,10 @@ def _find_row_pieces(view, kind: str, step: int) -> "RowPieces":
             peers[p] = f"its piece on rank {p} is missing (no rank {p} in the store)"
             continue
         try:
-            index = pv.index(kind) if pv.has_kind(kind) else {}
-            positions = pv.positions(kind) if index else {}
+            index = pv._kind_index(kind) if pv.has_kind(kind) else {}
+            positions = pv._positions(kind) if index else {}
             # the store's one copy of an equal layout: every entry of this one fits (the usual case)
-            fits = bool(index) and pv.layout(kind) is layout
+            fits = bool(index) and pv._layout(kind) is layout
         except StoreError as e:
             peers[p] = f"rank {p}'s index is unreadable ({e})"
             continue
@@ -293,8 +324,8 @@ def _find_row_pieces(view, kind: str, step: int) -> "RowPieces":
     def slot(p: int, pv: "RankView", index: dict, positions: dict) -> tuple | None:
         # looked up only where a piece needs it: a peer whose entry does not fit is named for that first
         if p not in found.slots:
-            row = pv.own_row(kind, step)
-            found.slots[p] = None if row is None else (pv, index, positions, row, pv.row_digests(kind, row))
+            row = pv._own_row(kind, step)
+            found.slots[p] = None if row is None else (pv, index, positions, row, pv._row_digests(kind, row))
         return found.slots[p]
 
     for name, tpeers, shape, dtype in layout:

@@ -60,6 +60,7 @@ class RankView(HashedIndex):
         self._layouts: dict[str, tuple] = {}
         self._peers: dict[str, set[int]] = {}
         self._steps: dict[str, list[int]] = {}
+        self._row_maps: dict[str, dict[int, int]] = {}
         self.members: dict[tuple[str, str], object] = {}  # (kind, key) -> zarr node, or None: absent
         self._traced = False  # a traces group among its members (set by _kind_groups)
         # The metadata is read once at open and does not change: its step lists are parsed once
@@ -184,6 +185,25 @@ class RankView(HashedIndex):
         """Whether the rank holds op traces (its group has a traces group), from the listing made at open."""
         self._kind_groups
         return self._traced
+
+    def trace_steps(self, level: str, listed_only: bool = False) -> list[int]:
+        """The rank's completely written traced steps at `level` (store/traces.py); `listed_only`:
+        from the step list's metadata alone (damage further down is verify's to find)."""
+        from tracekit.store import traces
+
+        return (traces.listed_trace_steps if listed_only else traces.trace_steps)(self.group, level)
+
+    def trace_events(self, level: str, step: int):
+        """The events of one traced step, in execution order, typed (store/traces.py read_events)."""
+        from tracekit.store.traces import read_events
+
+        return read_events(self.group, level, step)
+
+    def trace_full(self, level: str, step: int, key: str):
+        """(bits, dtype, shape) of a tensor the trace kept whole, or None (store/traces.py read_full)."""
+        from tracekit.store.traces import read_full
+
+        return read_full(self.group, level, step, key)
 
     @property
     def kinds(self) -> list[str]:
@@ -310,24 +330,28 @@ class RankView(HashedIndex):
 
         return self._once(self._row_lists, kind, parse)
 
-    def rows(self, kind: str) -> dict[int, int]:
-        """{step: row} for the visible steps of `kind`: the one step-to-row mapping of the store."""
-        first: dict[int, int] = {}
-        for row, step in enumerate(self._rows(kind)):  # one pass (rows.index per step was O(steps^2))
-            first.setdefault(step, row)
-        return {s: first[s] for s in self.steps(kind)}
+    def _step_rows(self, kind: str) -> dict[int, int]:
+        """{step: row} for the visible steps of `kind`: the one step-to-row mapping of the store
+        (read-only: cached)."""
+        def step_rows() -> dict[int, int]:
+            first: dict[int, int] = {}
+            for row, step in enumerate(self._rows(kind)):  # one pass (rows.index per step was O(steps^2))
+                first.setdefault(step, row)
+            return {s: first[s] for s in self.steps(kind)}
 
-    def step_of_row(self, kind: str, row: int) -> int | None:
+        return self._once(self._row_maps, kind, step_rows)
+
+    def _step_of_row(self, kind: str, row: int) -> int | None:
         rows = self._rows(kind)
         return rows[row] if 0 <= row < len(rows) else None
 
     def _row(self, kind: str, step: int) -> int:
-        rows = self._rows(kind)
-        if step not in self.steps(kind):
+        row = self._step_rows(kind).get(step)
+        if row is None:
             raise StoreError(f"rank {self.rank} has no {kind} data for step {step}")
-        return rows.index(step)
+        return row
 
-    def array(self, kind: str, key: str):
+    def _storage_array(self, kind: str, key: str):
         """The storage array `key` of a kind, shaped (row, element), as its format reads it
         (store/formats/: a zarr array, or the same view over content-addressed objects)."""
         return self.store.format.storage_array(self, kind, key)
@@ -338,7 +362,7 @@ class RankView(HashedIndex):
         store, before any read plans along it."""
         infos = self.tensors(kind) if name is None else [self.tensor(kind, name)]
         for key in sorted({info.array for info in infos}):
-            self.array(kind, key)
+            self._storage_array(kind, key)
 
     def _refuse_irregular(self, kind: str, key: str) -> None:
         """StoreError when a member's metadata is not a regular file: zarr, asked anything about the
@@ -396,12 +420,12 @@ class RankView(HashedIndex):
                 return []
         return [s for s in self.completed_steps if s not in held]
 
-    def check_index_arrays(self, kind: str) -> None:
+    def _check_index_arrays(self, kind: str) -> None:
         """StoreError (damage) unless each of the kind's index arrays (v1: storage arrays) opens and
         holds the rows its step list names: one answer for the kind, not one per row."""
         self.store.format.check_index_arrays(self, kind)
 
-    def listed_rows(self, kind: str) -> int:
+    def _listed_rows(self, kind: str) -> int:
         """Rows of `kind` listed in its steps (written completely; rows are appended in order)."""
         return len(self._rows(kind))
 
@@ -410,11 +434,11 @@ class RankView(HashedIndex):
         tensor's hash is that of its pieces' hashes in peer order (hashing.combined)."""
         if not self.store.format.hashed:
             return None
-        out = dict(zip((t.name for t in self.tensors(kind)), self.row_digests(kind, self._row(kind, step))))
+        out = dict(zip((t.name for t in self.tensors(kind)), self._row_digests(kind, self._row(kind, step))))
         out.update(planner.of_row_pieces(self, "digest", kind, step, lambda ps: combined(d for _, _, _, d, _ in ps)))
         return out
 
-    def layout(self, kind: str) -> tuple:
+    def _layout(self, kind: str) -> tuple:
         """This rank's sharded tensors of `kind` as (name, peers, shape, dtype): every rank with the
         same layout (all of an FSDP or TP group) gets the same pieces, so answers are kept under it.
         The store's one copy of it (RunStore.layouts), so that its id() names it in cache keys: a
@@ -429,15 +453,7 @@ class RankView(HashedIndex):
     def has_kind(self, kind: str) -> bool:
         return kind in self._kind_groups
 
-    def index(self, kind: str) -> dict[str, TensorInfo]:
-        """{tensor: entry} of `kind`, in index order (read-only: parsed once)."""
-        return self._kind_index(kind)
-
-    def positions(self, kind: str) -> dict[str, int]:
-        """{tensor: its place in the kind's index} (read-only)."""
-        return self._positions(kind)
-
-    def own_row(self, kind: str, step: int) -> int | None:
+    def _own_row(self, kind: str, step: int) -> int | None:
         """The row this rank wrote `kind` at `step` in, whatever its peers wrote (None: none)."""
         return self._rows(kind).index(step) if step in self._own_steps(kind) else None
 
@@ -446,12 +462,12 @@ class RankView(HashedIndex):
         order (StoreError: damage, when a peer's entry does not fit this rank's layout)."""
         return planner.shard_pieces(self, kind, step, name)
 
-    def object_piece(self, kind: str, step: int, name: str) -> Piece:
+    def _object_piece(self, kind: str, step: int, name: str) -> Piece:
         """An unsharded tensor's object (format 2) as a piece covering the whole tensor."""
         info = self.tensor(kind, name)
         row = self._row(kind, step)
         position = self.position(kind, name)
-        return Piece(self, row, info, self.row_digests(kind, row)[position], self.locations(kind, row)[position])
+        return Piece(self, row, info, self._row_digests(kind, row)[position], self._locations(kind, row)[position])
 
     def saved_pieces(self, kind: str, step: int, name: str) -> list[Piece] | None:
         """The saved pieces tensor `name` is read from at `step` (store/planner.py: saved_pieces)."""
@@ -463,7 +479,7 @@ class RankView(HashedIndex):
         summary combines its pieces' (summaries.combine)."""
         if not self.has_summaries(kind):
             return None
-        rows = self.row_summaries(kind, self._row(kind, step))
+        rows = self._row_summaries(kind, self._row(kind, step))
         out = {t.name: rows[i] for i, t in enumerate(self.tensors(kind))}
         for t in self.tensors(kind):
             if t.shard is not None:
@@ -471,7 +487,7 @@ class RankView(HashedIndex):
                 for pv, row, info, _, position in planner.piece_entries(self, kind, step, t):
                     if not pv.has_summaries(kind):
                         return None
-                    parts.append((pv.row_summaries(kind, row)[position], info.stored_numel))
+                    parts.append((pv._row_summaries(kind, row)[position], info.stored_numel))
                 out[t.name] = combine(parts)
         return out
 
@@ -487,7 +503,7 @@ class RankView(HashedIndex):
             data, finite = read_object(self.store, piece.digest, piece.info, where, piece.loc)
         else:
             data, finite = read_object_span(self.store, piece.digest, piece.info, where, piece.loc, *span)
-        pv.check_finite_flag(kind, piece.row, pv.position(kind, name), finite, where)
+        pv._check_finite_flag(kind, piece.row, pv.position(kind, name), finite, where)
         return data
 
     def assemble(self, kind: str, step: int, name: str) -> np.ndarray:
@@ -550,14 +566,14 @@ class RankView(HashedIndex):
         if info.shard is not None:  # every piece, on the rank that wrote it
             for pv, prow, pinfo, digest, ppos in planner.piece_entries(self, kind, step, info):
                 where = pv.where(kind, step, name)
-                finite = self.store.ensure_verified(digest, pinfo, where, pv.locations(kind, prow)[ppos])
-                pv.check_finite_flag(kind, prow, ppos, finite, where)
+                finite = self.store.ensure_verified(digest, pinfo, where, pv._locations(kind, prow)[ppos])
+                pv._check_finite_flag(kind, prow, ppos, finite, where)
             return
         position = self.position(kind, name)
-        digest = self.row_digests(kind, row)[position]
+        digest = self._row_digests(kind, row)[position]
         where = self.where(kind, step, name)
-        finite = self.store.ensure_verified(digest, info, where, self.locations(kind, row)[position])
-        self.check_finite_flag(kind, row, position, finite, where)
+        finite = self.store.ensure_verified(digest, info, where, self._locations(kind, row)[position])
+        self._check_finite_flag(kind, row, position, finite, where)
 
     def read_bits(self, kind: str, step: int, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         """A tensor's stored data, flat, in storage dtype (bfloat16 as uint16 bits); a slice of it

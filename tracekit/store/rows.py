@@ -104,20 +104,6 @@ class RowFiles:
         return out
 
 
-class Buffers:
-    """Reusable read buffers of one worker thread, by slot ("ref", "cand", "oracle")."""
-
-    def __init__(self):
-        self._bufs: dict[str, np.ndarray] = {}
-
-    def get(self, slot: str, dtype: np.dtype, n: int) -> np.ndarray:
-        nbytes = n * dtype.itemsize
-        buf = self._bufs.get(slot)
-        if buf is None or buf.nbytes < nbytes:
-            buf = self._bufs[slot] = np.empty(max(nbytes, 1), dtype=np.uint8)
-        return buf[:nbytes].view(dtype)
-
-
 class RowReader:
     """Element ranges of one row (rank, kind, step, storage array); close() when done."""
 
@@ -129,8 +115,8 @@ class RowReader:
         self.view, self.kind, self.step = view, kind, step
         self.span = span
         self._cached: tuple[int, np.ndarray] | None = None
-        self.arr = array if array is not None else view.array(kind, key)
-        self.row = row if row is not None else view.rows(kind)[step]
+        self.arr = array if array is not None else view._storage_array(kind, key)
+        self.row = row if row is not None else view._step_rows(kind)[step]
         self.width = self.arr.chunks[1]
         self.dtype = np.dtype(self.arr.dtype)
         self.objects = isinstance(self.arr, ObjectRows)

@@ -28,3 +28,17 @@ def aligned_buffer(name: str, n: int) -> np.ndarray:
     if buf is None or len(buf) < n:
         buf = bufs[name] = np.frombuffer(mmap.mmap(-1, max(n, mmap.PAGESIZE)), dtype=np.uint8)
     return buf
+
+
+class Buffers:
+    """Reusable read buffers of one worker thread, by slot ("ref", "cand", "oracle")."""
+
+    def __init__(self):
+        self._bufs: dict[str, np.ndarray] = {}
+
+    def get(self, slot: str, dtype: np.dtype, n: int) -> np.ndarray:
+        nbytes = n * dtype.itemsize
+        buf = self._bufs.get(slot)
+        if buf is None or buf.nbytes < nbytes:
+            buf = self._bufs[slot] = np.empty(max(nbytes, 1), dtype=np.uint8)
+        return buf[:nbytes].view(dtype)

@@ -90,8 +90,8 @@ def verify_store(path, on_problem: Callable[[Problem], None] | None = None) -> V
         for kind in kinds:
             try:
                 tensors = view.tensors(kind)
-                rows = view.rows(kind)
-                view.check_index_arrays(kind)  # a step list naming rows an array lacks: once, for the kind
+                rows = view._step_rows(kind)
+                view._check_index_arrays(kind)  # a step list naming rows an array lacks: once, for the kind
             except StoreError as e:
                 report(Problem(r, kind, None, None, _strip(str(e), store.path).removeprefix(f"rank {r} {kind}: ")
                                .removeprefix(f"rank {r} {kind}/")))
@@ -137,10 +137,10 @@ def _verify_v2_kind(view: RankView, kind, tensors, rows, result, report, known, 
     io_root = view.store.io_root
     for step, row in rows.items():
         try:
-            digests = view.row_digests(kind, row)
+            digests = view._row_digests(kind, row)
             flags = view.finite(kind, step)
             view.check_summaries(kind, step)
-            locs = view.locations(kind, row)  # a packed row's: from its hashes and the previous row's
+            locs = view._locations(kind, row)  # a packed row's: from its hashes and the previous row's
         except StoreError as e:
             message = _strip(str(e), root)
             here = f"rank {view.rank} {kind} step {step}: "
@@ -189,7 +189,7 @@ def _verify_v1_kind(view: RankView, kind, tensors, rows, result, report) -> None
     root = view.store.io_root  # a folder, or a URL's Location (one HEAD per chunk object)
     for key in sorted({t.array for t in tensors}):
         try:
-            arr = view.array(kind, key)
+            arr = view._storage_array(kind, key)
         except Exception as e:
             report(Problem(view.rank, kind, None, None, f"cannot open array {key!r} ({e.__class__.__name__})"))
             continue

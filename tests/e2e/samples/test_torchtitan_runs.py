@@ -1,6 +1,7 @@
 """docs/TORCHTITAN.md's CPU commands, run as written with TorchTitan 0.3.0 on 2 and 4 gloo ranks,
 and the verdicts the doc states. Each doc block runs once per test run (`shared_once`), whichever
-test asks first; ~10 launches of a few seconds of training each.
+test asks first; 9 launches of a few seconds of training each here (4 of the `same` block, 3 of
+`layouts`, 2 of `loss`), 2 more in test_torchtitan_locate.py.
 """
 
 from __future__ import annotations
@@ -103,11 +104,12 @@ def test_the_recorded_loss_is_the_loss_torchtitan_logs(shared_once, block, store
         assert abs(recorded[step] - value) <= 5.1e-6, (step, recorded[step], value)
 
 
-# --- coverage: the whole model whatever checkpointing and compile do ---------------------------
+# --- coverage: the whole model whatever checkpointing and compile do (the loss block's TP run is
+# the compiled one, without activation checkpointing) ------------------------------------------
 
 
-@pytest.mark.parametrize("block, store", [("same", "tt-ref"), ("coverage", "compiled")],
-                         ids=["selective-ac-eager", "no-ac-compiled"])
+@pytest.mark.parametrize("block, store", [("same", "tt-ref"), ("loss", "tp")],
+                         ids=["selective-ac-eager", "tp-no-ac-compiled"])
 def test_every_optimizer_parameter_is_recorded_under_its_full_name(shared_once, block, store):
     folder, results = doc_block(shared_once, block)
     record = ran(results, f"tracekit record --loss-reduction sum -o runs/{store} ")

@@ -176,7 +176,7 @@ def test_streamed_objects_are_checked_before_their_metrics_count(tmp_path, lie, 
         raw[view.position("parameters", "w")] = 1  # "all finite"
         open(chunk, "wb").write(bytes(raw))
     else:
-        digest = (view.pieces("parameters", 1, "w")[1] if sharded else view.object_piece("parameters", 1, "w")).digest
+        digest = (view.pieces("parameters", 1, "w")[1] if sharded else view.saved_pieces("parameters", 1, "w")[0]).digest
         with open(os.path.join(r, object_key(digest)), "r+b") as f:
             f.seek(4)
             b = f.read(1)[0]

@@ -17,6 +17,7 @@ from tracekit.store.hashing import tensor_hash
 from tracekit.store.location import storage_options_scope
 from tracekit.store.verify import verify_store
 from tracekit.testing import write_store
+from tracekit.store.places import located
 
 both_formats = pytest.mark.parametrize("fmt", [2, 1])
 
@@ -105,7 +106,7 @@ def test_a_damaged_pack_member_in_a_bucket_is_damage(s3):
     """Format 3 on a bucket: a flipped bit in one tensor's range of a pack is damage named for
     that tensor (read with a ranged GET); a pack gone is damage for each of its members."""
     url = write_store(s3.url("ref"), _data(0))
-    loc = open_store(url).rank(1).locate("gradients", 2, "w")
+    loc = located(open_store(url).rank(1), "gradients", 2, "w")
     assert loc.length is not None, "small tensors are packed in format 3"
     obj = f"{s3.bucket}/ref/{loc.key}"
     good = bytearray(s3.fs.cat_file(obj))
@@ -309,7 +310,7 @@ def test_any_fsspec_url_holds_format_2_memory(tmp_path):
     np.testing.assert_array_equal(store.rank(1).read("gradients", 3, "w"), _data(0)[1][3]["gradients"]["w"])
     assert verify_store(url).ok
     fs = fsspec.filesystem("memory")
-    loc = store.rank(0).locate("gradients", 1, "b")
+    loc = located(store.rank(0), "gradients", 1, "b")
     path = f"{url.removeprefix('memory://')}/{loc.key}"
     good = bytearray(fs.cat_file(path))
     n = store.rank(0).tensor("gradients", "b").stored_nbytes
@@ -317,7 +318,7 @@ def test_any_fsspec_url_holds_format_2_memory(tmp_path):
     fs.pipe_file(path, bytes(good))
     problems = verify_store(url).problems
     # named once per entry whose bytes lie there (format 3: b's range of the pack rank 0 wrote at step 1)
-    uses = [(r, "gradients", s, "b") for r in (0, 1) for s in (1, 2, 3) if store.rank(r).locate("gradients", s, "b") == loc]
+    uses = [(r, "gradients", s, "b") for r in (0, 1) for s in (1, 2, 3) if located(store.rank(r), "gradients", s, "b") == loc]
     assert uses and [(p.rank, p.kind, p.step, p.tensor) for p in problems] == uses
     assert all("bytes do not match their hash" in p.what for p in problems)
     fs.rm(url.removeprefix("memory://"), recursive=True)

@@ -12,6 +12,7 @@ from tracekit.store.packs import Located, PackSpec, groups, locations, pack_key
 from tracekit.store.shards import Shard
 from tracekit.store.verify import verify_store
 from tracekit.testing import tensor_bytes
+from tracekit.store.places import located
 
 
 def test_groups_keep_whole_tensors_and_pieces_apart_and_split_at_max():
@@ -72,7 +73,7 @@ def test_a_row_of_many_dtypes_packs_and_reads_back_bit_for_bit(tmp_path, monkeyp
     # small packs, so the row's whole tensors fill two of them; the readers use the recorded spec
     rows = _write(path, monkeypatch, PackSpec(below=100, max=64))
     view = open_store(path).rank(0)
-    assert view.pack_spec("outputs") == PackSpec(100, 64)
+    assert view._pack_spec("outputs") == PackSpec(100, 64)
     files = {tensor_bytes(path, 0, "outputs", 2, t.name)[0] for t in rows[2]}
     # two packs of whole tensors (i8, f64, bf16, flag: 59 bytes; then c64), big's own object, the
     # piece's pack, and empty's own object (unchanged since step 1: not packed again)
@@ -80,7 +81,7 @@ def test_a_row_of_many_dtypes_packs_and_reads_back_bit_for_bit(tmp_path, monkeyp
     for s, tensors in rows.items():
         for t in tensors:
             got = view.read_bits("outputs", s, t.name) if t.shard is None else view.read_piece(
-                "outputs", s, view.object_piece("outputs", s, t.name))
+                "outputs", s, view._object_piece("outputs", s, t.name))
             assert got.tobytes() == np.ascontiguousarray(t.data).tobytes(), (s, t.name)
     assert verify_store(path).ok
     assert tracekit.diff(path, path, exact=True, trust_index=False).passed  # every member read and checked
@@ -119,7 +120,7 @@ def test_format_2_is_still_written_on_request_and_has_no_packs(tmp_path):
     w.complete_step(1)
     w.close()
     view = open_store(path).rank(0)
-    assert view.pack_spec("outputs") is None
-    assert all(view.locate("outputs", 1, t.name).length is None for t in _mixed(1))
+    assert view._pack_spec("outputs") is None
+    assert all(located(view, "outputs", 1, t.name).length is None for t in _mixed(1))
     files = [f for d, _, fs in os.walk(os.path.join(path, "objects")) for f in fs if f != "zarr.json"]
     assert len(files) == len(_mixed(1))

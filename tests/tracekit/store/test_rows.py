@@ -50,8 +50,8 @@ def test_a_damaged_index_chunk_is_one_line_naming_it(store, damage, message):
         with open(path, "wb") as f:
             f.write(b"abc")
     view = open_store(store).rank(0)
-    step = next(s for s, row in view.rows("parameters").items() if row == 1)
-    other = next(s for s, row in view.rows("parameters").items() if row != 1)
+    step = next(s for s, row in view._step_rows("parameters").items() if row == 1)
+    other = next(s for s, row in view._step_rows("parameters").items() if row != 1)
     with pytest.raises(StoreError, match=f"rank 0 parameters step {step}: {message}"):
         view.digests("parameters", step)
     assert view.digests("parameters", other)  # the other rows stay readable

@@ -49,7 +49,7 @@ class HashedIndex:
         a hash or finiteness row is never used from another rank, kind or step."""
         values = self._raw_index_row(kind, name, row, width)
         if self.sealed and name in (HASH_ARRAY, FINITE_ARRAY):
-            self.row_summaries(kind, row)
+            self._row_summaries(kind, row)
         return values
 
     @property
@@ -57,12 +57,12 @@ class HashedIndex:
         """Whether index rows are sealed to their rank, kind and step (format 4, summaries.row_identity)."""
         return self.store.format.sealed_rows
 
-    def row_bound(self, kind: str, row: int, step: int | None = None, rank: int | None = None) -> bytes:
+    def _row_bound(self, kind: str, row: int, step: int | None = None, rank: int | None = None) -> bytes:
         """What a format-4 row's seal covers besides its summaries, for this rank (or `rank`) and the
         step the kind's step list gives the row (or `step`): verify asks for other places to say
         where a misplaced row came from."""
         n = len(self.tensors(kind))
-        step = self.step_of_row(kind, row) if step is None else step
+        step = self._step_of_row(kind, row) if step is None else step
         return (row_identity(self.rank if rank is None else rank, kind, -1 if step is None else step)
                 + self._raw_index_row(kind, HASH_ARRAY, row, HASH_BYTES * n).tobytes()
                 + self._raw_index_row(kind, FINITE_ARRAY, row, n).tobytes())
@@ -71,8 +71,8 @@ class HashedIndex:
         """Where a row whose seal fails here was written, among the likely places (this kind's other
         steps, the other ranks at this step, this rank's other kinds): "rank R KIND step S", or None
         (damaged values, or a place further off). Asked only on a failure; a few hashes of one row."""
-        step = self.step_of_row(kind, row)
-        tail = self.row_bound(kind, row)[len(row_identity(self.rank, kind, -1 if step is None else step)):]
+        step = self._step_of_row(kind, row)
+        tail = self._row_bound(kind, row)[len(row_identity(self.rank, kind, -1 if step is None else step)):]
         try:
             ranks, kinds = self.store.ranks, self.kinds
         except StoreError:
@@ -91,7 +91,7 @@ class HashedIndex:
             cached = self._index_cache.get(key)
         if cached is not None:
             return cached
-        where = lambda: f"{self.store.path}: rank {self.rank} {kind} step {self.step_of_row(kind, row)}"
+        where = lambda: f"{self.store.path}: rank {self.rank} {kind} step {self._step_of_row(kind, row)}"
         files = self._row_files(kind, name)
         arr = self._index_array(kind, name) if files is None else None
         shape = files.shape if files is not None else arr.shape
@@ -113,7 +113,7 @@ class HashedIndex:
             self._index_cache[key] = values
         return values
 
-    def pack_spec(self, kind: str) -> PackSpec | None:
+    def _pack_spec(self, kind: str) -> PackSpec | None:
         """How the kind's small tensors are packed (format 3, store/packs.py); None: not at all."""
         def parse():
             try:
@@ -122,28 +122,28 @@ class HashedIndex:
                 raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: malformed tensor index ({e})") from None
         return self._once(self._pack_specs, kind, parse)
 
-    def locations(self, kind: str, row: int) -> tuple[Located, ...]:
+    def _locations(self, kind: str, row: int) -> tuple[Located, ...]:
         """Where each tensor's bytes lie at a row, in index order (format 2 and 3)."""
         key = (kind, PACKS, row)
         with self._lock:
             cached = self._index_cache.get(key)
         if cached is None:
             tensors = self.tensors(kind)
-            spec = self.pack_spec(kind)
-            previous = self.row_digests(kind, row - 1) if spec is not None and row > 0 else None
-            cached = tuple(locations(spec, self.row_digests(kind, row),
+            spec = self._pack_spec(kind)
+            previous = self._row_digests(kind, row - 1) if spec is not None and row > 0 else None
+            cached = tuple(locations(spec, self._row_digests(kind, row),
                                      [t.stored_nbytes if t.keeps_bytes else None for t in tensors],
                                      [t.shard is not None for t in tensors], previous))
             with self._lock:
                 self._index_cache[key] = cached
         return cached
 
-    def locate(self, kind: str, step: int, name: str) -> Located:
+    def _locate(self, kind: str, step: int, name: str) -> Located:
         """Where tensor `name`'s bytes on this rank lie at `step` (format 2 and 3): its object, or
         its range of a pack. What tools that look at files (and tests that damage them) ask."""
-        return self.locations(kind, self._row(kind, step))[self.position(kind, name)]
+        return self._locations(kind, self._row(kind, step))[self.position(kind, name)]
 
-    def row_digests(self, kind: str, row: int) -> tuple[bytes, ...]:
+    def _row_digests(self, kind: str, row: int) -> tuple[bytes, ...]:
         """Each tensor's 16-byte content hash at a row, in index order (v2 only). The row's one
         tuple, not a copy: the diff asks once per tensor, and a list per ask made it O(tensors^2)."""
         key = (kind, HASH_ARRAY, row, "split")
@@ -163,18 +163,18 @@ class HashedIndex:
             return False
         return self._member(kind, SUMMARY_ARRAY) is not None
 
-    def row_summaries(self, kind: str, row: int) -> np.ndarray:
+    def _row_summaries(self, kind: str, row: int) -> np.ndarray:
         """Each tensor's summary at a row, in index order: float64 (tensors, N_FIELDS) (store/summaries.py)."""
         def unsealed():
             n = len(self.tensors(kind))
             # older format-2 stores have one field fewer (summaries.LEGACY_FIELDS); any other width is damage
             fields = fields_of(self._index_array(kind, SUMMARY_ARRAY).shape[1], n) or N_FIELDS
             raw = self._raw_index_row(kind, SUMMARY_ARRAY, row, row_width(n, fields))
-            values = unseal(raw, fields, self.row_bound(kind, row) if self.sealed else b"")
+            values = unseal(raw, fields, self._row_bound(kind, row) if self.sealed else b"")
             if values is None:
                 origin = self._sealed_as(kind, row, raw, fields) if self.sealed else None
                 raise StoreError(f"damaged store: {self.store.path}: rank {self.rank} {kind} step "
-                                 f"{self.step_of_row(kind, row)}: " + (
+                                 f"{self._step_of_row(kind, row)}: " + (
                                      f"its index row was sealed as {origin}'s: read here it would be another step's "
                                      "or rank's data" if origin else
                                      "its index row does not match its seal (written for another rank, kind or step, "
@@ -188,19 +188,19 @@ class HashedIndex:
     def check_summaries(self, kind: str, step: int) -> None:
         """StoreError (damage) unless the kind's summary row at `step` is intact (nothing without summaries)."""
         if self.has_summaries(kind):
-            self.row_summaries(kind, self._row(kind, step))
+            self._row_summaries(kind, self._row(kind, step))
 
     def _finite_flags(self, kind: str, row: int) -> np.ndarray:
         def checked():
             flags = self._index_row(kind, FINITE_ARRAY, row, len(self.tensors(kind)))
             if flags.size and int(flags.max()) > 1:
                 raise StoreError(f"damaged store: {self.store.path}: rank {self.rank} {kind} step "
-                                 f"{self.step_of_row(kind, row)}: its {FINITE_ARRAY} index holds {int(flags.max())}, not 0 or 1")
+                                 f"{self._step_of_row(kind, row)}: its {FINITE_ARRAY} index holds {int(flags.max())}, not 0 or 1")
             return flags
 
         return self._once(self._checked_rows, (kind, FINITE_ARRAY, row), checked)
 
-    def check_finite_flag(self, kind: str, row: int, position: int, finite: bool, where: str) -> None:
+    def _check_finite_flag(self, kind: str, row: int, position: int, finite: bool, where: str) -> None:
         """StoreError (damage) unless the index's finiteness flag of tensor `position` at `row`
         says what its verified bytes say: a lying flag could let the diff skip NaNs by hash."""
         flag = bool(self._finite_flags(kind, row)[position])

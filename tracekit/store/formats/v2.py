@@ -43,7 +43,7 @@ class Objects:
         return arr.read_into(row, start, stop, np.empty(stop - start, dtype=arr.dtype))
 
     def whole_piece(self, view, kind: str, step: int, info):
-        return view.object_piece(kind, step, info.name)
+        return view._object_piece(kind, step, info.name)
 
     def pack_spec(self):
         """How a new kind's small tensors are packed (format 3, store/packs.py); None: not at all."""

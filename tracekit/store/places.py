@@ -1,0 +1,26 @@
+"""Where a recorded tensor's bytes lie, for tools that look at files (and tests that damage them
+on purpose): the store's answer, so that no one else works it out from rows, packs or objects."""
+
+from __future__ import annotations
+
+import os
+
+from tracekit.store.packs import Located
+
+
+def located(view, kind: str, step: int, name: str) -> Located:
+    """Where tensor `name`'s bytes on rank `view` lie at `step` (formats 2-4): its own object, or
+    its range of a pack (store/packs.py Located: key below the store, base, length)."""
+    return view._locate(kind, step, name)
+
+
+def tensor_bytes(store, rank: int, kind: str, step: int, name: str) -> tuple[str, int, int]:
+    """(the file, the offset of its first byte there, its length) of one tensor's bytes in a local
+    format 2-4 store at path `store`: the tensor's own object, or the pack it shares with other
+    small tensors (docs/FORMAT.md)."""
+    from tracekit.store.reader import open_store
+
+    view = open_store(os.fspath(store)).rank(rank)
+    loc = located(view, kind, step, name)
+    length = loc.length if loc.length is not None else view.tensor(kind, name).stored_nbytes
+    return os.path.join(os.fspath(store), *loc.key.split("/")), loc.base, length
