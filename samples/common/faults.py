@@ -19,8 +19,10 @@ Specs (repeatable flag):
                              synchronization, by its gradients of the step before (a buffer not refreshed)
   swap_data=STEP             in that step data-parallel ranks 0 and 1 train on each other's batch
                              slices (a data-sharding bug: rank 0's outputs are rank 1's)
-  op=KIND:RANK:STEP          one op of the model is wrong on that rank from that step on; KIND is
-                             act, matmul_bf16, reduce_order, roll_rows or bwd_bf16 (see op_faults.py)
+  op=KIND:RANK:STEP[:LAST]   one op of the model is wrong on that rank from that step on (to step
+                             LAST if given); KIND is act, matmul_bf16, reduce_order, roll_rows or
+                             bwd_bf16 (see op_faults.py). Several op faults may be given if their
+                             steps do not overlap (one wrong op per step)
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ class Faults:
     reported_loss_scale: dict[int, float] = field(default_factory=dict)  # step -> F
     grad_scale: dict[tuple[int, int], float] = field(default_factory=dict)  # (rank, step) -> F
     crash: dict[tuple[int, int], str] = field(default_factory=dict)  # (rank, step) -> raise | exit | kill
-    op: tuple[str, int, int] | None = None  # (kind, rank, step): a planted op fault
+    # planted op faults, (kind, rank, first step, last step or None: to the end), steps disjoint
+    op: tuple[tuple[str, int, int, int | None], ...] = ()
     stale_grad: frozenset[int] = frozenset()  # steps
     swap_data: frozenset[int] = frozenset()  # steps
     opt_lr: dict[tuple[int, int], float] = field(default_factory=dict)  # (rank, step) -> F for the last parameter
@@ -91,7 +94,7 @@ def parse_faults(specs: list[str]) -> Faults:
     grad_scale: dict[tuple[int, int], float] = {}
     crash: dict[tuple[int, int], str] = {}
     opt_lr: dict[tuple[int, int], float] = {}
-    op = None
+    op: list[tuple[str, int, int, int | None]] = []
     stale_grad: set[int] = set()
     swap_data: set[int] = set()
     for spec in specs:
@@ -129,10 +132,16 @@ def parse_faults(specs: list[str]) -> Faults:
             kind, _, rest = value.partition(":")
             if kind not in OP_FAULTS:
                 raise ValueError(f"bad fault {spec!r}: the op fault is one of {', '.join(OP_FAULTS)}")
-            if op is not None:
-                raise ValueError(f"bad fault {spec!r}: one op fault per run")
-            rank, step = _numbers(spec, rest, (int, int))
-            op = (kind, rank, step)
+            if rest.count(":") == 2:
+                rank, step, last = _numbers(spec, rest, (int, int, int))
+                if last < step:
+                    raise ValueError(f"bad fault {spec!r}: the last step comes before the first")
+            else:
+                (rank, step), last = _numbers(spec, rest, (int, int)), None
+            for other in op:
+                if (last is None or other[2] <= last) and (other[3] is None or step <= other[3]):
+                    raise ValueError(f"bad fault {spec!r}: its steps overlap another op fault's (one per step)")
+            op.append((kind, rank, step, last))
         elif name in ("stale_grad", "swap_data"):
             (step,) = _numbers(spec, value, (int,))
             (stale_grad if name == "stale_grad" else swap_data).add(step)
@@ -141,5 +150,5 @@ def parse_faults(specs: list[str]) -> Faults:
                 f"unknown fault {name!r}: use lr_scale, loss_scale, nan_grad, reported_loss_scale, grad_scale, opt_lr, crash, "
                 "op, stale_grad or swap_data"
             )
-    return Faults(lr_scale, loss_scale, frozenset(nan_grad), reported, grad_scale, crash, op, frozenset(stale_grad),
+    return Faults(lr_scale, loss_scale, frozenset(nan_grad), reported, grad_scale, crash, tuple(op), frozenset(stale_grad),
                   frozenset(swap_data), opt_lr)

@@ -62,9 +62,9 @@ class Workload:
         self._check_batch_split()
         model = build_model(config.seed, self.dtype, bias=config.bias)
         model.to(runtime.device)
-        self.op_fault = FaultSwitch(*config.faults.op) if config.faults.op else None
-        if self.op_fault is not None:
-            install_op_fault(model, self.op_fault)
+        self.op_faults = [FaultSwitch(*op) for op in config.faults.op]
+        for switch in self.op_faults:
+            install_op_fault(model, switch)
         if config.autocast:
             # outputs in float32 whatever autocast computed them in: the same dtype as a float32 reference's
             model.register_forward_hook(lambda module, args, out: out.float())
@@ -108,8 +108,8 @@ class Workload:
         if faults.crash_at(rank, step):
             _crash(faults.crash_at(rank, step), rank, step)
         inputs, targets = self.batch(step)
-        if self.op_fault is not None:
-            self.op_fault.update(rank, step)
+        for switch in self.op_faults:
+            switch.update(rank, step)
         if self.config.log_norms:
             self._log_norms(step)
         with torch.autocast(self.runtime.device.type, dtype=getattr(torch, LOW_PRECISIONS.get(self.config.autocast, "bfloat16")),

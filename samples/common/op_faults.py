@@ -1,6 +1,6 @@
-"""Planted op faults (--fault op=KIND:RANK:STEP): one op of the model computed wrongly on one rank
-from step STEP on, the kind of fault a device port produces. The root-cause search of
-`tracekit diff` must name the op and its module (tests/tracekit/compare/test_root_cause_faults.py).
+"""Planted op faults (--fault op=KIND:RANK:STEP[:LAST]): one op of the model computed wrongly on one
+rank from step STEP on (to step LAST if given), the kind of fault a device port produces. The
+root-cause search of `tracekit diff` must name the op and its module (tests/tracekit/compare/test_root_cause_faults.py).
 
   act          module 1 (the ReLU) computes leaky_relu(x, 0.01): a slightly wrong activation
   matmul_bf16  module 0 (the first Linear) computes its matmul in bfloat16 (inputs cast, output cast back)
@@ -27,14 +27,15 @@ _MODULE_OF = {"act": 1, "matmul_bf16": 0, "reduce_order": 2, "roll_rows": 1, "bw
 
 
 class FaultSwitch:
-    """On while the planted fault applies (this rank, from its step on); the loop sets it each step."""
+    """On while the planted fault applies (this rank, from its step on, to `last` if given); the loop
+    sets it each step."""
 
-    def __init__(self, kind: str, rank: int, step: int):
-        self.kind, self.rank, self.step = kind, rank, step
+    def __init__(self, kind: str, rank: int, step: int, last: int | None = None):
+        self.kind, self.rank, self.step, self.last = kind, rank, step, last
         self.on = False
 
     def update(self, rank: int, step: int) -> None:
-        self.on = rank == self.rank and step >= self.step
+        self.on = rank == self.rank and step >= self.step and (self.last is None or step <= self.last)
 
 
 def _act(switch: FaultSwitch, original):
@@ -96,6 +97,7 @@ _FORWARDS = {"act": _act, "matmul_bf16": _matmul_bf16, "reduce_order": _reduce_o
 
 
 def install_op_fault(model: nn.Sequential, switch: FaultSwitch) -> None:
-    """Replace the forward of the fault's module (before the model is wrapped or compiled)."""
+    """Replace the forward of the fault's module (before the model is wrapped or compiled). Two faults
+    of one module wrap each other; each calls the forward it replaced while its switch is off."""
     module = model[_MODULE_OF[switch.kind]]
     module.forward = types.MethodType(_FORWARDS[switch.kind](switch, module.forward), module)

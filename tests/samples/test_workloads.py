@@ -85,12 +85,52 @@ def test_fault_specs_parse_and_bad_ones_are_refused():
     assert parse_faults([]) == Faults() and not Faults().any
     shapes = parse_faults(["stale_grad=2", "swap_data=3"])  # the exact-match shapes' faults (issue 35)
     assert shapes.stale_grad == {2} and shapes.swap_data == {3} and shapes.any
+    # op faults: from a step on, or over a window; several when their steps do not overlap
+    ops = parse_faults(["op=act:1:6:6", "op=bwd_bf16:1:7", "op=matmul_bf16:0:2:3"])
+    assert ops.op == (("act", 1, 6, 6), ("bwd_bf16", 1, 7, None), ("matmul_bf16", 0, 2, 3)) and ops.any
+    assert parse_faults(["op=act:1:3"]).op == (("act", 1, 3, None),)
     for bad, message in [("bogus=1", "unknown fault"), ("lr_scale", "NAME=VALUE"), ("loss_scale=1:2", "N:N:F"),
                          ("nan_grad=a:1", "not made of numbers"), ("nan_grad=-1:1", "non-negative"),
-                         ("stale_grad=1:2", "expected N after")]:
+                         ("stale_grad=1:2", "expected N after"), ("op=act:1:3:2", "last step comes before"),
+                         ("op=flip:1:3", "the op fault is one of")]:
         with pytest.raises(ValueError, match=message):
             parse_faults([bad])
+    for overlapping in (["op=act:1:3", "op=bwd_bf16:0:5"], ["op=act:1:3:5", "op=bwd_bf16:1:5:6"],
+                        ["op=act:1:4:4", "op=bwd_bf16:1:2"]):
+        with pytest.raises(ValueError, match="overlap another op fault"):
+            parse_faults(overlapping)
 
+
+
+def test_op_faults_over_disjoint_windows_take_turns_on_one_module():
+    """act over step 6 only, then bwd_bf16 from step 8 on, both on module 1 (the ReLU) of rank 1: each
+    step's forward and backward are the one fault's whose window holds the step, or the ReLU's."""
+    import torch.nn.functional as F
+
+    from samples.common.op_faults import FaultSwitch, install_op_fault
+
+    model = build_model(0)
+    switches = [FaultSwitch("act", 1, 6, 6), FaultSwitch("bwd_bf16", 1, 8)]
+    for switch in switches:
+        install_op_fault(model, switch)
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(0))
+    grad = torch.randn(64, 256, generator=torch.Generator().manual_seed(1))
+    relu_grad = grad * (x > 0)
+    for rank, step, want_out, want_grad in [
+        (1, 5, torch.relu(x), relu_grad),
+        (1, 6, F.leaky_relu(x, 0.01), torch.where(x > 0, grad, 0.01 * grad)),
+        (1, 7, torch.relu(x), relu_grad),
+        (1, 8, torch.relu(x), relu_grad.bfloat16().float()),
+        (1, 9, torch.relu(x), relu_grad.bfloat16().float()),
+        (0, 6, torch.relu(x), relu_grad),
+    ]:
+        for switch in switches:
+            switch.update(rank, step)
+        leaf = x.clone().requires_grad_()
+        out = model[1](leaf)
+        out.backward(grad)
+        assert torch.equal(out, want_out) and torch.equal(leaf.grad, want_grad), (rank, step)
+    assert not torch.equal(relu_grad.bfloat16().float(), relu_grad)  # the rounding is visible
 
 def test_config_defaults_and_refusals(capsys):
     config = parse_config(["--parallelism", "simplefsdp_tp"])

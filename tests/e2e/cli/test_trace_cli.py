@@ -9,6 +9,7 @@ from tracekit.cli.main import main
 from tracekit.store import open_store
 from tracekit.store.traces import read_events, trace_steps
 
+from tests.e2e.samples.traced_layouts import STEPS, traced_reference
 from tests.paths import CLI_SCRIPTS
 
 
@@ -17,9 +18,16 @@ TRACE = ["--trace", "ops", "--trace-steps", "2"]
 
 def test_zero_code_traces_name_the_planted_op_on_its_rank(recorded_sample, tmp_path):
     """samples/plain never imports tracekit: zero-code recording traces step 2 of both runs; the
-    candidate's rank 1 computes module 0's matmul in bfloat16 from step 2 on."""
+    candidate's rank 1 computes module 0's matmul in bfloat16 from step 2 on. The candidate asks
+    `--trace ops` alone: zero-code recording starts inside step 1, so that traces step 2 (it traced
+    nothing before), and the record line and `tracekit show` say so."""
     ref, _ = recorded_sample("ddp", script="plain", record_args=TRACE)
-    cand, _ = recorded_sample("ddp", script="plain", record_args=TRACE, extra=["--fault", "op=matmul_bf16:1:2"])
+    cand, recorded = recorded_sample("ddp", script="plain", record_args=["--trace", "ops"],
+                                     extra=["--fault", "op=matmul_bf16:1:2"])
+    assert "; traces: ops at step 2;" in recorded.stderr.splitlines()[-1], recorded.stderr[-2000:]
+    assert [trace_steps(open_store(cand).rank(r).group, "ops") for r in (0, 1)] == [[2], [2]]
+    shown = CliRunner().invoke(main, ["show", cand])
+    assert shown.exit_code == 0 and "traces: ops at step 2" in shown.output.splitlines()
     for r in (0, 1):
         events = read_events(open_store(ref).rank(r).group, "ops", 2)
         collectives = [e for e in events if e.group is not None]
@@ -35,10 +43,10 @@ def test_zero_code_traces_name_the_planted_op_on_its_rank(recorded_sample, tmp_p
 
 def test_ddp_against_fsdp_traces_name_no_root_cause(recorded_sample):
     """Same model and data, other sharding: the op streams differ (gathers, reduce-scatters, shard
-    shapes) and are reported, but no op is blamed. (The ddp store is the previous test's reference.)"""
-    ddp, _ = recorded_sample("ddp", script="plain", record_args=TRACE)
-    fsdp, _ = recorded_sample("fsdp", script="plain", record_args=TRACE)
-    assert trace_steps(open_store(fsdp).rank(1).group, "ops") == [2]
+    shapes) and are reported, but no op is blamed. (The root-cause matrix's traced references,
+    steps 2 to 7: no launch of their own; fsdp's with --log-norms, full_tensor() in the loop.)"""
+    ddp, fsdp = traced_reference(recorded_sample, "ddp"), traced_reference(recorded_sample, "fsdp")
+    assert trace_steps(open_store(fsdp).rank(1).group, "ops") == list(range(2, STEPS + 1))
     result = CliRunner().invoke(main, ["diff", ddp, fsdp, "--align", "global"])
     assert result.exit_code == 0, result.output
     assert "no root cause" in result.output and "Root cause:" not in result.output
@@ -90,18 +98,6 @@ def _record_plain(store, *args, steps=3):
     script = os.path.join(CLI_SCRIPTS, "plain_tiny_train.py")
     return subprocess.run([sys.executable, "-m", "tracekit.cli.main", "record", "-o", store, *args, "--", sys.executable,
                            script, "--steps", str(steps)], capture_output=True, text=True, timeout=120)
-
-
-def test_zero_code_default_trace_step_is_traced_and_said(tmp_path):
-    """Zero-code recording starts inside step 1: `--trace ops` alone traces step 2 (it traced
-    nothing before), and the record line and `tracekit show` say so."""
-    store = str(tmp_path / "s")
-    r = _record_plain(store, "--trace", "ops")
-    assert r.returncode == 0, r.stderr
-    assert "; traces: ops at step 2;" in r.stderr.splitlines()[-1]
-    assert trace_steps(open_store(store).rank(0).group, "ops") == [2]
-    shown = CliRunner().invoke(main, ["show", store])
-    assert shown.exit_code == 0 and "traces: ops at step 2" in shown.output.splitlines()
 
 
 def test_zero_code_step_it_cannot_trace_is_a_one_line_error(tmp_path):

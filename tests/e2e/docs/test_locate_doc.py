@@ -1,7 +1,8 @@
 """docs/LOCATE.md beyond what every doc block gets (tests/e2e/docs/test_doc_commands.py runs its block
 and compares the outputs it shows): the root cause and source line it names, what the replayed
-trace holds, and a clean replay of the traced step (`record --replay-from --trace`), which names
-no root cause. The block's results come from the same run of the block (doc_runs.run_group)."""
+trace holds, and a clean replay of a traced step after a step that left the reference, which names
+no root cause there. The block's results come from the same run of the block (doc_runs.run_group);
+the clean replay is step 2 of the root-cause matrix's ddp candidate (no launch of its own)."""
 
 from __future__ import annotations
 
@@ -9,39 +10,42 @@ import json
 import os
 
 import pytest
+from click.testing import CliRunner
 
 import tracekit
+from tracekit.cli.main import main
 
+from tests.e2e.samples.test_root_cause_matrix import OFF_SINCE_STEP_1, matrix_runs
 from tests.paths import REPO
-from tests.docs.doc_runs import _bash, run_group
+from tests.docs.doc_runs import run_group
 from tracekit.store import open_store
 from tracekit.store.traces import read_events, trace_steps
 
 # samples/plain, as tests/e2e/cli/test_trace_cli.py records it: the doc's traced reference is that test's
 # (conftest's recorded_sample, one launch for both)
 T = "torchrun --standalone --nproc-per-node=2 samples/plain/train.py --parallelism ddp --steps 3"
-# a candidate whose rank 1 differs from step 1 on (gradients scaled in step 1 only) and whose
-# model is clean: replayed from the reference at step 2, its traced step 2 is the reference's
-CLEAN_REPLAY = (f"tracekit record -o runs/locate/clean-replay --replay-from runs/locate/ref --replay-steps 2:2 "
-                f"--trace ops --trace-steps 2 -- {T} --fault grad_scale=1:1:1.01")
 
 
 @pytest.fixture(scope="module")
 def locate(recorded_sample, shared_once):
     folder, result = run_group("locate", recorded_sample, shared_once)
     assert T in open(os.path.join(REPO, "docs", "LOCATE.md")).read(), "the doc's T changed: update T here"
-    commands = result["ran"][0]["commands"]
+    return os.path.join(folder, "runs", "locate"), result["ran"][0]["commands"]
 
-    def clean(_):
-        return _bash(CLEAN_REPLAY + " && tracekit diff runs/locate/ref-trace runs/locate/clean-replay "
-                     "--json-file runs/locate/clean.json", folder)
 
-    _, out = shared_once("locate-doc-clean", clean)
-    return os.path.join(folder, "runs", "locate"), commands, out
+@pytest.fixture(scope="module")
+def clean(recorded_sample, tmp_path_factory):
+    """The root-cause matrix's ddp pair (a traced reference; a candidate replayed from it from step 2
+    on, rank 1 off the reference since step 1, the model clean until step 3) and `tracekit diff` of it."""
+    assert OFF_SINCE_STEP_1 == "grad_scale=1:1:1.01"  # what docs/LOCATE.md says the candidate does in step 1
+    ref, cand = matrix_runs(recorded_sample, "ddp")
+    out = tmp_path_factory.mktemp("clean") / "clean.json"
+    result = CliRunner().invoke(main, ["diff", ref, cand, "--json-file", str(out)])
+    return ref, cand, result, json.loads(out.read_text())
 
 
 def test_locate_doc_commands_show_what_the_doc_shows(locate):
-    runs, commands, _ = locate
+    runs, commands = locate
     assert len(commands) == 6, "the doc records two runs, then promises four commands"
     assert [c["rc"] for c in commands] == [0, 0, 1, 0, 0, 1], {c["cmd"]: c["stderr"][-2000:] for c in commands}
     out = {"4": commands[5]}
@@ -56,7 +60,7 @@ def test_locate_doc_commands_show_what_the_doc_shows(locate):
 def test_replayed_traced_step_is_recorded_from_the_reference_state(locate):
     """Command 3 (--replay-from REF --replay-steps 2:2 --trace ops): each rank's store holds the
     trace of step 2, and says step 2 started from REF's state."""
-    runs, _, _ = locate
+    runs, _ = locate
     store = open_store(os.path.join(runs, "cand-trace"))
     for r in (0, 1):
         rank = store.rank(r).group
@@ -65,20 +69,19 @@ def test_replayed_traced_step_is_recorded_from_the_reference_state(locate):
         assert {e.phase for e in read_events(rank, "ops", 2)} == {"fwd", "bwd", "opt"}
 
 
-def test_clean_replay_names_no_root_cause(locate):
-    """A candidate whose rank 1 left the reference in step 1 (its gradients scaled), replayed at
-    step 2 from the reference: the step-level diff fails at step 1 only, and the traced step 2 is
-    the reference's, bit for bit on every rank, so no op is named."""
-    runs, _, clean = locate
-    out = {"clean": clean}
-    assert out["clean"]["rc"] == 1, out["clean"]["stderr"][-3000:]
-    report = json.loads(open(os.path.join(runs, "clean.json")).read())
+def test_clean_replay_names_no_root_cause(clean):
+    """A candidate whose rank 1 left the reference in step 1 (its gradients scaled), replayed from
+    the reference from step 2 on: the step-level diff fails from step 1, and the traced step 2 is
+    the reference's, bit for bit on every rank, so no op is named there. (The candidate's planted
+    faults start at step 3: what the diff names is theirs, tests/e2e/samples/test_root_cause_matrix.py.)"""
+    ref, cand, result, report = clean
+    assert result.exit_code == 1, result.output[-3000:]
     assert report["first_divergence"]["step"] == 1 and report["summary_line"].endswith("first_step=1")
-    assert "Root cause:" not in out["clean"]["stdout"] and "no root cause" in out["clean"]["stdout"]
-    assert report["root_cause"] is None
-    assert sorted((t["step"], t["rank"]) for t in report["traces"]) == [(2, 0), (2, 1)]
-    assert all(t["matched"] > 0 and not t["extra"] and not t["missing"] for t in report["traces"])
-    ref, cand = os.path.join(runs, "ref-trace"), os.path.join(runs, "clean-replay")
+    assert report["root_cause"]["step"] > 2, report["root_cause"]
+    step2 = sorted((t for t in report["traces"] if t["step"] == 2), key=lambda t: t["rank"])
+    assert [t["rank"] for t in step2] == [0, 1]
+    assert all(t["root_cause"] is None for t in step2), [t["root_cause"] for t in step2]
+    assert all(t["matched"] > 0 and not t["extra"] and not t["missing"] for t in step2)
     ds = tracekit.open_diff(ref, cand)
     for r in (0, 1):
         ev = ds.tracekit.events(rank=r, step=2)

@@ -4,7 +4,8 @@ The torchrun tests read the output of samples/plain/train.py (no tracekit import
 mode, 2 ranks (simplefsdp_tp as a 2 x 2 mesh, compiled with aot_eager), 3 steps: the zero-code
 recordings that tests/e2e/recorders/test_zerocode_torchrun.py proves bitwise equal to the explicit
 ones (tests/e2e/conftest.py's `recorded_sample`, shared by the whole test run), so checking the
-training itself costs no extra launch. One launch without tracekit at all stays: the refused no-op step.
+training itself costs no extra launch. Two processes without tracekit or torchrun stay (a world of one
+started with torchrun's environment): the world-size check and the refused no-op step.
 """
 
 from __future__ import annotations
@@ -55,11 +56,6 @@ def launch(cmd: list[str], env: dict | None = None) -> subprocess.CompletedProce
         out, err = proc.communicate()
         pytest.fail(f"timed out after {TIMEOUT_S}s: {' '.join(cmd)}\n{out[-2000:]}\n{err[-4000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
-
-
-def torchrun(ranks: int, script: Path, args: list[str]) -> subprocess.CompletedProcess:
-    return launch([sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={ranks}",
-                   str(script), *args])
 
 
 def run_mode(recorded_sample, mode: str) -> subprocess.CompletedProcess:
@@ -116,7 +112,10 @@ def test_eager_modes_follow_the_same_loss_trajectory(recorded_sample):
 
 
 def test_a_step_that_changes_nothing_fails_loudly():
-    result = torchrun(1, PLAIN, ["--parallelism", "ddp", "--steps", "2", "--fault", "lr_scale=0"])
+    # a world of one started as torchrun starts a worker, without torchrun's agent (the check is the
+    # loop's); port 0: the store of a world of one takes any free port, no peer looks for it
+    env = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}
+    result = launch([sys.executable, str(PLAIN), "--parallelism", "ddp", "--steps", "2", "--fault", "lr_scale=0"], env)
     assert result.returncode != 0
     assert "ERROR rank=0 mode=ddp: step 1: the optimizer step changed no parameter on any rank" in result.stderr
     assert "PASS" not in result.stdout
