@@ -61,15 +61,18 @@ def _client(workers: int | None, scheduler: str | None):
         from distributed import Client, LocalCluster
     except ImportError:
         raise UsageError("--workers/--scheduler need dask.distributed: pip install 'tracekit[cluster]'") from None
+    # set_as_default=False: the diff uses its client explicitly, and a default one would take every
+    # later dask computation of the process, the user's and tracekit.open's included; a client that
+    # failed to connect ("bogus") stays registered as the default, and those computations then hang
     if scheduler is not None:
         try:
-            return Client(scheduler, timeout=f"{SCHEDULER_CONNECT_TIMEOUT_S}s"), None
+            return Client(scheduler, timeout=f"{SCHEDULER_CONNECT_TIMEOUT_S}s", set_as_default=False), None
         except (OSError, TimeoutError, ValueError) as e:  # ValueError: not an address ("bogus": no port)
             raise UsageError(f"--scheduler {scheduler}: cannot connect ({e.__class__.__name__}: {e})") from None
     # one thread per worker process: one task, so one task's buffers, in memory per worker at a time
     cluster = LocalCluster(n_workers=int(workers), threads_per_worker=1, processes=True, host="127.0.0.1",
                            dashboard_address="127.0.0.1:0", silence_logs=50)
-    return Client(cluster), cluster
+    return Client(cluster, set_as_default=False), cluster
 
 
 class DaskExecutor:

@@ -121,6 +121,21 @@ def test_damage_found_on_a_worker_is_the_same_one_line_error(tmp_path, stores, c
     assert "is missing" in str(there.value)
 
 
+@pytest.mark.parametrize("address", ["bogus", "tcp://127.0.0.1:9"], ids=["not-an-address", "nothing-listens"])
+def test_a_failed_scheduler_leaves_dask_as_it_was(stores, monkeypatch, address):
+    """A client that could not connect must not stay the process's default: dask would send every
+    later computation (tracekit.open's lazy arrays, the user's) to it, and they would wait forever."""
+    import dask
+    distributed = pytest.importorskip("distributed")
+    monkeypatch.setattr("tracekit.compare.distributed.SCHEDULER_CONNECT_TIMEOUT_S", 1)
+    before = dask.config.get("scheduler", None)
+    with pytest.raises(UsageError, match="cannot connect"):
+        tracekit.diff(*stores, scheduler=address)
+    assert dask.config.get("scheduler", None) == before
+    with pytest.raises(ValueError):  # "No clients found"
+        distributed.default_client()
+
+
 def test_cli_scheduler_flag_and_an_unreachable_scheduler(stores, cluster, monkeypatch):
     ref, cand = stores
     plain = CliRunner().invoke(main, ["diff", ref, cand])
