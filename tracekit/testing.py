@@ -82,11 +82,6 @@ def write_store(path, data: Mapping[int, Mapping[int, Mapping[str, Mapping[str, 
     return path
 
 
-def tensor_bytes(store, rank: int, kind: str, step: int, name: str) -> tuple[str, int, int]:
-    """Where one recorded tensor's bytes lie in a local format-2/3 store, for tests that damage
-    them on purpose: (the file, the offset of its first byte there, its length). The file is the
-    tensor's own object, or the pack it shares with other small tensors (docs/FORMAT.md); the
-    store's answer (tracekit/store/places.py)."""
-    from tracekit.store.places import tensor_bytes as where
-
-    return where(store, rank, kind, step, name)
+# Where one recorded tensor's bytes lie in a local format 2-4 store, for tests that damage them on
+# purpose: the store's own answer, offered here beside the other test helpers.
+from tracekit.store.places import tensor_bytes  # noqa: E402,F401
