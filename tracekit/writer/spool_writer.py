@@ -20,23 +20,45 @@ Never imports torch.
 
 from __future__ import annotations
 
-import argparse
-import fcntl
-import json
-import marshal
 import os
-import select
-import shutil
-import signal
 import sys
-import time
 
-from tracekit.errors import TracekitError
 from tracekit.writer import priority
-from tracekit.writer.spool import TRACE_EVENTS, TRACE_EVENTS_MARSHAL, entries, read_entry, spooled_steps
-from tracekit.store import RankWriter
-from tracekit.store.ownership import ENV_RUN_ID
-from tracekit.store.traces import TraceWriter
+
+
+def _nice_arg(argv: list[str]) -> int | None:
+    """The value of --nice in the command line, read before argparse (which checks it later); None if absent or not a number."""
+    for i, arg in enumerate(argv):
+        value = argv[i + 1] if arg == "--nice" and i + 1 < len(argv) else arg.partition("=")[2] if arg.startswith("--nice=") else None
+        if value is not None:
+            try:
+                return int(value)
+            except ValueError:
+                return None
+    return None
+
+
+# Started as a program (python -m, by the rank's Handoff), the writer takes its low priority before
+# it imports anything more: numpy and the store's modules below cost ~0.2 s of CPU, which it spent
+# at the rank's own priority while the ranks trained their first step (TorchTitan's debug model:
+# docs/RELIABILITY.md, "Cost on TorchTitan"). Imported as a module, nothing changes here.
+_EARLY_NICE = _nice_arg(sys.argv[1:]) if __name__ == "__main__" else None
+_NICE_BEFORE = priority.lower(_EARLY_NICE) if _EARLY_NICE is not None else None
+
+import argparse  # noqa: E402  (after the priority, on purpose)
+import fcntl  # noqa: E402
+import json  # noqa: E402
+import marshal  # noqa: E402
+import select  # noqa: E402
+import shutil  # noqa: E402
+import signal  # noqa: E402
+import time  # noqa: E402
+
+from tracekit.errors import TracekitError  # noqa: E402
+from tracekit.writer.spool import TRACE_EVENTS, TRACE_EVENTS_MARSHAL, entries, read_entry, spooled_steps  # noqa: E402
+from tracekit.store import RankWriter  # noqa: E402
+from tracekit.store.ownership import ENV_RUN_ID  # noqa: E402
+from tracekit.store.traces import TraceWriter  # noqa: E402
 
 LOCK = "writer.lock"  # held for the writer's life: `tracekit record` waits on it before finalizing
 ATTRS = "attrs.json"  # the rank group's attributes, written by the rank before it starts us
@@ -215,7 +237,10 @@ def main(argv=None) -> int:
     p.add_argument("--lock-fd", type=int, default=None, help="the spool's lock, already held (inherited)")
     p.add_argument("--nice", type=int, default=0, help="run at this nice value while the rank trains (priority.py)")
     args = p.parse_args(argv)
-    nice_before = priority.lower(args.nice)  # before any thread starts: they inherit it
+    if _EARLY_NICE == args.nice:  # lowered at import, before any thread started
+        nice_before = _NICE_BEFORE
+    else:
+        nice_before = priority.lower(args.nice)  # before any thread starts: they inherit it
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # the job's signals are the rank's business, not ours
     if args.lock_fd is not None:

@@ -62,6 +62,33 @@ def test_lower_reaches_every_later_thread_and_restore_puts_each_back_where_permi
     assert (main_after, thread_after) == (expected, expected)
 
 
+EARLY = """
+import runpy, sys
+from tracekit.writer import priority
+seen = []
+lower = priority.lower
+def spy(nice):
+    seen.append((nice, "numpy" in sys.modules, "zarr" in sys.modules))
+    return lower(nice)
+priority.lower = spy
+sys.argv = ["spool_writer", "--nice", "7"]  # the other arguments missing: argparse stops the writer after its imports
+try:
+    runpy.run_module("tracekit.writer.spool_writer", run_name="__main__", alter_sys=True)
+except SystemExit as e:
+    print(e.code, seen)
+"""
+
+
+def test_the_writer_program_takes_its_nice_value_before_its_heavy_imports():
+    """Started as a program, the writer lowers its priority before numpy and the store's modules load
+    (~0.2 s of CPU it would otherwise take at the rank's priority), once; imported, it does nothing."""
+    out = subprocess.run([sys.executable, "-c", EARLY], capture_output=True, text=True, check=True).stdout
+    assert out.split(maxsplit=1) == ["2", "[(7, False, False)]\n"]
+    imported = subprocess.run([sys.executable, "-c", "import os, tracekit.writer.spool_writer; print(os.getpriority(os.PRIO_PROCESS, 0))"],
+                              capture_output=True, text=True, check=True).stdout
+    assert int(imported) == OURS
+
+
 def test_lower_never_raises_the_priority_of_a_process_already_niced_further():
     code = "import os; from tracekit.writer import priority; os.nice(15); print(priority.lower(3), os.getpriority(os.PRIO_PROCESS, 0))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
