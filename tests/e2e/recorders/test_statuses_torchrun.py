@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from tests.e2e.samples.traced_layouts import traced_reference
 from tests.launching import TORCHRUN_TIMEOUT, mode_args
 
 from tests.paths import SAMPLES
@@ -61,7 +62,7 @@ def test_a_crashed_rank_is_not_finished(tmp_path, how, script, status, cause):
 
 
 def test_a_clean_run_is_finished_without_a_cause(recorded_sample):
-    store, _ = recorded_sample("ddp", script="plain")
+    store = traced_reference(recorded_sample, "ddp")  # the plain sample's shared recording
     s = open_store(store)
     for r in s.ranks:
         assert (s.rank(r).status, s.rank(r).cause) == ("finished", None)
