@@ -24,14 +24,15 @@ N = 30  # llama_like.TinyLlama's parameter tensors
 ONE = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "0"}
 
 
-@pytest.mark.parametrize("layout, world", [(("--ac", "selective", "--chunked"), 2), (("--ac", "full", "--compile-blocks"), 1)],
+@pytest.mark.parametrize("layout, world", [(("--ac", "selective", "--chunked"), 2),
+                                           (("--ac", "full", "--compile-blocks"), 1)],
                          ids=["selective_ac_chunked_loss", "full_ac_compiled_blocks"])
 def test_fsdp2_records_every_parameter_by_its_full_name(tmp_path, layout, world):
     chunked = "--chunked" in layout
     store = str(tmp_path / "s")
     launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}"] if world > 1 else []
-    cmd = [sys.executable, "-m", "tracekit.cli.main", "record", "--strict", "-o", store, "--kinds", "outputs,parameters",
-           "--", sys.executable, *launch, llama_like.__file__, *layout, "--steps", "2"]
+    cmd = [sys.executable, "-m", "tracekit.cli.main", "record", "--strict", "-o", store,
+           "--kinds", "outputs,parameters", "--", sys.executable, *launch, llama_like.__file__, *layout, "--steps", "2"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=TORCHRUN_TIMEOUT,
                             env={**os.environ, "OMP_NUM_THREADS": "1", **(ONE if world == 1 else {})})
     assert result.returncode == 0, result.stderr[-4000:]

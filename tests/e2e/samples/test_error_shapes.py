@@ -1,8 +1,9 @@
 """Issue 35: planted faults are named by their shape end to end (compare/matches.py, near.py,
 patterns.py): data swapped between ranks and a gradient buffer not refreshed, both at step 2 of one
-bf16 autocast recording (zero-code, 8 steps like the plain sample's shared recording), against the clean bf16 recording (exact matches) and against
-the float32 reference (near matches: no value is equal bit for bit); the verdict line, the first
-divergence, the JSON report (schema) and the accessor carry the signature."""
+bf16 autocast recording (zero-code, 8 steps like the plain sample's shared recording), against the
+clean bf16 recording (exact matches) and against the float32 reference (near matches: no value is
+equal bit for bit); the verdict line, the first divergence, the JSON report (schema) and the
+accessor carry the signature."""
 
 import jsonschema
 from click.testing import CliRunner

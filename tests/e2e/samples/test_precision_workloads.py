@@ -29,7 +29,8 @@ def test_fsdp_mixed_precision_passes_by_its_arithmetic_and_fails_by_float32s(rec
 
 def test_zero_code_records_the_autocast_the_forward_ran_under(recorded_sample):
     ref = traced_reference(recorded_sample, "ddp")  # the plain sample's shared recording (STEPS steps)
-    cand, _ = recorded_sample("ddp", script="plain", steps=STEPS, extra=("--autocast", "bf16"))  # test_error_shapes' too
+    # test_error_shapes' bf16 reference too
+    cand, _ = recorded_sample("ddp", script="plain", steps=STEPS, extra=("--autocast", "bf16"))
     assert open_store(cand).rank(0).precision.autocast == {"cpu": "bfloat16"}
     assert open_store(ref).rank(0).precision.autocast == {}
     code, lines = diff(ref, cand)

@@ -4,8 +4,9 @@ The torchrun tests read the output of samples/plain/train.py (no tracekit import
 mode, 2 ranks (simplefsdp_tp as a 2 x 2 mesh, compiled with aot_eager), 8 steps: the zero-code
 recordings that tests/e2e/recorders/test_zerocode_torchrun.py proves bitwise equal to the explicit
 ones and the root-cause matrix traces (tests/e2e/samples/traced_layouts.py, shared by the whole test
-run), so checking the training itself costs no extra launch. Two processes without tracekit or torchrun stay (a world of one
-started with torchrun's environment): the world-size check and the refused no-op step.
+run), so checking the training itself costs no extra launch. Two processes without tracekit or
+torchrun stay (a world of one started with torchrun's environment): the world-size check and the
+refused no-op step.
 """
 
 from __future__ import annotations
