@@ -43,6 +43,14 @@ HEAVY: list[tuple[str, float, tuple[str, ...]]] = [
         "tests/e2e/samples/test_torchtitan_runs.py::test_the_recorded_loss_is_the_loss_torchtitan_logs[fsdp2xtp2]",
         "tests/e2e/samples/test_torchtitan_runs.py::test_every_optimizer_parameter_is_recorded_under_its_full_name[tp-no-ac-compiled]",
     )),
+    # tests/e2e/cli/tiny_runs.py's shared world-of-one recording: its readers on one worker, the first
+    # recording it (the replay test waited ~10 s for it on the other worker)
+    ("cli: the shared tiny recording and its readers", 30, (
+        "tests/e2e/cli/test_record_cli.py::test_records_a_world_of_one",
+        "tests/e2e/cli/test_record_cli.py::test_ends_with_a_one_line_summary",
+        "tests/e2e/cli/test_record_cli.py::test_refuses_existing_store",
+        "tests/e2e/cli/test_hostile_input.py::test_replay_steps_beyond",
+    )),
     # tests/e2e/samples/traced_layouts.py's recordings: per layout a traced reference and a replayed candidate
     ("root-cause matrix: traced layouts (simplefsdp_tp 2 x 2 first)", 150, (
         "tests/e2e/samples/test_root_cause_matrix.py::test_each_planted_fault_is_named_on_its_step_and_the_clean_step_names_nothing[simplefsdp_tp]",
