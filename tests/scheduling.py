@@ -49,6 +49,7 @@ HEAVY: list[tuple[str, float, tuple[str, ...]]] = [
         "tests/e2e/cli/test_record_cli.py::test_records_a_world_of_one",
         "tests/e2e/cli/test_record_cli.py::test_ends_with_a_one_line_summary",
         "tests/e2e/cli/test_record_cli.py::test_refuses_existing_store",
+        "tests/e2e/cli/test_record_cli.py::test_says_what_it_waits_for",
         "tests/e2e/cli/test_hostile_input.py::test_replay_steps_beyond",
     )),
     # tests/e2e/samples/traced_layouts.py's recordings: per layout a traced reference and a replayed candidate
