@@ -9,12 +9,10 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 
-from tests.samples.torchtitan_doc import logged_losses, ran, recorded_losses
+from tests.samples.torchtitan_doc import cli, logged_losses, ran, recorded_losses
 
 from tests.samples.torchtitan_doc import doc_block, verdict
 
@@ -28,9 +26,7 @@ N_PARAMETERS = 45  # the llama3 debug model's parameter tensors, every one of th
 
 
 def show_json(store) -> dict:
-    out = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "show", "--json", str(store)],
-                         capture_output=True, text=True, check=True).stdout
-    return json.loads(out)
+    return json.loads(cli("show", "--json", store))
 
 
 def assert_passes(results: list[dict], diff_command: str, ranks: int) -> None:
@@ -115,8 +111,7 @@ def test_every_optimizer_parameter_is_recorded_under_its_full_name(shared_once, 
     record = ran(results, f"tracekit record --loss-reduction sum -o runs/{store} ")
     coverage = f"{N_PARAMETERS} of {N_PARAMETERS} optimizer parameters"
     assert coverage in record["err"].splitlines()[-1], record["err"][-1000:]
-    shown = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "show", str(folder / "runs" / store)],
-                           capture_output=True, text=True, check=True).stdout
+    shown = cli("show", folder / "runs" / store)
     assert coverage in shown
     import tracekit
 
