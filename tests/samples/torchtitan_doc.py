@@ -101,6 +101,18 @@ def doc_block(shared_once, name: str):
     return folder, results
 
 
+def cells_block(shared_once):
+    """(folder, results) of the doc's `cells` block: one traced replay of the `same` block's
+    `runs/tt-ref` with four planted faults and a 1% higher learning rate, linked to that block's
+    stores (recorded once per test run, not again)."""
+    same, _ = doc_block(shared_once, "same")
+    folder, results = shared_once("torchtitan-cells", lambda f: run_block(
+        f, "cells", reuse={"runs/tt-ref": same / "runs" / "tt-ref", "runs/tt-trace": same / "runs" / "tt-trace"}))
+    record = ran(results, "tracekit record")
+    assert record["rc"] == 0, record["err"][-3000:]
+    return folder, results
+
+
 def verdict(result: dict) -> str:
     lines = [line for line in (result["out"] + result["err"]).splitlines() if re.match(r"(PASS|FAIL) ", line)]
     assert lines, result["err"][-2000:]
