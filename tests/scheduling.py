@@ -43,9 +43,9 @@ HEAVY: list[tuple[str, float, tuple[str, ...]]] = [
         "tests/e2e/samples/test_torchtitan_runs.py::test_the_recorded_loss_is_the_loss_torchtitan_logs[fsdp2xtp2]",
         "tests/e2e/samples/test_torchtitan_runs.py::test_every_optimizer_parameter_is_recorded_under_its_full_name[tp-no-ac-compiled]",
     )),
-    # docs/LOCATE.md's group (its recordings are shared with tests/e2e/cli/test_trace_cli.py and the
-    # tests that read samples/plain's ddp store): recorded by the first of these, none waits on another
-    # worker for it; the root-cause matrix's ddp pair (test_clean_replay) is read last
+    # docs/LOCATE.md's group (its traced reference is tests/e2e/cli/test_trace_cli.py's recording too):
+    # recorded by the first of these, none waits on another worker for it; the root-cause matrix's ddp
+    # pair (test_clean_replay) is read last
     ("docs: locate group, then the clean replay", 60, (
         "tests/e2e/docs/test_locate_doc.py::test_locate_doc_commands_show_what_the_doc_shows",
         "tests/e2e/docs/test_locate_doc.py::test_replayed_traced_step",
@@ -57,8 +57,9 @@ HEAVY: list[tuple[str, float, tuple[str, ...]]] = [
         "tests/e2e/docs/test_doc_commands.py::test_doc_commands_run_as_written[main]",
         "tests/e2e/docs/test_doc_commands.py::test_doc_commands_run_as_written[zerocode]",
     )),
-    # tests/e2e/samples/traced_layouts.py's recordings: per layout a traced reference and a replayed candidate
-    ("root-cause matrix: traced layouts (simplefsdp_tp 2 x 2 first)", 150, (
+    # tests/e2e/samples/traced_layouts.py's recordings: per layout a traced reference (samples/plain's one
+    # recording, which many tests read) and a replayed candidate
+    ("root-cause matrix: traced layouts (simplefsdp_tp 2 x 2 first)", 130, (
         "tests/e2e/samples/test_root_cause_matrix.py::test_each_planted_fault_is_named_on_its_step_and_the_clean_step_names_nothing[simplefsdp_tp]",
         "tests/e2e/samples/test_root_cause_matrix.py::",
     )),
