@@ -44,5 +44,9 @@ def run_recorded(store: str, script: str, mode: str, ranks: int | None = None, e
 def second_recording(recorded_sample, mode: str) -> str:
     """Another recording of the same job, from its own launch, for run-to-run comparisons: samples/plain's
     zero-code recording, which tests/e2e/recorders/test_zerocode_torchrun.py shows equal bit for bit to the
-    explicit one (every rank's tensors and loss), so no launch is spent on it."""
-    return recorded_sample(mode, script="plain", record_args=PLAIN_RECORD_ARGS.get(mode, ()))[0]
+    explicit one (every rank's tensors and loss), so no launch is spent on it. It is the root-cause
+    matrix's traced reference (tests/e2e/samples/traced_layouts.py), with more steps than the explicit
+    recording's 3: compare them with allow_missing (--allow-missing)."""
+    from tests.e2e.samples.traced_layouts import traced_reference
+
+    return traced_reference(recorded_sample, mode)

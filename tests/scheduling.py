@@ -52,8 +52,23 @@ HEAVY: list[tuple[str, float, tuple[str, ...]]] = [
         "tests/e2e/cli/test_record_cli.py::test_says_what_it_waits_for",
         "tests/e2e/cli/test_hostile_input.py::test_replay_steps_beyond",
     )),
-    # tests/e2e/samples/traced_layouts.py's recordings: per layout a traced reference and a replayed candidate
-    ("root-cause matrix: traced layouts (simplefsdp_tp 2 x 2 first)", 150, (
+    # docs/LOCATE.md's group (its traced reference is tests/e2e/cli/test_trace_cli.py's recording too):
+    # recorded by the first of these, none waits on another worker for it; the root-cause matrix's ddp
+    # pair (test_clean_replay) is read last
+    ("docs: locate group, then the clean replay", 60, (
+        "tests/e2e/docs/test_locate_doc.py::test_locate_doc_commands_show_what_the_doc_shows",
+        "tests/e2e/docs/test_locate_doc.py::test_replayed_traced_step",
+        "tests/e2e/docs/test_doc_commands.py::test_doc_commands_run_as_written[locate]",
+        "tests/e2e/docs/test_locate_doc.py::test_clean_replay",
+    )),
+    # the README's main job and docs/ZEROCODE.md's block record the same runs/ref (one launch)
+    ("docs: main and zerocode groups", 40, (
+        "tests/e2e/docs/test_doc_commands.py::test_doc_commands_run_as_written[main]",
+        "tests/e2e/docs/test_doc_commands.py::test_doc_commands_run_as_written[zerocode]",
+    )),
+    # tests/e2e/samples/traced_layouts.py's recordings: per layout a traced reference (samples/plain's one
+    # recording, which many tests read) and a replayed candidate
+    ("root-cause matrix: traced layouts (simplefsdp_tp 2 x 2 first)", 130, (
         "tests/e2e/samples/test_root_cause_matrix.py::test_each_planted_fault_is_named_on_its_step_and_the_clean_step_names_nothing[simplefsdp_tp]",
         "tests/e2e/samples/test_root_cause_matrix.py::",
     )),

@@ -1,8 +1,9 @@
 """Issue 35: planted faults are named by their shape end to end (compare/matches.py, near.py,
 patterns.py): data swapped between ranks and a gradient buffer not refreshed, both at step 2 of one
-bf16 autocast recording (zero-code), against the clean bf16 recording (exact matches) and against
-the float32 reference (near matches: no value is equal bit for bit); the verdict line, the first
-divergence, the JSON report (schema) and the accessor carry the signature."""
+bf16 autocast recording (zero-code, 8 steps like the plain sample's shared recording), against the
+clean bf16 recording (exact matches) and against the float32 reference (near matches: no value is
+equal bit for bit); the verdict line, the first divergence, the JSON report (schema) and the
+accessor carry the signature."""
 
 import jsonschema
 from click.testing import CliRunner
@@ -12,13 +13,15 @@ from tracekit.cli.main import main
 from tracekit.compare.near import NEAR_RATIO
 from tracekit.schemas import load
 
+from tests.e2e.samples.traced_layouts import STEPS, traced_reference
+
 BF16 = ("--autocast", "bf16")
 FAULTS = ("--fault", "swap_data=2", "--fault", "stale_grad=2")
 
 
 def _faulty(recorded_sample):
     """The faulty bf16 recording (the clean one and the float32 reference are other tests' too)."""
-    return recorded_sample("ddp", script="plain", extra=(*BF16, *FAULTS))[0]
+    return recorded_sample("ddp", script="plain", steps=STEPS, extra=(*BF16, *FAULTS))[0]
 
 
 def _named(report):
@@ -37,7 +40,7 @@ def _named(report):
 
 
 def test_swapped_data_and_a_stale_gradient_are_named(recorded_sample):
-    ref = recorded_sample("ddp", script="plain", extra=BF16)[0]
+    ref = recorded_sample("ddp", script="plain", steps=STEPS, extra=BF16)[0]  # test_precision_workloads' too
     cand = _faulty(recorded_sample)
     swapped, stale = _named(tracekit.diff(ref, cand))
     assert swapped.near is None and stale.near is None  # the same arithmetic: bit for bit
@@ -49,7 +52,7 @@ def test_swapped_data_and_a_stale_gradient_are_named(recorded_sample):
 
 
 def test_against_the_float32_reference_they_are_near_matches(recorded_sample):
-    ref = recorded_sample("ddp", script="plain")[0]
+    ref = traced_reference(recorded_sample, "ddp")  # the plain sample's shared float32 recording
     swapped, stale = _named(tracekit.diff(ref, _faulty(recorded_sample)))
     # bf16 rounding away from the value it holds, and far closer to it than to its own
     assert swapped.near["rel_l2_err"] < 0.05 and stale.near["rel_l2_err"] < 0.05

@@ -6,6 +6,8 @@ from click.testing import CliRunner
 from tracekit import open_store
 from tracekit.cli.main import main
 
+from tests.e2e.samples.traced_layouts import STEPS, traced_reference
+
 
 def diff(*args):
     result = CliRunner().invoke(main, ["diff", *map(str, args)])
@@ -26,8 +28,9 @@ def test_fsdp_mixed_precision_passes_by_its_arithmetic_and_fails_by_float32s(rec
 
 
 def test_zero_code_records_the_autocast_the_forward_ran_under(recorded_sample):
-    ref, _ = recorded_sample("ddp", script="plain")
-    cand, _ = recorded_sample("ddp", script="plain", extra=("--autocast", "bf16"))
+    ref = traced_reference(recorded_sample, "ddp")  # the plain sample's shared recording (STEPS steps)
+    # test_error_shapes' bf16 reference too
+    cand, _ = recorded_sample("ddp", script="plain", steps=STEPS, extra=("--autocast", "bf16"))
     assert open_store(cand).rank(0).precision.autocast == {"cpu": "bfloat16"}
     assert open_store(ref).rank(0).precision.autocast == {}
     code, lines = diff(ref, cand)

@@ -71,5 +71,7 @@ def test_clean_pairs_pass_and_show_their_margins(recorded_sample):
 
 @pytest.mark.parametrize("mode", ["ddp", "fsdp", "tp", "simplefsdp_tp"])
 def test_two_clean_recordings_pass_the_default_rule(recorded_sample, mode):
-    report = tracekit.diff(recorded_sample(mode)[0], second_recording(recorded_sample, mode))
+    # the second recording runs 8 steps to the first's 3: the common steps are compared
+    report = tracekit.diff(recorded_sample(mode)[0], second_recording(recorded_sample, mode), allow_missing=True)
     assert report.passed and all(s.margin is not None and s.margin <= 1 for s in report.summary)
+    assert {s.step for s in report.summary if s.kind == "gradients"} == {1, 2, 3}

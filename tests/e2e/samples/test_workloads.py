@@ -1,11 +1,12 @@
 """The reference workloads in samples/ under torchrun (in-process: tests/samples/test_workloads.py).
 
 The torchrun tests read the output of samples/plain/train.py (no tracekit import) run once per
-mode, 2 ranks (simplefsdp_tp as a 2 x 2 mesh, compiled with aot_eager), 3 steps: the zero-code
+mode, 2 ranks (simplefsdp_tp as a 2 x 2 mesh, compiled with aot_eager), 8 steps: the zero-code
 recordings that tests/e2e/recorders/test_zerocode_torchrun.py proves bitwise equal to the explicit
-ones (tests/e2e/conftest.py's `recorded_sample`, shared by the whole test run), so checking the
-training itself costs no extra launch. Two processes without tracekit or torchrun stay (a world of one
-started with torchrun's environment): the world-size check and the refused no-op step.
+ones and the root-cause matrix traces (tests/e2e/samples/traced_layouts.py, shared by the whole test
+run), so checking the training itself costs no extra launch. Two processes without tracekit or
+torchrun stay (a world of one started with torchrun's environment): the world-size check and the
+refused no-op step.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.launching import MODE_RANKS, PLAIN_RECORD_ARGS
+from tests.e2e.samples.traced_layouts import STEPS, plain_run
+from tests.launching import MODE_RANKS
 from tests.paths import REPO, SAMPLES
 
 PLAIN = Path(SAMPLES) / "plain" / "train.py"
@@ -32,11 +34,11 @@ TIMEOUT_S = 240  # a hung collective becomes a test failure, never a stuck CI
 # mode -> (ranks, steps, expected local shapes of the weights at that world size); the ranks and
 # flags are tests/launching.py's MODE_RANKS and mode_args
 RUNS = {
-    "ddp": (2, 3, {"0.weight": "256x128", "2.weight": "128x256"}),
-    "fsdp": (2, 3, {"0.weight": "128x128", "2.weight": "64x256"}),  # (256/N, 128), (128/N, 256)
-    "tp": (2, 3, {"0.weight": "128x128", "2.weight": "128x128"}),  # (256/N, 128), (128, 256/N)
+    "ddp": (2, STEPS, {"0.weight": "256x128", "2.weight": "128x256"}),
+    "fsdp": (2, STEPS, {"0.weight": "128x128", "2.weight": "64x256"}),  # (256/N, 128), (128/N, 256)
+    "tp": (2, STEPS, {"0.weight": "128x128", "2.weight": "128x128"}),  # (256/N, 128), (128, 256/N)
     # (dp, tp) = (2, 2): (256/tp, 128/dp) and (128/dp, 256/tp)
-    "simplefsdp_tp": (4, 3, {"0.weight": "128x64", "2.weight": "64x128"}),
+    "simplefsdp_tp": (4, STEPS, {"0.weight": "128x64", "2.weight": "64x128"}),
 }
 
 
@@ -62,7 +64,8 @@ def run_mode(recorded_sample, mode: str) -> subprocess.CompletedProcess:
     """samples/plain/train.py's run of `mode` (recorded zero-code; its stdout is the script's own)."""
     ranks, steps, _ = RUNS[mode]
     assert MODE_RANKS[mode] == ranks
-    return recorded_sample(mode, script="plain", steps=steps, record_args=PLAIN_RECORD_ARGS.get(mode, ()))[1]
+    assert steps == STEPS
+    return plain_run(recorded_sample, mode)[1]
 
 
 def losses_by_rank(stdout: str) -> dict[int, list[float]]:
