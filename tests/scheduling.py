@@ -43,6 +43,29 @@ HEAVY: list[tuple[str, float, tuple[str, ...]]] = [
         "tests/e2e/samples/test_torchtitan_runs.py::test_the_recorded_loss_is_the_loss_torchtitan_logs[fsdp2xtp2]",
         "tests/e2e/samples/test_torchtitan_runs.py::test_every_optimizer_parameter_is_recorded_under_its_full_name[tp-no-ac-compiled]",
     )),
+    # tests/e2e/cli/tiny_runs.py's shared world-of-one recording: its readers on one worker, the first
+    # recording it (the replay test waited ~10 s for it on the other worker)
+    ("cli: the shared tiny recording and its readers", 30, (
+        "tests/e2e/cli/test_record_cli.py::test_records_a_world_of_one",
+        "tests/e2e/cli/test_record_cli.py::test_ends_with_a_one_line_summary",
+        "tests/e2e/cli/test_record_cli.py::test_refuses_existing_store",
+        "tests/e2e/cli/test_record_cli.py::test_says_what_it_waits_for",
+        "tests/e2e/cli/test_hostile_input.py::test_replay_steps_beyond",
+    )),
+    # docs/LOCATE.md's group (its traced reference is tests/e2e/cli/test_trace_cli.py's recording too):
+    # recorded by the first of these, none waits on another worker for it; the root-cause matrix's ddp
+    # pair (test_clean_replay) is read last
+    ("docs: locate group, then the clean replay", 60, (
+        "tests/e2e/docs/test_locate_doc.py::test_locate_doc_commands_show_what_the_doc_shows",
+        "tests/e2e/docs/test_locate_doc.py::test_replayed_traced_step",
+        "tests/e2e/docs/test_doc_commands.py::test_doc_commands_run_as_written[locate]",
+        "tests/e2e/docs/test_locate_doc.py::test_clean_replay",
+    )),
+    # the README's main job and docs/ZEROCODE.md's block record the same runs/ref (one launch)
+    ("docs: main and zerocode groups", 40, (
+        "tests/e2e/docs/test_doc_commands.py::test_doc_commands_run_as_written[main]",
+        "tests/e2e/docs/test_doc_commands.py::test_doc_commands_run_as_written[zerocode]",
+    )),
     # tests/e2e/samples/traced_layouts.py's recordings: per layout a traced reference (samples/plain's one
     # recording, which many tests read) and a replayed candidate
     ("root-cause matrix: traced layouts (simplefsdp_tp 2 x 2 first)", 130, (

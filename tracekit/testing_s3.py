@@ -12,6 +12,11 @@ import sys
 
 _CHILD = r"""
 import sys
+import moto.backends
+# moto (5.x) lists its package folder (~180 stat calls) on every request to route it; the list never
+# changes while the server runs, so list it once: a quarter of the server's CPU time per request
+_MODULES = tuple(moto.backends.list_of_moto_modules())
+moto.backends.list_of_moto_modules = lambda: iter(_MODULES)
 from moto.server import ThreadedMotoServer
 server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
 server.start()

@@ -1,5 +1,6 @@
 """Commands that don't train never import torch; the group loads a command's module only when it is used."""
 
+import json
 import subprocess
 import sys
 
@@ -24,7 +25,8 @@ def probe(*args, cwd=None):
     return out, set(filter(None, imported[-1][len("IMPORTED:"):].split(",")))
 
 
-@pytest.mark.parametrize("args", [
+# The commands in the order one process runs them (the import reads the export before it).
+COMMANDS = [
     ["diff", "{ref}", "{cand}"],
     ["diff", "--json", "{ref}", "{cand}"],
     ["show", "{ref}"],
@@ -36,14 +38,49 @@ def probe(*args, cwd=None):
     ["import", "{tmp}/tree", "-o", "{tmp}/imported"],
     ["record", "--help"],
     ["verify", "{ref}"],
-], ids=lambda a: " ".join(a[:2]))
-def test_commands_that_do_not_train_never_import_torch(divergence_runs, tmp_path, args):
-    ref, cand = divergence_runs
-    if args[0] == "import":  # something to import: an export of the candidate, made without torch too
-        assert probe("export", cand, "-o", tmp_path / "tree")[0].returncode == 0
-    out, imported = probe(*(a.format(ref=ref, cand=cand, tmp=tmp_path) for a in args), cwd=str(tmp_path))
-    assert out.returncode in (0, 1), out.stderr[-3000:]  # 1: the planted fault's FAIL verdict
-    assert "torch" not in imported
+]
+
+# Runs each command of a JSON list in turn, as `tracekit` would, and writes (exit code, whether torch
+# is imported by then) after each one to a JSON file.
+PROBE_ALL = """
+import json, sys
+from tracekit.cli.main import main
+results = []
+for args in json.loads(sys.argv[2]):
+    try:
+        main(args, prog_name="tracekit")
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    results.append({"args": args, "code": code, "torch": "torch" in sys.modules})
+with open(sys.argv[1], "w") as f:
+    json.dump(results, f)
+"""
+
+
+@pytest.fixture
+def probed_commands(shared_once, request):
+    """COMMANDS run one after another in one process (once per test run, whichever xdist worker asks
+    first), on the divergence runs: torch absent after the k-th means none of the first k imported it,
+    so each command's cell reads its own line (a command that imports torch fails its cell and the
+    later ones, the first failing cell naming it)."""
+    def make(folder):
+        ref, cand = request.getfixturevalue("divergence_runs")
+        argv = [[a.format(ref=ref, cand=cand, tmp=folder) for a in args] for args in COMMANDS]
+        out = subprocess.run([sys.executable, "-c", PROBE_ALL, str(folder / "results.json"), json.dumps(argv)],
+                             capture_output=True, text=True, timeout=600, cwd=str(folder))
+        results = json.loads((folder / "results.json").read_text()) if out.returncode == 0 else []
+        return {"returncode": out.returncode, "stderr": out.stderr[-3000:], "results": results}
+
+    return shared_once("lazy-cli-commands", make)[1]
+
+
+@pytest.mark.parametrize("args", COMMANDS, ids=lambda a: " ".join(a[:2]))
+def test_commands_that_do_not_train_never_import_torch(probed_commands, args):
+    assert probed_commands["returncode"] == 0, probed_commands["stderr"]
+    result = probed_commands["results"][COMMANDS.index(args)]
+    assert result["code"] in (0, 1), (result, probed_commands["stderr"])  # 1: the planted fault's FAIL verdict
+    assert not result["torch"], f"torch was imported by the time `tracekit {' '.join(args)}` ended"
 
 
 def test_help_loads_no_engine():

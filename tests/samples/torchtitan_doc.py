@@ -73,10 +73,21 @@ def logged_losses(text: str) -> dict[int, float]:
     return {step: v.pop() for step, v in sorted(losses.items())}
 
 
+def cli(*args: str) -> str:
+    """`tracekit ARGS`'s stdout, run in this process (the click command itself, no interpreter of its
+    own: a `tracekit` subprocess costs ~0.6 CPU-s of start-up); a non-zero exit fails the test."""
+    from click.testing import CliRunner
+
+    from tracekit.cli.main import main as tracekit_main
+
+    result = CliRunner().invoke(tracekit_main, [str(a) for a in args])
+    assert result.exit_code == 0, (args, result.output[-3000:], result.exception)
+    return result.stdout
+
+
 def recorded_losses(store: str) -> dict[int, float]:
     """tracekit loss --json STORE -> {step: recorded global loss}."""
-    out = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "loss", "--json", store],
-                         capture_output=True, text=True, check=True).stdout
+    out = cli("loss", "--json", store)
     name = json.loads(out)["columns"][1]
     return {row["step"]: row[name] for row in json.loads(out)["rows"]}
 
@@ -87,6 +98,18 @@ def doc_block(shared_once, name: str):
     for r in results:
         if r["command"].startswith(("tracekit record", "torchrun")):
             assert r["rc"] == 0, (r["command"], r["err"][-3000:])
+    return folder, results
+
+
+def cells_block(shared_once):
+    """(folder, results) of the doc's `cells` block: one traced replay of the `same` block's
+    `runs/tt-ref` with four planted faults and a 1% higher learning rate, linked to that block's
+    stores (recorded once per test run, not again)."""
+    same, _ = doc_block(shared_once, "same")
+    folder, results = shared_once("torchtitan-cells", lambda f: run_block(
+        f, "cells", reuse={"runs/tt-ref": same / "runs" / "tt-ref", "runs/tt-trace": same / "runs" / "tt-trace"}))
+    record = ran(results, "tracekit record")
+    assert record["rc"] == 0, record["err"][-3000:]
     return folder, results
 
 

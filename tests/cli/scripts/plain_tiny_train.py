@@ -4,13 +4,15 @@ import argparse
 
 import torch
 
+from lean_sgd import LeanSGD  # torch.optim.SGD's update without importing torch._dynamo
+
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=3)
 args = p.parse_args()
 
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
+opt = LeanSGD(model.parameters(), lr=0.1)
 for step in range(1, args.steps + 1):
     g = torch.Generator().manual_seed(step)
     x, y = torch.randn(6, 4, generator=g), torch.randn(6, 2, generator=g)

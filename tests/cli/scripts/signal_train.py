@@ -19,6 +19,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from lean_sgd import LeanSGD  # torch.optim.SGD's update without importing torch._dynamo
+
 p = argparse.ArgumentParser()
 p.add_argument("--steps", type=int, default=6)
 p.add_argument("--mode", choices=["zero", "explicit"], default="zero")
@@ -67,9 +69,7 @@ def stop(where):
 def train(make_recorder=None):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(args.dim, args.dim), torch.nn.Tanh(), torch.nn.Linear(args.dim, 4))
-    if dist.is_initialized():
-        model = torch.nn.parallel.DistributedDataParallel(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    opt = LeanSGD(model.parameters(), lr=0.01)
     recording = make_recorder(model, opt, run_info={"mode": "signal"}) if make_recorder else contextlib.nullcontext()
     with recording as rec:
         for step in range(1, args.steps + 1):
@@ -77,6 +77,10 @@ def train(make_recorder=None):
             out = model(x)
             loss = out.square().mean()
             loss.backward()
+            if dist.is_initialized():  # DDP's gradient all-reduce, by hand: DDP's constructor imports torch._dynamo
+                for p in model.parameters():
+                    dist.all_reduce(p.grad)
+                    p.grad.div_(dist.get_world_size())
             if args.stop == "mid" and step == args.stop_at:
                 stop(f"mid {step}")
             if rec is not None:

@@ -9,6 +9,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from lean_sgd import LeanSGD  # torch.optim.SGD's update without importing torch._dynamo
+
 from tracekit.recorders import Recorder
 
 p = argparse.ArgumentParser()
@@ -26,7 +28,7 @@ if "WORLD_SIZE" in os.environ:
 rank = dist.get_rank() if dist.is_initialized() else 0
 torch.manual_seed(0)
 model = torch.nn.Linear(4, 2)
-opt = torch.optim.SGD(model.parameters(), lr=0.1)
+opt = LeanSGD(model.parameters(), lr=0.1)
 with Recorder(model, opt, run_info={"mode": "tiny"}) as rec:
     for step in range(1, args.steps + 1):
         if rank == args.die_rank and step == args.die_step:

@@ -36,15 +36,15 @@ def test_records_a_world_of_one_and_propagates_exit_code(shared_once):
 
 
 def test_refuses_existing_store_without_force_and_keeps_it(shared_once, tmp_path):
+    """(--force overwrites it: test_says_what_it_waits_for_when_writers_outlive_the_command records
+    over a copy of the same store.)"""
     store = str(tmp_path / "s")
     shutil.copytree(tiny_recording(shared_once)[0], store)  # a finished 3-step store, ours to overwrite
     again = run_cli("record", "-o", store, "--", sys.executable, TINY, "--steps", "2")
     assert again.returncode == 2
     assert again.stderr.strip() == f"Error: {store} already holds a tracekit store; pass --force to overwrite it"
     assert open_store(store).rank(0).completed_steps == [1, 2, 3]
-    forced = run_cli("record", "-o", store, "--force", "--", sys.executable, TINY, "--steps", "2")
-    assert forced.returncode == 0
-    assert open_store(store).rank(0).completed_steps == [1, 2]
+    assert open_store(store).meta["exit_status"] == EXIT_CODE  # the tiny recording's, untouched
 
 
 def test_unrunnable_command_is_one_line_and_the_store_is_finalized(tmp_path):
@@ -105,14 +105,18 @@ def test_ends_with_a_one_line_summary(shared_once):
     assert not any("the command ended" in line for line in before), result.stderr
 
 
-def test_says_what_it_waits_for_when_writers_outlive_the_command(tmp_path):
+def test_says_what_it_waits_for_when_writers_outlive_the_command(shared_once, tmp_path):
     """A rank killed with steps still spooled (a writer slowed to ~0.1 s per entry: the rank trains
     its 3 steps and dies in milliseconds, while its writer is still starting): the launcher says it
-    stores them, then that it finalizes, then the summary."""
+    stores them, then that it finalizes, then the summary. Recorded with --force over a copy of the
+    shared tiny store (test_refuses_existing_store_without_force_and_keeps_it's): --force overwrites
+    it, a new run with its own exit status."""
     store = str(tmp_path / "s")
-    result = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "record", "-o", store, "--", sys.executable,
-                             TINY, "--steps", "4", "--die-rank", "0", "--die-step", "4"], capture_output=True, text=True,
-                            timeout=120, env={**os.environ, "TRACEKIT_WRITE_MBPS": "0.04"})
+    shutil.copytree(tiny_recording(shared_once)[0], store)
+    old_run = open_store(store).meta["run_id"]
+    result = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "record", "--force", "-o", store, "--",
+                             sys.executable, TINY, "--steps", "4", "--die-rank", "0", "--die-step", "4"],
+                            capture_output=True, text=True, timeout=120, env={**os.environ, "TRACEKIT_WRITE_MBPS": "0.04"})
     assert result.returncode == 137, result.stderr
     lines = result.stderr.strip().splitlines()
     ended = next(i for i, line in enumerate(lines) if "the command ended" in line)
@@ -120,7 +124,9 @@ def test_says_what_it_waits_for_when_writers_outlive_the_command(tmp_path):
     assert lines[ended].endswith(" of 1 rank (at most 60 s more: --flush-timeout) ...")
     assert lines[ended + 1:ended + 2] == [f"tracekit record: finalizing {store} ..."]
     assert lines[-1].startswith("tracekit record: 1 rank(s), steps 1-3,")
-    assert open_store(store).rank(0).completed_steps == [1, 2, 3]
+    overwritten = open_store(store)
+    assert overwritten.rank(0).completed_steps == [1, 2, 3]
+    assert overwritten.meta["run_id"] != old_run and overwritten.meta["exit_status"] == 137  # the tiny run's was 3
 
 
 @pytest.mark.parametrize("command, why", [

@@ -11,12 +11,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import subprocess
-import sys
 
 import pytest
 
-from tests.samples.torchtitan_doc import logged_losses, ran, recorded_losses, run_block
+from tests.samples.torchtitan_doc import cli, logged_losses, ran, recorded_losses, run_block
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,
@@ -34,8 +32,7 @@ def test_the_loss_at_dp4_is_the_loss_torchtitan_logs_without_a_loss_flag(shared_
     record = ran(results, f"tracekit record -o runs/{store} ")
     assert record["rc"] == 0, record["err"][-3000:]
     path = str(folder / "runs" / store)
-    shown = json.loads(subprocess.run([sys.executable, "-m", "tracekit.cli.main", "show", "--json", path],
-                                      capture_output=True, text=True, check=True).stdout)
+    shown = json.loads(cli("show", "--json", path))
     assert [dp_group(r["coords"]).size for r in shown["ranks"]] == [4, 4, 4, 4]  # one dp group of 4 ranks
     logged = logged_losses(record["out"] + record["err"])
     recorded = recorded_losses(path)
@@ -44,6 +41,5 @@ def test_the_loss_at_dp4_is_the_loss_torchtitan_logs_without_a_loss_flag(shared_
         assert abs(recorded[step] - value) <= 5.1e-6, (step, recorded[step], value)  # TorchTitan prints 5 decimals
     assert CHOSEN in record["err"].splitlines()[-1], record["err"][-1000:]  # the record line says how
     assert shown["loss_derivation"] == CHOSEN
-    text = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "show", path],
-                          capture_output=True, text=True, check=True).stdout
+    text = cli("show", path)
     assert f"  {CHOSEN}" in text

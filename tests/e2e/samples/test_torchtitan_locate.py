@@ -4,7 +4,8 @@ whose traced clean run `runs/tt-trace` it diffs against (that block is recorded 
 for test_torchtitan_runs.py; linked here, not recorded again). One launch of 2 ranks: a traced
 replay with the planted fault. Then the `torchtitan:cells` block: one more traced replay holding
 four faults (backward-only op, in-place write through a view, collective input, optimizer op), one
-per rank and step, diffed against the same traced clean run. (The runner's one-line error for a bad
+per rank and step, in a run whose learning rate is also 1% higher (the `same` block's lr check
+reads its step 1: no launch of its own), diffed against the same traced clean run. (The runner's one-line error for a bad
 `--fault` spec is checked in-process: tests/samples/test_torchtitan.py.)
 """
 
@@ -15,7 +16,7 @@ import re
 
 import pytest
 
-from tests.samples.torchtitan_doc import doc_block, ran, run_block, verdict
+from tests.samples.torchtitan_doc import cells_block, doc_block, ran, run_block, verdict
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,
@@ -33,15 +34,6 @@ def locate_block(shared_once):
     return folder, results
 
 
-def cells_block(shared_once):
-    same, _ = doc_block(shared_once, "same")  # it reads only this block's stores, not the locate block's
-    folder, results = shared_once("torchtitan-cells", lambda f: run_block(
-        f, "cells", reuse={"runs/tt-ref": same / "runs" / "tt-ref", "runs/tt-trace": same / "runs" / "tt-trace"}))
-    record = ran(results, "tracekit record")
-    assert record["rc"] == 0, record["err"][-3000:]
-    return folder, results
-
-
 # (step, rank) -> (module, phase, kind, op prefix): each fault of the cells block where it is planted
 CELLS = {
     (2, 0): ("", "fwd", "extra op", ("aten.copy_", "aten.fill_")),  # nan_grad:0:2, the write through a view
@@ -56,7 +48,9 @@ def test_four_faults_in_one_replay_each_name_their_rank_module_op_and_phase(shar
 
     folder, results = cells_block(shared_once)
     diff = ran(results, "tracekit diff runs/tt-trace runs/tt-cells")
-    assert diff["rc"] == 1 and "first_step=2" in verdict(diff), diff["out"][-3000:]
+    # step 1, untraced, differs by the run's 1% higher learning rate alone (test_torchtitan_runs.py's
+    # test_an_lr_one_percent_higher_fails_at_step_1); the traced steps name the faults, not the lr
+    assert diff["rc"] == 1 and "first_step=1" in verdict(diff), diff["out"][-3000:]
     # the printed root cause is one of step 2's two (which one goes first across ranks is the
     # order of their events); each rank's own is checked below
     assert re.search(r"Root cause: step 2, rank [01], module \(top level\), aten\.(copy_|_fused_adamw_)", diff["out"]), \

@@ -1,7 +1,8 @@
 """docs/TORCHTITAN.md's CPU commands, run as written with TorchTitan 0.3.0 on 2 and 4 gloo ranks,
 and the verdicts the doc states. Each doc block runs once per test run (`shared_once`), whichever
-test asks first; 9 launches of a few seconds of training each here (4 of the `same` block, 3 of
-`layouts`, 2 of `loss`), 2 more in test_torchtitan_locate.py.
+test asks first; 8 launches of a few seconds of training each here (3 of the `same` block, 3 of
+`layouts`, 2 of `loss`), 2 more in test_torchtitan_locate.py (the `locate` block, and the `cells`
+block, whose replay also carries the 1% lr change checked here).
 """
 
 from __future__ import annotations
@@ -9,14 +10,12 @@ from __future__ import annotations
 import importlib.util
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 
-from tests.samples.torchtitan_doc import logged_losses, ran, recorded_losses
+from tests.samples.torchtitan_doc import cli, logged_losses, ran, recorded_losses
 
-from tests.samples.torchtitan_doc import doc_block, verdict
+from tests.samples.torchtitan_doc import cells_block, doc_block, verdict
 
 
 pytestmark = [
@@ -28,9 +27,7 @@ N_PARAMETERS = 45  # the llama3 debug model's parameter tensors, every one of th
 
 
 def show_json(store) -> dict:
-    out = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "show", "--json", str(store)],
-                         capture_output=True, text=True, check=True).stdout
-    return json.loads(out)
+    return json.loads(cli("show", "--json", store))
 
 
 def assert_passes(results: list[dict], diff_command: str, ranks: int) -> None:
@@ -38,7 +35,7 @@ def assert_passes(results: list[dict], diff_command: str, ranks: int) -> None:
     assert diff["rc"] == 0 and verdict(diff).startswith(f"PASS comparison ranks={ranks} steps=3"), diff["out"][-4000:]
 
 
-# --- one configuration: run to run, a 1% lr change, a replay -----------------------------------
+# --- one configuration: run to run, a 1% lr change (in the cells block's replay), a replay -------
 
 
 def test_two_recordings_of_one_configuration_are_equal_bit_for_bit(shared_once):
@@ -49,8 +46,10 @@ def test_two_recordings_of_one_configuration_are_equal_bit_for_bit(shared_once):
 
 
 def test_an_lr_one_percent_higher_fails_at_step_1(shared_once):
-    _, results = doc_block(shared_once, "same")
-    diff = ran(results, "tracekit diff runs/tt-ref runs/lr")
+    """The `cells` block's replay trains with lr 8.08e-4 (the debug config's 8e-4 + 1%); its faults
+    start at step 2, and step 1 (the script's own in a zero-code replay) differs by the lr alone."""
+    _, results = cells_block(shared_once)
+    diff = ran(results, "tracekit diff runs/tt-ref runs/tt-cells")
     assert diff["rc"] == 1, diff["err"][-2000:]
     assert "first_step=1" in verdict(diff)
     # bf16 mixed precision widens the parameters' bounds past a 1% lr error; the update's shape
@@ -115,8 +114,7 @@ def test_every_optimizer_parameter_is_recorded_under_its_full_name(shared_once, 
     record = ran(results, f"tracekit record --loss-reduction sum -o runs/{store} ")
     coverage = f"{N_PARAMETERS} of {N_PARAMETERS} optimizer parameters"
     assert coverage in record["err"].splitlines()[-1], record["err"][-1000:]
-    shown = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "show", str(folder / "runs" / store)],
-                           capture_output=True, text=True, check=True).stdout
+    shown = cli("show", folder / "runs" / store)
     assert coverage in shown
     import tracekit
 

@@ -2,6 +2,7 @@
 (aot_eager), and clean pairs name nothing. In-process, one rank: the sample model and its
 planted faults (samples/common/op_faults.py) recorded with tracekit's Recorder and --trace ops."""
 
+import hashlib
 import json
 import os
 import sys
@@ -72,14 +73,19 @@ def _line_of(code: str) -> int:
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(shared_once):
+    """runs(fault, compiled, **record's arguments) -> a store, recorded once per test run whichever
+    pytest-xdist worker asks first (conftest's shared_once): this module's tests read the same few
+    runs, and a worker that runs some of them reads the others' runs instead of recording (and
+    compiling) them again. The stores are only read."""
     cache = {}
 
     def get(fault=None, compiled=False, **kw):
         key = (fault, compiled, tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in kw.items())))
         if key not in cache:
-            name = f"{fault or 'clean'}-{'compiled' if compiled else 'eager'}-{len(cache)}"
-            cache[key] = record(tmp_path_factory.mktemp(name) / "s", fault, compiled, **kw)
+            name = f"root-cause-{fault or 'clean'}-{compiled or 'eager'}-{hashlib.sha256(repr(key).encode()).hexdigest()[:12]}"
+            folder, _ = shared_once(name, lambda folder: record(folder / "s", fault, compiled, **kw) and None)
+            cache[key] = str(folder / "s")
         return cache[key]
 
     return get
