@@ -20,6 +20,7 @@ Never imports torch.
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -27,15 +28,14 @@ from tracekit.writer import priority
 
 
 def _nice_arg(argv: list[str]) -> int | None:
-    """The value of --nice in the command line, read before argparse (which checks it later); None if absent or not a number."""
-    for i, arg in enumerate(argv):
-        value = argv[i + 1] if arg == "--nice" and i + 1 < len(argv) else arg.partition("=")[2] if arg.startswith("--nice=") else None
-        if value is not None:
-            try:
-                return int(value)
-            except ValueError:
-                return None
-    return None
+    """The value of --nice in the command line, read before main()'s parser (which checks it and the
+    rest later); None if absent or not a number."""
+    early = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    early.add_argument("--nice", type=int, default=None)
+    try:
+        return early.parse_known_args(argv)[0].nice
+    except argparse.ArgumentError:
+        return None
 
 
 # Started as a program (python -m, by the rank's Handoff), the writer takes its low priority before
@@ -45,8 +45,7 @@ def _nice_arg(argv: list[str]) -> int | None:
 _EARLY_NICE = _nice_arg(sys.argv[1:]) if __name__ == "__main__" else None
 _NICE_BEFORE = priority.lower(_EARLY_NICE) if _EARLY_NICE is not None else None
 
-import argparse  # noqa: E402  (after the priority, on purpose)
-import fcntl  # noqa: E402
+import fcntl  # noqa: E402  (after the priority, on purpose)
 import json  # noqa: E402
 import marshal  # noqa: E402
 import select  # noqa: E402

@@ -84,7 +84,10 @@ def runs(shared_once):
         key = (fault, compiled, tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in kw.items())))
         if key not in cache:
             name = f"root-cause-{fault or 'clean'}-{compiled or 'eager'}-{hashlib.sha256(repr(key).encode()).hexdigest()[:12]}"
-            folder, _ = shared_once(name, lambda folder: record(folder / "s", fault, compiled, **kw) and None)
+            def make(folder):
+                record(folder / "s", fault, compiled, **kw)  # the store is the result: nothing else to keep
+
+            folder, _ = shared_once(name, make)
             cache[key] = str(folder / "s")
         return cache[key]
 
