@@ -1,16 +1,14 @@
 """tests/launch_guard.py tells a launch of training workers from the other processes tests start."""
 
 import os
-import re
-import subprocess
 import sys
 
 import pytest
 
 from tracekit.launch import launcher
 
+from tests.e2e_collection import e2e_collection
 from tests.launch_guard import E2E, in_e2e, launches_workers, misplaced
-from tests.paths import REPO
 
 PY = sys.executable
 
@@ -60,10 +58,11 @@ def test_the_torchrun_mark_belongs_to_tests_e2e_only(tmp_path):
     assert "move it to the same path under tests/e2e/" in misplaced(_Item(outside, marked=True))
 
 
-def test_the_fast_tier_leaves_out_all_of_tests_e2e():
-    """tests/e2e/conftest.py marks what is collected there, though no file there says torchrun.
-    (`not (torchrun)`: a bare ` torchrun` word on a command line is what the guard takes for a launch.)"""
-    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
-                          "-m", "not (torchrun)", E2E], capture_output=True, text=True, timeout=120, cwd=REPO)
-    found = re.search(r"no tests collected \((\d+) deselected\)", out.stdout)
-    assert found and int(found.group(1)) > 100, out.stdout[-2000:] + out.stderr[-2000:]
+def test_the_fast_tier_leaves_out_all_of_tests_e2e(shared_once):
+    """tests/e2e/conftest.py marks what is collected there, though no file there says torchrun: a
+    collection of tests/e2e that selects the marked tests deselects none, so `-m "not torchrun"`
+    collects none of them. (tests/e2e_collection.py: one collection, shared with test_scheduling.)"""
+    collection = e2e_collection(shared_once)
+    assert collection["returncode"] == 0, collection["output"]
+    assert collection["deselected"] == 0, collection["output"]
+    assert collection["collected"] == len(collection["ids"]) > 100, collection["output"]

@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
-from tests.paths import REPO
+from tests.e2e_collection import e2e_collection
 from tests.scheduling import HEAVY, ordered
 
 
@@ -77,12 +74,12 @@ def test_nothing_heavy_leaves_the_order_as_collected():
     assert ordered(items, 2) == items
 
 
-def test_every_listed_prefix_names_a_collected_test():
-    """A renamed or moved test would drop out of its group silently: the table must name real tests."""
-    out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q",
-                          "tests/e2e"], cwd=REPO, capture_output=True, text=True, timeout=120)
-    ids = [line for line in out.stdout.splitlines() if "::" in line]
-    assert ids, out.stdout[-2000:] + out.stderr[-2000:]
+def test_every_listed_prefix_names_a_collected_test(shared_once):
+    """A renamed or moved test would drop out of its group silently: the table must name real tests.
+    (tests/e2e_collection.py: one collection of tests/e2e, shared with test_launch_guard.)"""
+    collection = e2e_collection(shared_once)
+    ids = collection["ids"]
+    assert ids, collection["output"]
     stale = [p for _, _, ps in HEAVY for p in ps if not any(i.startswith(p) for i in ids)]
     assert not stale, stale
 
