@@ -47,11 +47,28 @@ def user_names(model) -> list[str]:
 PLAIN_NAMES = user_names(llama_like.build())
 
 
+def eager_selective_chunked(shared_once):
+    """record(llama_like.build("selective"), chunked=True), made once per test run (conftest's
+    `shared_once`) for the tests that read this configuration (the whole-model test's cell and both
+    compile tests' eager side): (rank view, forward outputs the loop got)."""
+    def make(folder):
+        _, outputs = record(folder, llama_like.build("selective"), chunked=True, name="eager")
+        for step, out in enumerate(outputs, 1):
+            np.save(folder / f"output-{step}.npy", out.numpy())
+        return len(outputs)
+
+    folder, steps = shared_once("roots-eager-selective-chunked", make)
+    outputs = [torch.from_numpy(np.load(folder / f"output-{step}.npy")) for step in range(1, steps + 1)]
+    return open_store(str(folder / "eager")).rank(0), outputs
+
+
 @pytest.mark.parametrize("ac", llama_like.AC_MODES)
 @pytest.mark.parametrize("chunked", [False, True], ids=["plain_loss", "chunked_loss"])
-def test_whole_model_named_from_the_root_under_checkpointing_and_chunked_loss(tmp_path, ac, chunked):
-    model = llama_like.build(ac)
-    view, outputs = record(tmp_path, model, chunked=chunked)
+def test_whole_model_named_from_the_root_under_checkpointing_and_chunked_loss(tmp_path, shared_once, ac, chunked):
+    if (ac, chunked) == ("selective", True):
+        view, outputs = eager_selective_chunked(shared_once)
+    else:
+        view, outputs = record(tmp_path, llama_like.build(ac), chunked=chunked)
     cov = view.coverage
     assert (cov.recorded, cov.optimizer_params, cov.left_out) == (N_PARAMS, N_PARAMS, ())
     assert [r.class_name for r in cov.roots] == ["TinyLlama"]
@@ -67,9 +84,9 @@ def test_whole_model_named_from_the_root_under_checkpointing_and_chunked_loss(tm
 
 
 @pytest.mark.parametrize("compiled", ["blocks", "model"])
-def test_compile_records_the_same_tensors_as_eager(tmp_path, compiled):
+def test_compile_records_the_same_tensors_as_eager(tmp_path, shared_once, compiled):
+    eager_view, _ = eager_selective_chunked(shared_once)
     torch._dynamo.reset()
-    eager_view, eager_out = record(tmp_path, llama_like.build("selective"), chunked=True, name="eager")
     if compiled == "blocks":  # TorchTitan's apply_compile: each block compiled in place, after AC
         model = llama_like.build("selective", compile_blocks=True)
         call = model
