@@ -57,14 +57,18 @@ def pytest_runtest_protocol(item, nextitem):
 
 
 @pytest.fixture(scope="session")
-def divergence_runs(tmp_path_factory):
-    """samples/inspect_divergence.py's reference and planted-fault candidate stores (4 ranks, 5 steps)."""
+def divergence_runs(shared_once):
+    """samples/inspect_divergence.py's reference and planted-fault candidate stores (4 ranks, 5 steps),
+    made once per test run (shared_once, below). Read them, never write them."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("inspect_divergence", os.path.join(SAMPLES, "inspect_divergence.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.make_runs(str(tmp_path_factory.mktemp("divergence")))
+    def make(folder):
+        spec = importlib.util.spec_from_file_location("inspect_divergence", os.path.join(SAMPLES, "inspect_divergence.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return list(module.make_runs(str(folder)))
+
+    return tuple(shared_once("divergence-runs", make)[1])
 
 
 # A secret that must never appear in a store, a report or a log (the object-store tests grep for it).
