@@ -123,7 +123,10 @@ def decode_index(value) -> list:
     text of a list (the reader's `malformed tensor index`)."""
     if not isinstance(value, str):
         raise TypeError("the tensor index is not a JSON text")
-    entries = json.loads(value)
+    try:
+        entries = json.loads(value)
+    except RecursionError:  # a hostile text nested deeper than json parses: damage, one line
+        raise ValueError("the tensor index is nested too deeply") from None
     if not isinstance(entries, list):
         raise TypeError("the tensor index is not a list")
     return entries

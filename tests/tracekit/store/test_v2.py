@@ -384,6 +384,8 @@ def test_kind_metadata_roundtrips_and_matches_the_schema(tmp_path):
         KindMeta.from_attrs({**attrs, "tensors": decode_index(attrs["tensors"])}, True)  # a list where text belongs
     with pytest.raises(ValueError):
         KindMeta.from_attrs({**attrs, "tensors": attrs["tensors"][:-1]}, True)  # cut short
+    with pytest.raises(ValueError, match="nested too deeply"):
+        KindMeta.from_attrs({**attrs, "tensors": "[" * 100_000 + "]" * 100_000}, True)  # hostile
     attrs = json.load(open(os.path.join(tmp_path, "v3", "rank_0", "gradients", "zarr.json")))["attributes"]
     for bad in ({"below": 1}, {"below": -1, "max": 2}, {"below": True, "max": 2}, [1, 2]):
         with pytest.raises(ValueError, match="packs"):
