@@ -25,8 +25,9 @@ class ByteStore(Protocol):
     def size(self, key: str) -> int | None:
         """The object's size in bytes; None when there is none."""
 
-    def reader(self, key: str, whole: int | None = None):
-        """Positional reads of one object (size(), readinto(offset, view), prefetch(offset, length), close())."""
+    def reader(self, key: str, whole: int | None = None, ranged: bool = False):
+        """Positional reads of one object (size(), readinto(offset, view), prefetch(offset, length), close()).
+        ranged: the caller's first read comes at once and says whether the object exists (no check before)."""
 
     def write_objects(self, items, direct=None) -> int:
         """Write each (key, parts) unless its key exists; the number newly written."""

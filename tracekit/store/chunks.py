@@ -31,11 +31,13 @@ def chunk_cols(start: int, stop: int, width: int) -> range:
     return range(start // width, (max(stop, start + 1) - 1) // width + 1)
 
 
-def first_missing_chunk(array, rows: Iterable[int], cols: Iterable[int]) -> tuple[int, int] | None:
+def first_missing_chunk(array, rows: Iterable[int], cols: Iterable[int],
+                        listed: frozenset[str] | None = None) -> tuple[int, int] | None:
     """The first (row, col) among rows x cols whose chunk file (or object) does not exist; None if all do.
 
     Format 2's views over content-addressed objects are not zarr arrays: their objects' hashes
-    are checked instead (None here)."""
+    are checked instead (None here). `listed`: chunk keys an earlier listing of the array found
+    (listed_chunks): one of them is taken as there without a request; any other is asked for."""
     import zarr
 
     if not isinstance(array, zarr.Array):
@@ -44,9 +46,42 @@ def first_missing_chunk(array, rows: Iterable[int], cols: Iterable[int]) -> tupl
     local = getattr(array.store, "root", None) is not None
     for i in rows:
         for j in cols:
-            if not (io.exists(*_root_and_key(array, i, j)) if local else _object_exists(array, i, j)):
+            if local:
+                if not io.exists(*_root_and_key(array, i, j)):
+                    return i, j
+            elif not (listed is not None and _object_key(array, i, j) in listed) and not _object_exists(array, i, j):
                 return i, j
     return None
+
+
+# An object store's array is listed (one LIST request a page of up to 1000 keys) instead of asked
+# about chunk by chunk (a HEAD each) when it has at most this many chunks.
+LIST_CHUNKS_UP_TO = 1000
+
+
+def listed_chunks(array) -> frozenset[str] | None:
+    """The chunk keys of an object store's array, in one listing (as first_missing_chunk's `listed`),
+    where it has at most LIST_CHUNKS_UP_TO chunks; None for a local array, a larger one or a failed
+    listing (each chunk is then asked about). A reader that reads several rows of an array asks once
+    instead of once a row; a row written after the listing is asked about, as before."""
+    import zarr
+    from zarr.core.sync import sync
+
+    if not isinstance(array, zarr.Array) or getattr(array.store, "root", None) is not None or array.ndim != 2:
+        return None
+    rows = -(-array.shape[0] // max(1, array.chunks[0]))
+    cols = -(-array.shape[1] // max(1, array.chunks[1]))
+    if rows * cols > LIST_CHUNKS_UP_TO:
+        return None
+    prefix = f"{array.path}/c/" if array.path else "c/"
+
+    async def keys():
+        return frozenset([k async for k in array.store.list_prefix(prefix)])
+
+    try:
+        return sync(keys())
+    except Exception:
+        return None
 
 
 def _root_and_key(array: zarr.Array, row: int, col: int) -> tuple[str, str]:
@@ -125,9 +160,13 @@ def _irregular_below(base: str, path: str, children: Iterable[str] | None, depth
     return None
 
 
+def _object_key(array: zarr.Array, row: int, col: int) -> str:
+    chunk = array.metadata.encode_chunk_key((row, col))
+    return f"{array.path}/{chunk}" if array.path else chunk
+
+
 def _object_exists(array: zarr.Array, row: int, col: int) -> bool:
     """Whether a chunk object exists in a non-local store (an object store: one HEAD request)."""
     from zarr.core.sync import sync
 
-    key = f"{array.path}/{array.metadata.encode_chunk_key((row, col))}" if array.path else array.metadata.encode_chunk_key((row, col))
-    return bool(sync(array.store.exists(key)))
+    return bool(sync(array.store.exists(_object_key(array, row, col))))

@@ -140,10 +140,13 @@ def reader(root, key: str, whole: int | None = None, base: int = 0, length: int 
     unreadable: OSError. `whole`: the size the caller expects when it reads the object whole, from
     offset 0; at a URL the object then comes in one GET (no HEAD for its size first).
     `base`, `length`: read the `length` bytes from `base` of the object instead (a tensor in a
-    pack, store/packs.py): offsets and size() are then those within that range."""
-    # (a range at a URL: a HEAD for the object's size, then ranged GETs)
-    r = byte_store(root).reader(key, whole if length is None else None)
-    return r if length is None else _Range(r, base, length)
+    pack, store/packs.py): offsets and size() are then those within that range; with `whole` too
+    (the caller reads the range whole, from its first byte), at a URL served by obstore the range
+    comes in one ranged GET whose answer also gives the object's size (no HEAD first)."""
+    if length is None:
+        return byte_store(root).reader(key, whole)
+    # (a range at a URL: a HEAD for the object's size, then ranged GETs; or one ranged GET, above)
+    return _Range(byte_store(root).reader(key, None, ranged=whole is not None), base, length)
 
 
 class _Range:

@@ -42,7 +42,7 @@ class LocalBytes:
         except FileNotFoundError:
             return None
 
-    def reader(self, key: str, whole: int | None = None) -> "Reader":
+    def reader(self, key: str, whole: int | None = None, ranged: bool = False) -> "Reader":
         return Reader(self.folder, key)
 
     def write_objects(self, items, direct: "Direct | None" = None) -> int:

@@ -37,8 +37,8 @@ class ObjectBytes:
     def size(self, key: str) -> int | None:
         return self.location.size(key)
 
-    def reader(self, key: str, whole: int | None = None) -> "_RemoteReader":
-        return _RemoteReader(self.location, key, whole)
+    def reader(self, key: str, whole: int | None = None, ranged: bool = False) -> "_RemoteReader":
+        return _RemoteReader(self.location, key, whole, ranged)
 
     def write_objects(self, items, direct=None) -> int:
         if not items:
@@ -52,6 +52,16 @@ class ObjectBytes:
         return None
 
 
+def _obstore_of(zarr_store):
+    """The obstore store under zarr's ObjectStore (obstore's S3 client), or None (FsspecStore)."""
+    try:
+        from obstore.store import S3Store
+    except ImportError:
+        return None
+    inner = getattr(zarr_store, "store", None)
+    return inner if isinstance(inner, S3Store) else None
+
+
 def _joined(parts):
     """One bytes-like object of the parts (no copy for a single part)."""
     parts = list(parts)
@@ -62,9 +72,11 @@ def _joined(parts):
 
 class _RemoteReader:
     """An object at a URL store: its size (one HEAD, when asked), then ranged GETs through the
-    location's zarr store; or, for a caller reading it whole, one plain GET that gives both."""
+    location's zarr store; or, for a caller reading it whole, one plain GET that gives both; or,
+    `ranged` (a caller that reads a range of it at once, a tensor in a pack) on obstore's S3 client,
+    one ranged GET that gives both (its answer carries the object's size)."""
 
-    def __init__(self, location, key: str, whole: int | None = None):
+    def __init__(self, location, key: str, whole: int | None = None, ranged: bool = False):
         from zarr.core.sync import sync
 
         self.key = key
@@ -72,7 +84,8 @@ class _RemoteReader:
         self._sync = sync
         self._size: int | None = None
         self._whole = whole
-        if whole is None:
+        self._ranged = ranged and _obstore_of(self._store) is not None
+        if whole is None and not self._ranged:
             self.size()  # missing: FileNotFoundError now, as a local open would
 
     def _call(self, coro):
@@ -102,6 +115,12 @@ class _RemoteReader:
             n = min(len(dest), len(data))
             dest[:n] = data[:n]
             return n
+        if self._size is None and self._ranged and len(dest):
+            got = self._ranged_get(offset, len(dest))
+            if got is not None:
+                data, self._size = got
+                dest[: len(data)] = data
+                return len(data)
         want = min(len(dest), max(0, self.size() - offset))
         if want == 0:
             return 0
@@ -111,6 +130,25 @@ class _RemoteReader:
         data = buf.as_numpy_array()
         dest[: len(data)] = data
         return len(data)
+
+    def _ranged_get(self, offset: int, length: int):
+        """(the bytes from offset, at most length of them; the object's size) in one GET, or None where
+        that GET cannot answer (a range past the object's end): the caller then asks its size first.
+        Missing: FileNotFoundError."""
+        import obstore
+
+        inner = _obstore_of(self._store)
+
+        async def get():
+            result = await obstore.get_async(inner, self.key, options={"range": (offset, offset + length)})
+            return memoryview(await result.bytes_async()), int(result.meta["size"])
+
+        try:
+            return self._sync(get())
+        except FileNotFoundError:
+            raise
+        except Exception:  # 416 (the range starts past the end: damage) and the like: the HEAD path says what
+            return None
 
     def prefetch(self, offset: int = 0, length: int | None = None) -> None:
         pass  # ranged GETs of what is read: nothing to read ahead

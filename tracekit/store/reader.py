@@ -72,6 +72,8 @@ class RankView(HashedIndex):
         # index rows checked once (the finiteness flags' values, the summaries' checksum): every
         # tensor read asks for its row's, and a check per ask cost the diff O(tensors) per tensor
         self._checked_rows: dict[tuple[str, str, int], np.ndarray] = {}
+        # an object store's index arrays' chunk keys, listed once (chunks.listed_chunks; None: ask each)
+        self._chunk_lists: dict[tuple[str, str], frozenset[str] | None] = {}
 
     @property
     def coords(self) -> dict:

@@ -12,20 +12,25 @@ import xarray as xr
 from tracekit import open_store
 
 from tests.cli.runner import cli
-from tests.launching import run_recorded
-from tests.paths import CLI_SCRIPTS
+from tests.launching import mode_args, run_recorded
+from tests.paths import CLI_SCRIPTS, SAMPLES
 
 TINY = os.path.join(CLI_SCRIPTS, "tiny_train.py")
 
 
 def test_a_rank_killed_mid_run_against_the_bucket_leaves_its_completed_steps(s3):
     """A SIGKILLed torchrun worker keeps the steps before the kill, status `killed` (docs/RELIABILITY.md):
-    its writer process stores steps 1-2 after the rank's death, here into a bucket."""
+    its writer process stores steps 1-2 after the rank's death, here into a bucket. The launcher
+    persists the status, its cause and the exit code, and `show` and `diff` print them (the killed
+    cell of tests/e2e/recorders/test_statuses_torchrun.py, the plain sample's crash fault recorded
+    zero-code: one launch for both)."""
     url = s3.url("runs/killed")
+    # samples/plain (zero-code) with its planted crash: rank 1 SIGKILLs itself at the start of step 3
     result = subprocess.run(
         [sys.executable, "-m", "tracekit.cli.main", "record", "-o", url, "--", sys.executable, "-m",
-         "torch.distributed.run", "--standalone", "--nproc-per-node=2", TINY, "--steps", "4", "--die-rank", "1",
-         "--die-step", "3"], capture_output=True, text=True, timeout=240)
+         "torch.distributed.run", "--standalone", "--nproc-per-node=2", os.path.join(SAMPLES, "plain", "train.py"),
+         *mode_args("ddp"), "--steps", "4", "--fault", "crash=1:3:kill"], capture_output=True, text=True, timeout=240,
+        env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert result.returncode != 0
     store = open_store(url)
     assert store.meta["exit_status"] == result.returncode
@@ -35,9 +40,18 @@ def test_a_rank_killed_mid_run_against_the_bucket_leaves_its_completed_steps(s3)
     assert dead.status == "killed" and dead.cause == "killed by SIGKILL"  # its writer process stored steps 1-2
     assert dead.read("loss", 2, "loss").shape == ()
     assert store.meta["ranks"]["1"]["completed_steps"] == [1, 2]
+    assert store.finished  # the launcher finalized it
+    final = store.meta["ranks"]["1"]
+    assert (final["status"], final["cause"], final["exit_code"]) == ("killed", "killed by SIGKILL", -9)
+    # the peer lost its partner mid-collective, or was stopped by torchrun: not finished either
+    assert store.rank(0).status in ("failed", "terminated", "killed", "died")
+    code, shown = cli("show", url)
+    assert code == 0 and "rank 1 killed: killed by SIGKILL" in shown, shown
     code, out = cli("diff", "--allow-missing", url, url)
     assert code == 0, out
-    assert s3.secret not in result.stdout + result.stderr + out
+    assert "rank 1 killed: killed by SIGKILL" in out
+    assert "missing" not in out.splitlines()[-1]  # a store against itself lacks nothing
+    assert s3.secret not in result.stdout + result.stderr + out + shown
 
 
 def test_record_refuses_a_foreign_prefix_in_one_line(s3):

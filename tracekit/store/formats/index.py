@@ -11,7 +11,7 @@ import numpy as np
 import zarr
 
 from tracekit.errors import StoreError
-from tracekit.store.chunks import chunk_cols, first_missing_chunk
+from tracekit.store.chunks import chunk_cols, first_missing_chunk, listed_chunks
 from tracekit.store.format import FINITE_ARRAY, HASH_ARRAY, SUMMARY_ARRAY
 from tracekit.store.hashing import HASH_BYTES
 from tracekit.store.packs import PACKS, Located, PackSpec, locations
@@ -101,7 +101,8 @@ class HashedIndex:
             if files is not None:
                 values = files.read(row)
             else:  # not a plain local array (an object store, another codec): through zarr
-                missing = first_missing_chunk(arr, [row], chunk_cols(0, width, arr.chunks[1]))
+                listed = self._once(self._chunk_lists, (kind, name), lambda: listed_chunks(arr))
+                missing = first_missing_chunk(arr, [row], chunk_cols(0, width, arr.chunks[1]), listed)
                 if missing is not None:
                     raise MissingChunk(*missing)
                 values = np.asarray(arr[row])
