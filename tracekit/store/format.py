@@ -3,6 +3,9 @@
 Only tracekit/store uses these: everything else reads and writes through the store's API.
 """
 
+# 5: format 4 with each kind's tensor index as one JSON text (meta.encode_index): zarr's
+# consolidation deep-copied a list of entries element by element, so finalize grew with the tensor
+# count (formats/v5.py). A version of its own: a format-4 reader would call the text damage.
 # 4: format 3 with each index row sealed to its rank, kind and step (summaries.row_identity): the
 # content hashes leave those out (equal tensors share one object), so before 4 a step list with two
 # steps swapped, or a kind copied from another rank, read as data. A version of its own because a
@@ -11,7 +14,7 @@ Only tracekit/store uses these: everything else reads and writes through the sto
 # packed together (store/packs.py). 2: content-addressed objects + per-(rank, kind) index rows of
 # hashes. 1: packed arrays.
 # What each version reads and writes as is its module of tracekit/store/formats/ (formats.READERS).
-FORMAT_VERSION = 4  # what new stores are written as
+FORMAT_VERSION = 5  # what new stores are written as
 # Root group attribute under which all tracekit metadata lives; a zarr group without it is foreign.
 ROOT_KEY = "tracekit"
 RANK_PREFIX = "rank_"

@@ -7,6 +7,7 @@ JSON Schema (schemas/store-metadata.schema.json, `$defs` `tensor` and `kind`) de
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 
@@ -112,6 +113,34 @@ def misplaced(infos) -> TensorInfo | None:
     return None
 
 
+def encode_index(entries: list) -> str:
+    """The tensor index as one JSON text (format 5's `tensors` attribute): compact, in C."""
+    return json.dumps(entries, separators=(",", ":"), allow_nan=False)
+
+
+def decode_index(value) -> list:
+    """The entries of a format-5 `tensors` attribute: TypeError/ValueError when it is not the JSON
+    text of a list (the reader's `malformed tensor index`)."""
+    if not isinstance(value, str):
+        raise TypeError("the tensor index is not a JSON text")
+    try:
+        entries = json.loads(value)
+    except RecursionError:  # a hostile text nested deeper than json parses: damage, one line
+        raise ValueError("the tensor index is nested too deeply") from None
+    if not isinstance(entries, list):
+        raise TypeError("the tensor index is not a list")
+    return entries
+
+
+def edit_index(attrs: dict, edit) -> None:
+    """edit(entries) on a kind's `tensors` attribute, kept in the form it had (a list of entries,
+    or format 5's JSON text): for tests and tools that change an index on purpose."""
+    text = isinstance(attrs.get(TENSORS), str)
+    entries = decode_index(attrs[TENSORS]) if text else attrs[TENSORS]
+    edit(entries)
+    attrs[TENSORS] = encode_index(entries) if text else entries
+
+
 @dataclass
 class KindMeta:
     """A kind group's attributes: the tensor index, the step of each row, the hash (format 2),
@@ -123,8 +152,9 @@ class KindMeta:
     packs: PackSpec | None = None
 
     @classmethod
-    def from_attrs(cls, attrs: dict) -> "KindMeta":
-        entries = attrs[TENSORS]
+    def from_attrs(cls, attrs: dict, index_text: bool = False) -> "KindMeta":
+        """index_text: the index is one JSON text (format 5), not a list of entries."""
+        entries = decode_index(attrs[TENSORS]) if index_text else attrs[TENSORS]
         if not isinstance(entries, list):
             raise TypeError("the tensor index is not a list")
         steps = attrs.get(STEPS, [])
@@ -133,8 +163,9 @@ class KindMeta:
         return cls([TensorInfo.from_attrs(e) for e in entries], list(steps), attrs.get(HASH),
                    PackSpec.from_attrs(attrs.get(PACKS)))
 
-    def to_attrs(self) -> dict:
-        out = {TENSORS: [t.to_attrs() for t in self.tensors], STEPS: list(self.steps)}
+    def to_attrs(self, index_text: bool = False) -> dict:
+        entries = [t.to_attrs() for t in self.tensors]
+        out = {TENSORS: encode_index(entries) if index_text else entries, STEPS: list(self.steps)}
         if self.hash is not None:
             out[HASH] = self.hash
         if self.packs is not None:
@@ -157,6 +188,10 @@ class SharedIndexes:
 
     @staticmethod
     def _key(entries, version: int) -> tuple | None:
+        """entries: the `tensors` attribute as stored: a list of entries, or (format 5) its JSON text,
+        compared as a string (in C)."""
+        if isinstance(entries, str):  # not a JSON list: malformed, parsed (and refused) the usual way
+            return (version, len(entries), entries[:200], entries[-200:]) if entries[:1] + entries[-1:] == "[]" else None
         if not isinstance(entries, list):
             return None
         try:

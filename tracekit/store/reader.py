@@ -238,7 +238,7 @@ class RankView(HashedIndex):
         if known is not None:  # equal to an index parsed and checked before (another rank's, the other store's)
             return known
         try:
-            infos = KindMeta.from_attrs(attrs).tensors
+            infos = KindMeta.from_attrs(attrs, self.store.format.index_text).tensors
         except (TypeError, KeyError, ValueError, OverflowError) as e:
             raise StoreError(f"{self.store.path}: rank {self.rank} {kind}: malformed tensor index "
                              f"({e.__class__.__name__}: {e})") from None

@@ -276,11 +276,13 @@ class _ObjectKindWriter:
     keeps; store/keep.py), then one index row per step: hashes, finiteness flags and summaries."""
 
     def __init__(self, group: zarr.Group, kind: str, store_root, full: Sequence[str] = (),
-                 packs: PackSpec | None = None, sealed_to: int | None = None):
+                 packs: PackSpec | None = None, sealed_to: int | None = None, index_text: bool = False):
         """store_root: where tracekit/store/io.py writes objects (a folder, a URL's Location, or their ByteStore);
         packs: how small tensors are packed (format 3, store/packs.py), None: each its own object;
-        sealed_to: the rank each row is sealed to (format 4, summaries.row_identity), None: unsealed."""
+        sealed_to: the rank each row is sealed to (format 4, summaries.row_identity), None: unsealed;
+        index_text: the tensor index is written as one JSON text (format 5, meta.encode_index)."""
         self.group = group
+        self.index_text = index_text
         self.sealed_to = sealed_to
         self.packs = packs
         self.group_meta = NodeMeta(group)  # the only writer of the kind's metadata from here on
@@ -318,7 +320,7 @@ class _ObjectKindWriter:
         self._sharded = [e.shard is not None for e in index]
         self._previous: list[bytes] | None = None  # the last row's hashes: unchanged tensors are not packed
         self.meta = KindMeta(index, [], ALGORITHM, self.packs)
-        self.group_meta.update_attrs(self.meta.to_attrs())
+        self.group_meta.update_attrs(self.meta.to_attrs(self.index_text))
 
     def append(self, step: int, tensors: Sequence[TensorData], shards=None) -> None:
         """shards: per tensor, None (the whole tensor) or the Shard its data is (tracekit/store/shards.py)."""

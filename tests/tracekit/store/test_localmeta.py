@@ -82,31 +82,33 @@ def test_a_misplaced_entry_is_found_without_building_the_expected_index():
         assert misplaced(infos) is infos[i]
 
 
-def test_equal_indexes_are_parsed_once_per_comparison_and_damage_is_never_masked(tmp_path):
+@pytest.mark.parametrize("version", [3, 5])  # 5: the index is one JSON text, compared as a string
+def test_equal_indexes_are_parsed_once_per_comparison_and_damage_is_never_masked(tmp_path, version):
     """A store opened to share with another reuses the other's parsed index where its entries are
     equal (the same TensorInfo objects), parses its own where they differ, and still refuses a
     damaged one."""
     from tracekit.store import open_store as open_
+    from tracekit.store.meta import edit_index
 
     data = small_run_data()
-    ref = open_(write_store(tmp_path / "ref", data, format_version=3))
-    same = open_(write_store(tmp_path / "same", data, format_version=3), share_with=ref)
+    ref = open_(write_store(tmp_path / "ref", data, format_version=version))
+    same = open_(write_store(tmp_path / "same", data, format_version=version), share_with=ref)
     other = {r: {s: {k: {n: v * 2 for n, v in ts.items()} for k, ts in kinds.items()} for s, kinds in steps.items()}
              for r, steps in data.items()}
     renamed = {r: {s: {k: {f"x.{n}": v for n, v in ts.items()} for k, ts in kinds.items()} for s, kinds in steps.items()}
                for r, steps in data.items()}
-    equal = open_(write_store(tmp_path / "equal", other, format_version=3), share_with=ref)
-    differ = open_(write_store(tmp_path / "differ", renamed, format_version=3), share_with=ref)
+    equal = open_(write_store(tmp_path / "equal", other, format_version=version), share_with=ref)
+    differ = open_(write_store(tmp_path / "differ", renamed, format_version=version), share_with=ref)
     mine = ref.rank(0).tensors("parameters")
     assert all(a is b for a, b in zip(same.rank(0).tensors("parameters"), mine, strict=True))
     assert all(a is b for a, b in zip(equal.rank(0).tensors("parameters"), mine, strict=True))  # values differ, index not
     theirs = differ.rank(0).tensors("parameters")
     assert [t.name for t in theirs] == [f"x.{t.name}" for t in mine]
 
-    damaged_path = write_store(tmp_path / "damaged", data, format_version=3)
+    damaged_path = write_store(tmp_path / "damaged", data, format_version=version)
     meta = os.path.join(damaged_path, "rank_0", "parameters", "zarr.json")
     doc = json.load(open(meta))
-    doc["attributes"]["tensors"][-1]["offset"] += 1  # an address that does not follow from the index
+    edit_index(doc["attributes"], lambda e: e[-1].update(offset=e[-1]["offset"] + 1))  # an address that does not follow from the index
     with open(meta, "w") as f:
         json.dump(doc, f)
     damaged = open_(damaged_path, share_with=ref)
@@ -124,6 +126,8 @@ def test_shared_indexes_pass_over_malformed_entries():
         assert shared.get(entries, 3) is None
     shared.put([{"name": "a"}], 3, "parsed")
     assert shared.get([{"name": "a"}], 3) == "parsed" and shared.get([{"name": "a"}], 2) is None
+    shared.put('[{"name":"a"}]', 5, "text")  # format 5: the JSON text, compared as a string
+    assert shared.get('[{"name":"a"}]', 5) == "text" and shared.get('[{"name":"b"}]', 5) is None
 
 
 def test_byte_equal_metadata_is_parsed_once_and_each_store_still_reads_its_own_bytes(tmp_path):

@@ -305,7 +305,7 @@ def test_any_fsspec_url_holds_format_2_memory(tmp_path):
     write_store(url, _data(0))
     local = write_store(tmp_path / "local", _data(0))
     store = open_store(url)
-    assert store.format_version == 4  # the current format, packs (3) and sealed rows (4)
+    assert store.format_version == 5  # the current format: packs (3), sealed rows (4), index text (5)
     assert tracekit.diff(url, local, exact=True).passed
     np.testing.assert_array_equal(store.rank(1).read("gradients", 3, "w"), _data(0)[1][3]["gradients"]["w"])
     assert verify_store(url).ok

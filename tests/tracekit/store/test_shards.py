@@ -169,11 +169,16 @@ def test_pieces_found_once_for_a_layout_still_name_the_rank_that_asks(tmp_path):
 def test_a_peer_entry_that_does_not_fit_is_damage(tmp_path):
     import json
 
+    from tracekit.store.meta import edit_index
+
     path = _write(str(tmp_path / "s"))
     meta = os.path.join(path, "rank_1", "parameters", "zarr.json")
     doc = json.load(open(meta))
-    entry = next(e for e in doc["attributes"]["tensors"] if e["name"] == "w")
-    entry["shard"]["peers"] = [1, 0]  # rank 1 claims another tiling of w
+
+    def claim(entries):  # rank 1 claims another tiling of w
+        next(e for e in entries if e["name"] == "w")["shard"]["peers"] = [1, 0]
+
+    edit_index(doc["attributes"], claim)
     json.dump(doc, open(meta, "w"))
     view = open_store(path).rank(0)
     for ask in (lambda: view.read("parameters", 1, "w"), lambda: view.digests("parameters", 2)):
@@ -196,10 +201,12 @@ def test_sharded_index_entries_match_the_schema_and_roundtrip(tmp_path):
     import jsonschema
 
     from tracekit.schemas import load, part
-    from tracekit.store.meta import KindMeta
+    from tracekit.store.meta import KindMeta, decode_index
 
     path = _write(str(tmp_path / "s"))
     attrs = json.load(open(os.path.join(path, "rank_1", "parameters", "zarr.json")))["attributes"]
+    jsonschema.validate(attrs, part(load("store-metadata"), "kind"))
+    attrs["tensors"] = decode_index(attrs["tensors"])  # format 5's JSON text: the entries of the formats before
     jsonschema.validate(attrs, part(load("store-metadata"), "kind"))
     meta = KindMeta.from_attrs(attrs)
     assert meta.to_attrs() == attrs

@@ -261,10 +261,12 @@ def test_a_damaged_index_of_one_kind_is_reported_once_under_that_kind(tmp_path):
     """A lying tensor index names its own kind, once per rank, and leaves the other kinds checked."""
     import json
 
+    from tracekit.store.meta import edit_index
+
     path = _run(str(tmp_path / "s"), ranks=2, steps=2)
     meta = os.path.join(path, "rank_0", "gradients", "zarr.json")
     doc = json.load(open(meta))
-    doc["attributes"]["tensors"][0].update(shape=[2**40], numel=2**40)
+    edit_index(doc["attributes"], lambda entries: entries[0].update(shape=[2**40], numel=2**40))
     json.dump(doc, open(meta, "w"))
     result = verify_store(path)
     assert [(p.rank, p.kind) for p in result.problems] == [(0, "gradients")]
@@ -364,17 +366,27 @@ def test_kind_metadata_roundtrips_and_matches_the_schema(tmp_path):
     import jsonschema
 
     from tracekit.schemas import load, part
-    from tracekit.store.meta import KindMeta
+    from tracekit.store.meta import KindMeta, decode_index
 
-    schema = part(load("store-metadata"), "kind")
-    for version in (1, 2, 3):
+    schema, index = part(load("store-metadata"), "kind"), part(load("store-metadata"), "index")
+    for version in (1, 2, 3, 5):
         path = _run(str(tmp_path / f"v{version}"), ranks=1, steps=2, version=version)
         attrs = json.load(open(os.path.join(path, "rank_0", "gradients", "zarr.json")))["attributes"]
         jsonschema.validate(attrs, schema)
-        meta = KindMeta.from_attrs(attrs)
-        assert meta.to_attrs() == attrs and meta.steps == [1, 2] and [t.name for t in meta.tensors] == ["w", "v", "frozen"]
+        text = version == 5  # format 5: the index is one JSON text, its entries those of the formats before
+        assert isinstance(attrs["tensors"], str) == text
+        jsonschema.validate(decode_index(attrs["tensors"]) if text else attrs["tensors"], index)
+        meta = KindMeta.from_attrs(attrs, text)
+        assert meta.to_attrs(text) == attrs and meta.steps == [1, 2] and [t.name for t in meta.tensors] == ["w", "v", "frozen"]
         assert (meta.hash is None) == (version == 1)
-        assert (meta.packs is not None) == (version == 3)
+        assert (meta.packs is not None) == (version in (3, 5))
+    with pytest.raises(TypeError, match="JSON text"):
+        KindMeta.from_attrs({**attrs, "tensors": decode_index(attrs["tensors"])}, True)  # a list where text belongs
+    with pytest.raises(ValueError):
+        KindMeta.from_attrs({**attrs, "tensors": attrs["tensors"][:-1]}, True)  # cut short
+    with pytest.raises(ValueError, match="nested too deeply"):
+        KindMeta.from_attrs({**attrs, "tensors": "[" * 100_000 + "]" * 100_000}, True)  # hostile
+    attrs = json.load(open(os.path.join(tmp_path, "v3", "rank_0", "gradients", "zarr.json")))["attributes"]
     for bad in ({"below": 1}, {"below": -1, "max": 2}, {"below": True, "max": 2}, [1, 2]):
         with pytest.raises(ValueError, match="packs"):
             KindMeta.from_attrs({**attrs, "packs": bad})

@@ -9,6 +9,7 @@ import zarr
 from tracekit import StoreError, open_store
 from tracekit.store import RankWriter, TensorData, create_store, finalize_store
 from tracekit.store.format import FORMAT_VERSION
+from tracekit.store.meta import edit_index
 
 
 def _bf16_bits(values):
@@ -199,9 +200,9 @@ def _edit_json(path, fn):
 
 @pytest.mark.parametrize("damage", [
     "garbage_rank_json", "garbage_kind_json", "tensors_not_a_list", "tensor_without_offset", "unknown_dtype",
-    "steps_not_a_list", "completed_not_a_list", "coords_not_an_object", "root_meta_not_an_object",
+    "tensors_not_json", "steps_not_a_list", "completed_not_a_list", "coords_not_an_object", "root_meta_not_an_object",
 ])
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 5])
 def test_damaged_metadata_is_one_store_error(tmp_path, damage, version):
     path = write_run(str(tmp_path / "s"), version=version)
     rank = os.path.join(path, "rank_1")
@@ -210,8 +211,9 @@ def test_damaged_metadata_is_one_store_error(tmp_path, damage, version):
         "garbage_rank_json": lambda: open(os.path.join(rank, "zarr.json"), "w").write("{garbage"),
         "garbage_kind_json": lambda: open(kind, "w").write("{garbage"),
         "tensors_not_a_list": lambda: _edit_json(kind, lambda a: a.update(tensors=5)),
-        "tensor_without_offset": lambda: _edit_json(kind, lambda a: a["tensors"][0].pop("offset")),
-        "unknown_dtype": lambda: _edit_json(kind, lambda a: a["tensors"][0].update(dtype="foo")),
+        "tensor_without_offset": lambda: _edit_json(kind, lambda a: edit_index(a, lambda e: e[0].pop("offset"))),
+        "unknown_dtype": lambda: _edit_json(kind, lambda a: edit_index(a, lambda e: e[0].update(dtype="foo"))),
+        "tensors_not_json": lambda: _edit_json(kind, lambda a: a.update(tensors='[{"name": ')),
         "steps_not_a_list": lambda: _edit_json(kind, lambda a: a.update(steps="1")),
         "completed_not_a_list": lambda: _edit_json(os.path.join(rank, "zarr.json"), lambda a: a.update(completed_steps="x")),
         "coords_not_an_object": lambda: _edit_json(os.path.join(rank, "zarr.json"), lambda a: a.update(coords=[1])),

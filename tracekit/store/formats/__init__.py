@@ -9,8 +9,9 @@ from tracekit.store.formats.v1 import PackedArrays
 from tracekit.store.formats.v2 import Objects
 from tracekit.store.formats.v3 import PackedObjects
 from tracekit.store.formats.v4 import SealedRows
+from tracekit.store.formats.v5 import IndexText
 
-READERS: dict[int, FormatReader] = {r.version: r for r in (PackedArrays(), Objects(), PackedObjects(), SealedRows())}
+READERS: dict[int, FormatReader] = {r.version: r for r in (PackedArrays(), Objects(), PackedObjects(), SealedRows(), IndexText())}
 NEWEST = max(READERS)
 
 

@@ -21,6 +21,8 @@ class FormatReader(Protocol):
     hashed: bool
     # Index rows are sealed to their rank, kind and step (summaries.row_identity).
     sealed_rows: bool
+    # The kind's tensor index attribute is one JSON text (meta.encode_index), not a list of entries.
+    index_text: bool
 
     def check_addresses(self, infos) -> object | None:
         """The first index entry whose address the format does not allow, else None."""

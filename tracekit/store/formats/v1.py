@@ -16,6 +16,7 @@ class PackedArrays:
     version = 1
     hashed = False
     sealed_rows = False
+    index_text = False
 
     def check_addresses(self, infos):
         return None  # addresses are real places in the packed arrays: any in-bounds one is valid

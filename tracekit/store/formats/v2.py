@@ -18,6 +18,7 @@ class Objects:
     version = 2
     hashed = True
     sealed_rows = False
+    index_text = False
 
     def check_addresses(self, infos):
         # addresses are virtual (tensors live in objects): they follow from the names, dtypes and
@@ -52,7 +53,8 @@ class Objects:
     def kind_writer(self, group, kind: str, io_root, full, rank: int):
         from tracekit.store.writer import _ObjectKindWriter
 
-        return _ObjectKindWriter(group, kind, io_root, full, self.pack_spec(), rank if self.sealed_rows else None)
+        return _ObjectKindWriter(group, kind, io_root, full, self.pack_spec(), rank if self.sealed_rows else None,
+                                 self.index_text)
 
     def read_span(self, view, kind: str, step: int, info, start: int, stop: int) -> np.ndarray:
         raise TypeError("format 2 saves every tensor as pieces: read them (fetch)")
