@@ -27,10 +27,10 @@ HEAVY: list[tuple[str, float, tuple[str, ...]]] = [
     ("torchtitan: same, locate, cells blocks", 300, (
         "tests/e2e/samples/test_torchtitan_runs.py::test_two_recordings",
         "tests/e2e/samples/test_torchtitan_runs.py::test_an_lr",
-        "tests/e2e/samples/test_torchtitan_runs.py::test_a_replay",
         "tests/e2e/samples/test_torchtitan_runs.py::test_the_recorded_loss_is_the_loss_torchtitan_logs[dp2]",
         "tests/e2e/samples/test_torchtitan_runs.py::test_every_optimizer_parameter_is_recorded_under_its_full_name[selective-ac-eager]",
         "tests/e2e/samples/test_torchtitan_locate.py::test_the_planted",
+        "tests/e2e/samples/test_torchtitan_locate.py::test_the_faulty_replay",
         "tests/e2e/samples/test_torchtitan_locate.py::test_four_faults",
     )),
     ("torchtitan: layouts block (seed, fsdp 4, hsdp 2 x 2)", 150, (

@@ -2,7 +2,8 @@
 `torchtitan:locate` block, run as written after the `same` block whose `runs/tt-ref` it replays and
 whose traced clean run `runs/tt-trace` it diffs against (that block is recorded once per test run
 for test_torchtitan_runs.py; linked here, not recorded again). One launch of 2 ranks: a traced
-replay with the planted fault. Then the `torchtitan:cells` block: one more traced replay holding
+replay with the planted fault, which is also the doc's replay of the reference (exact until the
+fault: no replay launch of its own). Then the `torchtitan:cells` block: one more traced replay holding
 four faults (backward-only op, in-place write through a view, collective input, optimizer op), one
 per rank and step, in a run whose learning rate is also 1% higher (the `same` block's lr check
 reads its step 1: no launch of its own), diffed against the same traced clean run. (The runner's one-line error for a bad
@@ -16,7 +17,9 @@ import re
 
 import pytest
 
-from tests.samples.torchtitan_doc import cells_block, doc_block, ran, run_block, verdict
+from click.testing import CliRunner
+
+from tests.samples.torchtitan_doc import cells_block, cli, doc_block, ran, run_block, verdict
 
 pytestmark = [
     pytest.mark.skipif(importlib.util.find_spec("torchtitan") is None,
@@ -84,3 +87,25 @@ def test_the_planted_feed_forward_fault_is_named_and_the_clean_step_names_nothin
     rc = report.root_cause
     assert (rc.step, rc.rank, rc.event.module, rc.event.phase, rc.kind) == (
         3, 1, "layers.1.feed_forward", "fwd", "extra op") and rc.event.op.startswith("aten.gelu"), rc.reason
+
+
+def test_the_faulty_replay_reproduces_the_reference_exactly_until_its_fault(shared_once, tmp_path):
+    """The doc's replay (`runs/tt-fault`, replayed from `runs/tt-ref`): `tracekit diff --exact
+    runs/tt-ref runs/tt-fault` fails first at step 3, where the fault is, so steps 1 and 2 (step 2
+    restarted from the reference's parameters and AdamW state) are the reference's bit for bit; the
+    store names its reference."""
+    import json
+
+    from tracekit.cli.main import main as tracekit_main
+
+    folder, _ = locate_block(shared_once)
+    ref, fault = str(folder / "runs" / "tt-ref"), str(folder / "runs" / "tt-fault")
+    out = tmp_path / "exact.json"
+    result = CliRunner().invoke(tracekit_main, ["diff", "--exact", ref, fault, "--json-file", str(out)])
+    assert result.exit_code == 1, result.output[-3000:]
+    report = json.loads(out.read_text())
+    assert report["first_divergence"]["step"] == 3 and report["summary_line"].endswith("first_step=3"), \
+        report["summary_line"]
+    assert report["summary_line"].startswith("FAIL comparison ranks=2 steps=3"), report["summary_line"]
+    shown = json.loads(cli("show", "--json", fault))
+    assert shown["run"].get("replay_of"), "the replay store names its reference"
