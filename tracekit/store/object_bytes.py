@@ -84,8 +84,9 @@ class _RemoteReader:
         self._sync = sync
         self._size: int | None = None
         self._whole = whole
-        self._ranged = ranged and _obstore_of(self._store) is not None
-        if whole is None and not self._ranged:
+        # obstore's S3 store under zarr's, where a ranged caller's first read is one ranged GET; else None
+        self._obstore = _obstore_of(self._store) if ranged else None
+        if whole is None and self._obstore is None:
             self.size()  # missing: FileNotFoundError now, as a local open would
 
     def _call(self, coro):
@@ -115,7 +116,7 @@ class _RemoteReader:
             n = min(len(dest), len(data))
             dest[:n] = data[:n]
             return n
-        if self._size is None and self._ranged and len(dest):
+        if self._size is None and self._obstore is not None and len(dest):
             got = self._ranged_get(offset, len(dest))
             if got is not None:
                 data, self._size = got
@@ -137,10 +138,8 @@ class _RemoteReader:
         Missing: FileNotFoundError."""
         import obstore
 
-        inner = _obstore_of(self._store)
-
         async def get():
-            result = await obstore.get_async(inner, self.key, options={"range": (offset, offset + length)})
+            result = await obstore.get_async(self._obstore, self.key, options={"range": (offset, offset + length)})
             return memoryview(await result.bytes_async()), int(result.meta["size"])
 
         try:
