@@ -190,7 +190,7 @@ class SharedIndexes:
     def _key(entries, version: int) -> tuple | None:
         """entries: the `tensors` attribute as stored: a list of entries, or (format 5) its JSON text,
         compared as a string (in C)."""
-        if isinstance(entries, str):  # not a JSON list: malformed, parsed (and refused) the usual way
+        if isinstance(entries, str):  # a text that is not bracketed as a JSON list: malformed, parsed (and refused) the usual way
             return (version, len(entries), entries[:200], entries[-200:]) if entries[:1] + entries[-1:] == "[]" else None
         if not isinstance(entries, list):
             return None
