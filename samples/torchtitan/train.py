@@ -15,7 +15,7 @@ Every flag goes to TorchTitan as given. Before it runs, the runner
   `grad_scale:RANK:STEP:FACTOR` scales one rank's gradients in one step
   (bench/bench_sensitivity.py --workload titan).
 Once TorchTitan's main returns, the exit handlers run and the process ends without Python's
-teardown of the modules TorchTitan imported (quick_exit.py: ~1.7 CPU-s per rank).
+teardown of the modules TorchTitan imported (common/quick_exit.py: ~1.7 CPU-s per rank).
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
+sys.path.insert(1, os.path.dirname(HERE))  # samples/, for common.quick_exit (the real torchtitan package still wins)
 
-import quick_exit  # noqa: E402
+from common import quick_exit  # noqa: E402
 
 if __name__ == "__main__":
     quick_exit.arm()  # before torch is imported: the first exit handler registered runs last
@@ -93,7 +94,7 @@ def main() -> None:
     from torchtitan.train import main as torchtitan_main
 
     torchtitan_main()
-    quick_exit.succeeded()
+    quick_exit.ending(0)
 
 
 if __name__ == "__main__":

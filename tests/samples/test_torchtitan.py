@@ -177,42 +177,6 @@ def test_the_trainers_closing_sleep_is_skipped_and_its_clock_still_runs(monkeypa
     assert trainer.time.perf_counter is time.perf_counter
 
 
-# a rank as the runner ends it (quick_exit.py), in a plain interpreter: exit handlers registered after
-# arm() (the recorder's, torch's) print "handler"; an object still alive at teardown prints "teardown"
-QUICK_EXIT_RANK = """
-import atexit, sys
-sys.path.insert(0, sys.argv[1])
-import quick_exit
-quick_exit.arm()
-class Alive:
-    def __del__(self):
-        sys.stdout.write("teardown")
-        sys.stdout.flush()
-alive = Alive()
-atexit.register(lambda: sys.stdout.write("handler "))
-sys.stdout.write("trained ")  # left in the buffer: the rank's last output must not be lost
-if sys.argv[2] == "returned":
-    quick_exit.succeeded()
-else:
-    raise SystemExit(3)
-"""
-
-
-def test_a_rank_whose_trainer_returned_ends_after_every_exit_handler_without_teardown():
-    import subprocess
-    import sys
-
-    def rank(how):
-        return subprocess.run([sys.executable, "-c", QUICK_EXIT_RANK, os.path.join(SAMPLES, "torchtitan"), how],
-                              capture_output=True, text=True, timeout=60)
-
-    returned = rank("returned")
-    assert (returned.returncode, returned.stdout, returned.stderr) == (0, "trained handler ", "")
-    # an exception or sys.exit: Python's own exit, status and teardown included
-    failed = rank("raised")
-    assert (failed.returncode, failed.stdout) == (3, "trained handler teardown"), failed
-
-
 @pytest.mark.parametrize("name", ["cuda", "neuron"])
 def test_the_accelerator_commands_flags_parse_under_torchtitan(name, tmp_path):
     """docs/TORCHTITAN.md's CUDA and Neuron commands, with the setup block's variables, parsed by
