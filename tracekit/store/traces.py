@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 
-from tracekit.store.io import compact_metadata
+from tracekit.store.io import child_array, child_group, compact_metadata
 from tracekit.errors import StoreError
 from tracekit.store.bounded import read_bounded
 from tracekit.store.format import TRACES_GROUP
@@ -55,7 +55,7 @@ class TraceWriter:
         g = self._levels.get(level)
         if g is None:
             root = self.rank_group.require_group(TRACES_GROUP)
-            g = self._levels[level] = root.create_group(level, attributes={"steps": []})
+            g = self._levels[level] = child_group(root, level, attributes={"steps": []})
             self._steps[level] = []
         return g
 
@@ -65,16 +65,16 @@ class TraceWriter:
         g = self._level(level)
         if step in self._steps[level]:
             raise StoreError(f"trace of {level} at step {step} written twice")
-        sg = g.create_group(_step_name(step))
-        arr = sg.create_array(EVENTS_NAME, shape=payload.shape, dtype=np.uint8,
+        sg = child_group(g, _step_name(step))
+        arr = child_array(sg, EVENTS_NAME, shape=payload.shape, dtype=np.uint8,
                               chunks=(max(1, min(len(payload), 16 << 20)),), fill_value=0,
                               config={"write_empty_chunks": True})
         if len(payload):
             arr[:] = payload
         if full:
-            fg = sg.create_group("full")
+            fg = child_group(sg, "full")
             for t in full:
-                a = fg.create_array(t.name, shape=t.data.shape, dtype=t.data.dtype, fill_value=0,
+                a = child_array(fg, t.name, shape=t.data.shape, dtype=t.data.dtype, fill_value=0,
                                     attributes={"dtype": t.dtype, "shape": list(t.shape)},
                                     config={"write_empty_chunks": True})
                 if t.data.size:

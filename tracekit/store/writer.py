@@ -192,7 +192,7 @@ def create_store(path, meta: dict, force: bool = False, storage_options=None, fo
     if fmt.hashed:
         # The object folder is declared an empty zarr array: zarr and xarray then treat it as a
         # leaf and never list (or warn about) the files inside, which are not zarr chunks.
-        root.create_array(OBJECTS_DIR, shape=(0,), dtype=np.uint8, chunks=(1,), dimension_names=("object_byte",),
+        io.child_array(root, OBJECTS_DIR, shape=(0,), dtype=np.uint8, chunks=(1,), dimension_names=("object_byte",),
                           attributes={ROOT_KEY: "content-addressed tensor bytes (docs/FORMAT.md)"})
 
 
@@ -263,8 +263,8 @@ def _check_next_step(kind: str, steps: list[int], step: int) -> None:
 
 
 def _row_array(group: zarr.Group, name: str, width: int, dtype) -> zarr.Array:
-    return group.create_array(
-        name, shape=(0, width), chunks=(1, _chunk_elements(width, np.dtype(dtype).itemsize)), dtype=dtype,
+    return io.child_array(
+        group, name, shape=(0, width), chunks=(1, _chunk_elements(width, np.dtype(dtype).itemsize)), dtype=dtype,
         dimension_names=("step", f"{name}_element"), compressors=None, fill_value=0,
         # zarr skips all-zero chunks by default; we write them, so a missing chunk always means damage
         config={"write_empty_chunks": True},
@@ -492,7 +492,7 @@ class _KindWriter:
 
 
 def _new_kind_writer(rank_group: zarr.Group, kind: str, fmt, io_root, full, rank: int):
-    return fmt.kind_writer(rank_group.create_group(kind), kind, io_root, full, rank)
+    return fmt.kind_writer(io.child_group(rank_group, kind), kind, io_root, full, rank)
 
 
 @io.compact_metadata
@@ -565,8 +565,8 @@ class RankWriter:
             name = rank_group_name(rank)
             if name in root:
                 raise StoreError(f"{store_path} already holds data of rank {rank}")
-            self.group = root.create_group(
-                name, attributes={**attrs, "run_id": self.run_id, "completed_steps": [], "status": "running",
+            self.group = io.child_group(
+                root, name, attributes={**attrs, "run_id": self.run_id, "completed_steps": [], "status": "running",
                                   "start_time": now_iso(), **({"full": list(self.full)} if self.full else {})}
             )
             # Every later change of the rank group's attributes goes through here (self.group's own

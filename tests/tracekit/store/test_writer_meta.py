@@ -234,3 +234,34 @@ def test_an_unchanged_tensor_is_summarized_once_and_its_summary_is_the_same(tmp_
         np.testing.assert_array_equal(got["frozen"], summarize(frozen, "float32"))
         np.testing.assert_array_equal(got["frozen_copy"], summarize(frozen, "float32"))
         np.testing.assert_array_equal(got["moving"], summarize(np.full(n, s, dtype=np.float32), "float32"))
+
+def test_nodes_are_created_without_rewriting_their_parents(tmp_path, monkeypatch):
+    """The writer creates each node under a group it holds: zarr's "ensure the parents" (read every
+    ancestor's metadata, PUT it if none is there: 3-8 requests a node on an object store) is skipped,
+    and the store reads back whole. A name with a "/" still gets its intermediate group."""
+    from zarr.storage import LocalStore
+
+    from tracekit.store import io
+
+    asked = []
+    real = LocalStore.set_if_not_exists
+
+    async def counted(self, key, value):
+        asked.append(key)
+        return await real(self, key, value)
+
+    monkeypatch.setattr(LocalStore, "set_if_not_exists", counted)
+    url = str(tmp_path / "s")
+    create_store(url, {})
+    w = RankWriter(url, 0, {"coords": {"rank": 0}})
+    for step in (1, 2):
+        w.write(step, "parameters", [TensorData("w", "float32", (3,), np.arange(3, dtype=np.float32))])
+        w.complete_step(step)
+    w.close()
+    assert asked == []  # every node: its own zarr.json only
+    np.testing.assert_array_equal(open_store(url).rank(0).read("parameters", 2, "w"), np.arange(3, dtype=np.float32))
+    assert verify_store(url).ok
+    # the same call for a nested name creates the group in between, as zarr does
+    root = zarr.open_group(url, mode="r+")
+    io.child_array(root, "extra/a", shape=(1,), dtype="uint8")
+    assert asked and zarr.open_group(url, mode="r")["extra"].attrs is not None
