@@ -43,10 +43,10 @@ def full_cpu(t: torch.Tensor, keep: bool = True, copy: bool = True) -> torch.Ten
 
 def _row_shard_group(t) -> tuple | None:
     """A key for DTensors whose gather can be batched: one Shard(0) dim on a 1-D mesh (FSDP2's case)."""
-    from torch.distributed.tensor import Shard
-
     if not is_dtensor(t) or t.device_mesh.ndim != 1 or t.ndim == 0:
         return None
+    from torch.distributed.tensor import Shard  # loaded already: t is a DTensor
+
     (placement,) = t.placements
     if not (isinstance(placement, Shard) and placement.dim == 0):
         return None

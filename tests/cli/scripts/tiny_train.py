@@ -22,6 +22,9 @@ p.add_argument("--signal", choices=["KILL", "TERM"], default="KILL")
 p.add_argument("--pause-at", type=int, default=None, help="before this step, wait until --pause-file exists")
 p.add_argument("--pause-file", default=None)
 args = p.parse_args()
+# modules this job never needs (no DTensor, no FSDP, LeanSGD instead of a dynamo-disabled optimizer):
+# the recorder must not load them either (~0.8 CPU-s of every such rank's start-up for the first two)
+UNUSED = ("torch.distributed.tensor", "torch.distributed.fsdp", "torch._dynamo")
 
 if "WORLD_SIZE" in os.environ:
     dist.init_process_group("gloo")
@@ -45,4 +48,7 @@ with Recorder(model, opt, run_info={"mode": "tiny"}) as rec:
         opt.step()
         opt.zero_grad()
         os.write(1, f"rank={rank} step={step}\n".encode())
+if os.environ.get("TINY_MODULES_OUT"):  # what this rank loaded that it never used, for an import-hygiene test
+    with open(os.environ["TINY_MODULES_OUT"], "w") as f:
+        f.write(" ".join(m for m in UNUSED if m in sys.modules))
 sys.exit(args.exit_code)

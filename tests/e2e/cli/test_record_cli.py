@@ -10,7 +10,7 @@ import pytest
 from tracekit import open_store
 from tracekit.schemas import load
 
-from tests.e2e.cli.tiny_runs import EXIT_CODE, tiny_recording
+from tests.e2e.cli.tiny_runs import EXIT_CODE, tiny_rank_unused_modules, tiny_recording
 from tests.paths import CLI_SCRIPTS
 
 TINY = os.path.join(CLI_SCRIPTS, "tiny_train.py")
@@ -33,6 +33,9 @@ def test_records_a_world_of_one_and_propagates_exit_code(shared_once):
     assert s.meta["launcher"] == "tracekit record"
     assert s.rank(0).completed_steps == [1, 2, 3]
     assert s.run["mode"] == "tiny"
+    # a rank with no DTensor, no FSDP and no dynamo-disabled optimizer: the recorder loads none of
+    # them for it (DTensor's import alone was ~0.8 CPU-s of the rank's ~2)
+    assert tiny_rank_unused_modules(shared_once) == ""
 
 
 def test_refuses_existing_store_without_force_and_keeps_it(shared_once, tmp_path):
