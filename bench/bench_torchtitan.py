@@ -16,13 +16,7 @@ the ratio of the medians, and the median and range of the pairwise ratios (each 
 against the plain run just before it, seconds apart). On a machine others load meanwhile, the
 pairwise ratios' range says how far to trust the medians.
 
---keep-stores records each run into a store of its own and removes them all at the end, instead
-of removing each store after its run. Where the file system delays the reuse of freed inodes
-(ext4 without a journal skips, at every file it creates, each inode freed in the last minutes),
-removing the last store just before the next recorded run makes that run's file creations dearer;
-docs/RELIABILITY.md ("Cost on TorchTitan") has what it changed on the machine it was measured on.
-
-    python bench/bench_torchtitan.py [--ranks 2] [--steps 10] [--repeats 2] [--dir DIR] [--keep-stores] [-- TORCHTITAN FLAGS]
+    python bench/bench_torchtitan.py [--ranks 2] [--steps 10] [--repeats 2] [--dir DIR] [-- TORCHTITAN FLAGS]
 """
 
 from __future__ import annotations
@@ -82,8 +76,6 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--dir", default=None, help="where the bench makes its folder (default: the temp folder)")
-    parser.add_argument("--keep-stores", action="store_true",
-                        help="each recorded run into a new store, all removed at the end (see the docstring)")
     parser.add_argument("flags", nargs="*", help="more TorchTitan flags, after --")
     args = parser.parse_args()
     work = own_folder(args.dir, "tracekit-bench-torchtitan")
@@ -91,17 +83,16 @@ def main() -> None:
              "--config", "llama3_debugmodel", "--training.seq-len", str(SEQ_LEN), "--training.local-batch-size",
              str(LOCAL_BATCH), "--training.steps", str(args.steps), "--debug.seed", "0",
              "--assets", os.path.join(work, "assets"), *args.flags]
+    store = os.path.join(work, "store")
+    record = ["tracekit", "record", "--force", "-o", store, "--"]
     runs: dict[str, list[list[float]]] = {"plain": [], "recorded": []}  # per run: one value per FIGURES
     try:
         run(train, work)  # warm-up: assets, inductor cache for the mask builder, page cache
-        for i in range(args.repeats):
-            store = os.path.join(work, f"store-{i}" if args.keep_stores else "store")
-            record = ["tracekit", "record", "--force", "-o", store, "--"]
+        for _ in range(args.repeats):
             for label, prefix in (("plain", []), ("recorded", record)):
                 wall, log = run(prefix + train, work)
                 runs[label].append([wall, *log_times(log, SEQ_LEN * LOCAL_BATCH)])
-                if not args.keep_stores:
-                    shutil.rmtree(store, ignore_errors=True)
+                shutil.rmtree(store, ignore_errors=True)
     finally:
         remove_own(work)
     print(f"TorchTitan llama3 debug model, {args.ranks} ranks, {args.steps} steps, {args.repeats} interleaved "
