@@ -12,6 +12,11 @@ import sys
 # root, so put samples/ first to make the shared `common` package importable.
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from common import quick_exit  # noqa: E402
+
+if __name__ == "__main__":
+    quick_exit.arm()  # before torch is imported: the first exit handler registered runs last
+
 from common.config import parse_config  # noqa: E402
 from common.loop import Workload, run  # noqa: E402
 
@@ -29,4 +34,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(quick_exit.ending(main()))  # ends without Python's teardown once the exit handlers ran

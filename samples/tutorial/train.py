@@ -16,6 +16,11 @@ _SAMPLES = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _SAMPLES)
 sys.path.append(os.path.dirname(_SAMPLES))
 
+from common import quick_exit  # noqa: E402
+
+if __name__ == "__main__":
+    quick_exit.arm()  # before torch is imported: the first exit handler registered runs last
+
 from common.config import parse_config  # noqa: E402
 from common.loop import Workload, run  # noqa: E402
 
@@ -38,4 +43,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(quick_exit.ending(main()))  # ends without Python's teardown once the exit handlers ran

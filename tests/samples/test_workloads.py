@@ -168,3 +168,53 @@ def test_plain_workload_and_shared_code_never_import_tracekit():
 
 
 # ---------------------------------------------------------------- torchrun: every mode end to end
+
+
+# ---------------------------------------------------------------- the end of a rank (common/quick_exit.py)
+
+# a rank as the runners end it, in a plain interpreter: an exit handler registered after arm() (as the
+# recorder's and torch's are) prints "handler"; an object still alive at teardown prints "teardown"
+QUICK_EXIT_RANK = """
+import atexit, sys
+sys.path.insert(0, sys.argv[1])
+from common import quick_exit
+quick_exit.arm()
+class Alive:
+    def __del__(self):
+        sys.stdout.write("teardown")
+        sys.stdout.flush()
+alive = Alive()
+atexit.register(lambda: sys.stdout.write("handler "))
+sys.stdout.write("trained ")  # left in the buffer: the rank's last output must not be lost
+if sys.argv[2] == "raised":
+    raise SystemExit(3)
+sys.exit(quick_exit.ending(int(sys.argv[2])))
+"""
+
+
+def test_a_rank_whose_training_returned_ends_after_every_exit_handler_without_teardown():
+    import subprocess
+
+    def rank(how):
+        return subprocess.run([sys.executable, "-c", QUICK_EXIT_RANK, str(SAMPLES), how], capture_output=True,
+                              text=True, timeout=60)
+
+    for code in (0, 1):  # the status the training returned (1: a WorkloadError's one line)
+        ended = rank(str(code))
+        assert (ended.returncode, ended.stdout, ended.stderr) == (code, "trained handler ", ""), ended
+    # an exception, or sys.exit before the runner's end: Python's own exit, status and teardown included
+    failed = rank("raised")
+    assert (failed.returncode, failed.stdout) == (3, "trained handler teardown"), failed
+
+
+@pytest.mark.parametrize("runner, first_torch_import", [
+    ("plain/train.py", "from common.config import"),
+    ("tutorial/train.py", "from common.config import"),
+    ("torchtitan/train.py", "import cpu_shim"),
+])
+def test_each_runner_arms_the_quick_exit_before_torch_and_ends_with_it(runner, first_torch_import):
+    """arm() must come before anything registers an exit handler (torch, a recorder), or it would run
+    before theirs; the end must say the status the training returned."""
+    source = (SAMPLES / runner).read_text()
+    assert source.index("quick_exit.arm()") < source.index(first_torch_import), runner
+    assert "quick_exit.ending(" in source, runner
