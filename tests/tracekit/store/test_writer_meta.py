@@ -193,6 +193,26 @@ def test_a_document_encodes_as_json_dumps_after_every_change(tmp_path):
     assert zarr.open_group(str(tmp_path / "g"), mode="r").attrs["tensors"] == []
 
 
+def test_an_array_document_encodes_as_json_dumps_after_resizes_and_attribute_changes(tmp_path):
+    """An array's document keeps the encoding of every key but the one that changed (its shape
+    at a resize, its attributes at an update): interleaved, the file is still json.dumps of the
+    document, and zarr reads the last shape."""
+    g = zarr.open_group(str(tmp_path / "g"), mode="w")
+    arr = g.create_array("a", shape=(0, 5), chunks=(1, 5), dtype=np.float64, fill_value=0)
+    meta = nodemeta.NodeMeta(arr)
+    for i, change in enumerate([(1, None), (2, None), (2, {"note": "x"}), (3, None), (3, {"note": float("nan")}), (4, None)]):
+        rows, fields = change
+        if fields is None:
+            meta.resize((rows, 5))
+        else:
+            meta.update_attrs(fields)
+        with open(meta.file) as f:
+            text = f.read()
+        assert text == json.dumps(meta.doc, allow_nan=True), i
+        assert json.loads(text)["shape"] == [rows, 5], i
+    assert zarr.open_array(str(tmp_path / "g" / "a"), mode="r").shape == (4, 5)
+
+
 @pytest.mark.parametrize("size", ["large", "small"])
 def test_an_unchanged_tensor_is_summarized_once_and_its_summary_is_the_same(tmp_path, monkeypatch, size):
     """Once a tensor's hash (identity and bytes) came back unchanged, the writer hashes it first and
