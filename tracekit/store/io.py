@@ -35,34 +35,30 @@ def compact_metadata(fn):
 
 # Set while tracekit creates a node directly under a group it holds (io.child_group, io.child_array).
 _PARENTS_EXIST: contextvars.ContextVar[bool] = contextvars.ContextVar("tracekit_parents_exist", default=False)
-_parents_hook: list[bool] = []  # [whether zarr's save_metadata is wrapped], decided once per process
 
 
+@functools.cache  # decided once per process: whether zarr's save_metadata is wrapped
 def _hook_parents() -> bool:
     """Wrap zarr's save_metadata (as zarr.core.array and zarr.core.group call it) once, so that under
     _PARENTS_EXIST it writes the node's own zarr.json only. zarr 3.1 otherwise "ensures the parents"
     of every node it creates: it reads each ancestor's metadata and re-PUTs it if-none-match, 3 to 8
     requests a node on an object store (a 2-rank, 3-step store on S3 took 422 requests, ~200 of them
     for this), stat/open calls on a folder. A zarr whose internals differ is left as it is: False."""
-    if not _parents_hook:
-        try:
-            import zarr.core.array as za
-            import zarr.core.group as zg
-            from zarr.core.metadata import io as zio
-        except ImportError:
-            _parents_hook.append(False)
-            return False
-        real = zio.save_metadata
-        if za.save_metadata is not real or zg.save_metadata is not real:
-            _parents_hook.append(False)
-            return False
+    try:
+        import zarr.core.array as za
+        import zarr.core.group as zg
+        from zarr.core.metadata import io as zio
+    except ImportError:
+        return False
+    real = zio.save_metadata
+    if za.save_metadata is not real or zg.save_metadata is not real:
+        return False
 
-        async def save_metadata(store_path, metadata, ensure_parents: bool = False):
-            return await real(store_path, metadata, ensure_parents=ensure_parents and not _PARENTS_EXIST.get())
+    async def save_metadata(store_path, metadata, ensure_parents: bool = False):
+        return await real(store_path, metadata, ensure_parents=ensure_parents and not _PARENTS_EXIST.get())
 
-        za.save_metadata = zg.save_metadata = save_metadata
-        _parents_hook.append(True)
-    return _parents_hook[0]
+    za.save_metadata = zg.save_metadata = save_metadata
+    return True
 
 
 def _under_existing_parent(make, name: str, **kwargs):
