@@ -67,16 +67,16 @@ class TraceWriter:
             raise StoreError(f"trace of {level} at step {step} written twice")
         sg = child_group(g, _step_name(step))
         arr = child_array(sg, EVENTS_NAME, shape=payload.shape, dtype=np.uint8,
-                              chunks=(max(1, min(len(payload), 16 << 20)),), fill_value=0,
-                              config={"write_empty_chunks": True})
+                          chunks=(max(1, min(len(payload), 16 << 20)),), fill_value=0,
+                          config={"write_empty_chunks": True})
         if len(payload):
             arr[:] = payload
         if full:
             fg = child_group(sg, "full")
             for t in full:
                 a = child_array(fg, t.name, shape=t.data.shape, dtype=t.data.dtype, fill_value=0,
-                                    attributes={"dtype": t.dtype, "shape": list(t.shape)},
-                                    config={"write_empty_chunks": True})
+                                attributes={"dtype": t.dtype, "shape": list(t.shape)},
+                                config={"write_empty_chunks": True})
                 if t.data.size:
                     a[...] = t.data
         # listed last: a crash before this line leaves an unlisted step that readers ignore

@@ -193,7 +193,7 @@ def create_store(path, meta: dict, force: bool = False, storage_options=None, fo
         # The object folder is declared an empty zarr array: zarr and xarray then treat it as a
         # leaf and never list (or warn about) the files inside, which are not zarr chunks.
         io.child_array(root, OBJECTS_DIR, shape=(0,), dtype=np.uint8, chunks=(1,), dimension_names=("object_byte",),
-                          attributes={ROOT_KEY: "content-addressed tensor bytes (docs/FORMAT.md)"})
+                       attributes={ROOT_KEY: "content-addressed tensor bytes (docs/FORMAT.md)"})
 
 
 @io.compact_metadata
@@ -567,7 +567,7 @@ class RankWriter:
                 raise StoreError(f"{store_path} already holds data of rank {rank}")
             self.group = io.child_group(
                 root, name, attributes={**attrs, "run_id": self.run_id, "completed_steps": [], "status": "running",
-                                  "start_time": now_iso(), **({"full": list(self.full)} if self.full else {})}
+                                        "start_time": now_iso(), **({"full": list(self.full)} if self.full else {})}
             )
             # Every later change of the rank group's attributes goes through here (self.group's own
             # attributes go stale: nothing may write them through zarr any more).

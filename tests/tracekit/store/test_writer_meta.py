@@ -255,6 +255,7 @@ def test_an_unchanged_tensor_is_summarized_once_and_its_summary_is_the_same(tmp_
         np.testing.assert_array_equal(got["frozen_copy"], summarize(frozen, "float32"))
         np.testing.assert_array_equal(got["moving"], summarize(np.full(n, s, dtype=np.float32), "float32"))
 
+
 def test_nodes_are_created_without_rewriting_their_parents(tmp_path, monkeypatch):
     """The writer creates each node under a group it holds: zarr's "ensure the parents" (read every
     ancestor's metadata, PUT it if none is there: 3-8 requests a node on an object store) is skipped,
