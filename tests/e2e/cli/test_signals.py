@@ -7,6 +7,7 @@ rank's status says how it ended. A slow disk is simulated by throttling the writ
 (TRACEKIT_WRITE_MBPS), so the rank always dies with steps still spooled.
 """
 
+import json
 import os
 import random
 import re
@@ -18,18 +19,23 @@ import threading
 import time
 
 import pytest
+from click.testing import CliRunner
 
 from tracekit import open_store
+from tracekit.cli.main import main
+from tests.cli.runner import cli
 from tests.paths import CLI_SCRIPTS
 
 # every test here runs `tracekit record` of a script and signals it (8-12 s each): the slow tier
 SCRIPT = os.path.join(CLI_SCRIPTS, "signal_train.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
 WATCHDOG_S = 240
-# MB/s: the tiny model's ~50 KB spool entries take the writer ~0.2 s each, so the steps a signal
+# MB/s: the tiny model's ~50 KB spool entries take the writer ~0.05 s each, on top of the writer's
+# start-up (importing zarr, ~0.4 s, while the rank's steps take milliseconds), so the steps a signal
 # finds spooled (up to 5 of them, step 0's parameters included) are still there when it lands, and
-# drain in under a second after it
-SLOW_DISK = "0.25"
+# drain in a fraction of a second after it (at 0.25 MB/s, ~1.3 s of every cell's wall was that drain:
+# an idle worker)
+SLOW_DISK = "1"
 # The cells' runs: STEPS steps, stopped at step STOP_AT (between steps, mid-step) or after the last
 # one (exit); two steps before the signal are as good as more, and every entry spooled is one more
 # to drain at the slow disk's pace.
@@ -284,11 +290,10 @@ def test_a_stopped_writer_hangs_nothing_and_its_unstored_steps_are_listed(tmp_pa
     assert "killed" in rank.unwritten_cause
     (last,) = [x for x in job.err().splitlines() if x.startswith("tracekit record: 1 rank(s)")]
     assert f"unwritten: rank 0 steps {unwritten[0]}-6" in last and "killed" in last, last
-    show = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "show", job.store], capture_output=True, text=True)
-    assert f"rank 0 unwritten: steps {unwritten[0]}-6" in show.stdout, show.stdout + show.stderr
-    shown = subprocess.run([sys.executable, "-m", "tracekit.cli.main", "show", "--json", job.store],
-                           capture_output=True, text=True)
-    import json
-
+    # show reads the store in this process (a `tracekit show` process cost ~0.6 CPU-s and ~1 s each)
+    code, shown = cli("show", job.store)
+    assert code == 0 and f"rank 0 unwritten: steps {unwritten[0]}-6" in shown, shown
+    shown = CliRunner().invoke(main, ["show", "--json", job.store])
+    assert shown.exit_code == 0, shown.output
     (r0,) = json.loads(shown.stdout)["ranks"]
     assert r0["unwritten_steps"] == rank.unwritten_steps and "killed" in r0["unwritten_cause"]
