@@ -65,11 +65,14 @@ def test_a_job_that_ignores_sigterm_keeps_ignoring_it_and_exits_without_close_fl
     """Two promises, one process: a recorder started in a job that ignores SIGTERM leaves it ignored
     (a SIGTERM mid-run changes nothing), and a recorder never closed is drained by the exit hooks,
     before zarr's executors shut down (every step of 20, each ~3 MiB, status `finished`)."""
+    # the optimizer: tests/cli/scripts/lean_sgd.py's SGD update, which does not import torch._dynamo
+    # (torch.optim.SGD's ~1.4 CPU-s is not what this test is about)
     script = (
         "import os, signal, sys, torch\n"
         "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
         "from tracekit.recorders import Recorder\n"
-        "m = torch.nn.Linear(512, 512); opt = torch.optim.SGD(m.parameters(), lr=0.1)\n"
+        f"sys.path.insert(0, {CLI_SCRIPTS!r}); from lean_sgd import LeanSGD\n"
+        "m = torch.nn.Linear(512, 512); opt = LeanSGD(m.parameters(), lr=0.1)\n"
         "rec = Recorder(m, opt, store=sys.argv[1]).start()\n"
         "for s in range(20):\n"
         "    if s == 1:\n"

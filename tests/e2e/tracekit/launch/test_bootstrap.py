@@ -9,16 +9,22 @@ import pytest
 
 from tracekit import open_store
 from tracekit.launch import bootstrap_env as be
-from tests.paths import REPO
+from tests.paths import CLI_SCRIPTS, REPO
 from tests.processes import clean_env, run_python
 
 
-# A training script that never imports tracekit (a world of one: no torchrun).
+# A training script that never imports tracekit (a world of one: no torchrun). Its optimizer is
+# tests/cli/scripts/lean_sgd.py's (torch.optim.SGD's update, a torch.optim.Optimizer that never
+# imports torch._dynamo, ~1.4 CPU-s of the rank): zero-code recording hooks its step() as it hooks
+# SGD's; torch's own optimizers recorded zero-code are the samples' (tests/e2e/samples/).
 PLAIN = textwrap.dedent("""
+    import sys
     import torch
+    sys.path.insert(0, %r)
+    from lean_sgd import LeanSGD
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    opt = LeanSGD(model.parameters(), lr=0.1)
     for step in range(1, 4):
         x = torch.randn(5, 4)
         loss = model(x).pow(2).mean()
@@ -26,7 +32,7 @@ PLAIN = textwrap.dedent("""
         opt.step()
         opt.zero_grad()
     print("trained", flush=True)
-""")
+""") % CLI_SCRIPTS
 
 
 @pytest.mark.parametrize("zero_code", [True, False])
