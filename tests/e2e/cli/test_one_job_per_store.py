@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import pytest
@@ -60,11 +61,21 @@ def root_meta(store):
         return json.load(f)["attributes"]["tracekit"]
 
 
-def wait_paused(proc):
-    """Read the job's output up to its pause (the steps before it are on disk by then)."""
-    for line in proc.stdout:
-        if "paused" in line:
-            return
+def wait_paused(proc, ranks=1):
+    """Read the job's output up to the pause of each of its `ranks` ranks (each flushed its recorder
+    first: the steps before the pause are on disk by then). A job not paused by DEADLINE_S is killed
+    (its output ends), a failure rather than a stuck CI."""
+    seen = 0
+    watchdog = threading.Timer(DEADLINE_S, proc.kill)
+    watchdog.start()
+    try:
+        for line in proc.stdout:
+            if "paused" in line:
+                seen += 1
+                if seen == ranks:
+                    return
+    finally:
+        watchdog.cancel()
     raise AssertionError(f"the job ended without pausing: {proc.stderr.read()}")
 
 
@@ -145,15 +156,11 @@ def paused_torchrun_job(store, go, env=None):
     and wait before step 3 for the file `go`."""
     launcher = record(store, sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
                       TINY, "--steps", "4", "--pause-at", "3", "--pause-file", go, env=env)
-
-    def both_paused():
-        try:
-            s = open_store(store)
-            return s.ranks == [0, 1] and all(s.rank(r).completed_steps == [1, 2] for r in (0, 1))
-        except Exception:
-            return False
-
-    wait_for(both_paused, "both ranks to finish step 2")
+    # both ranks' pause lines, not a poll of the store (an open_store every 50 ms while torchrun and
+    # the ranks start): each rank flushed its recorder before printing its line
+    wait_paused(launcher, ranks=2)
+    s = open_store(store)
+    assert s.ranks == [0, 1] and all(s.rank(r).completed_steps == [1, 2] for r in (0, 1))
     return launcher
 
 
