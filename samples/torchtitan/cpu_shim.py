@@ -22,7 +22,7 @@ same on a GPU host. See docs/TORCHTITAN.md for why each one is there.
 6. the closing sleep: after the last step, rank 0 sleeps 2 s "for other ranks to complete"
    (`Trainer.train`), then training is over and nothing waits on it: torchrun waits for every rank
    anyway. On a CPU-only host that sleep is skipped (a third of a short run's last seconds).
-7. start-up, on any host: TorchTitan's modules call `torch.compile` as they are imported
+7. start-up, on a CPU-only host: TorchTitan's modules call `torch.compile` as they are imported
    (FlexAttention's kernel, the block mask), which imports inductor's compiler and AOTAutograd
    whether or not anything is ever compiled, and its metrics module imports TensorBoard whether or
    not TensorBoard is turned on. While the runner imports TorchTitan, `torch.compile`
@@ -56,11 +56,13 @@ def apply() -> list[str]:
     if cpu_only():
         _device_falls_back_to_cpu()
         applied.append("device")
-    _import_torchtitan_without_compiling()
-    applied.append("lazy_imports")
-    if _help_text_only_for_help(sys.argv[1:]):
-        applied.append("no_help_text")
-    if cpu_only():
+        # only where nothing calls what TorchTitan compiles at import (FlexAttention's kernel and
+        # block mask: 3. above): on a GPU those calls run inside the user's compiled model, and a
+        # deferred torch.compile there would be traced by dynamo
+        _import_torchtitan_without_compiling()
+        applied.append("lazy_imports")
+        if _help_text_only_for_help(sys.argv[1:]):
+            applied.append("no_help_text")
         _no_closing_sleep()
         applied.append("closing_sleep")
     _flex_attention_to_sdpa_on_cpu()
