@@ -177,7 +177,7 @@ def test_an_object_already_in_the_bucket_is_not_put_again(s3, monkeypatch, fmt):
 
         assert written == [2, 0]
         assert asked == [[pack_key([bytes.fromhex(key.replace("/", "")[len(OBJECTS_DIR):])])], [key]] * 2
-    objects = [k for k in s3.objects() if f"/dedup/{OBJECTS_DIR}/" in k and not k.endswith("zarr.json")]
+    objects = [k for k in s3.keys() if f"/dedup/{OBJECTS_DIR}/" in k and not k.endswith("zarr.json")]
     assert len(objects) == fmt - 1
     store = open_store(url)
     for rank in (0, 1):
@@ -197,7 +197,7 @@ def test_a_rank_dead_mid_step_leaves_its_completed_steps_readable(s3, fmt):
         w.write(s, "loss", [TensorData("loss", "float32", (), np.float32(s))])
         w.complete_step(s)
     w.write(3, "gradients", grad(3))  # step 3: gradients written, then the rank is gone
-    objects = s3.objects()
+    objects = s3.keys()
     landed = (f"{s3.bucket}/crash/rank_0/gradients/float32/c/2/0" if fmt == 1 else  # its bytes did land
               f"{s3.bucket}/crash/{object_key(tensor_hash('w', 'float32', (4,), np.full(4, 3, np.float32)))}")
     assert landed in objects
