@@ -117,6 +117,10 @@ def s3(s3_server, monkeypatch, request):
             fs = self.fs
             return {k: fs.cat_file(k) for k in fs.find(name)}
 
+        def keys(self) -> set[str]:
+            """The key of every object in the bucket (one listing; objects() GETs each one too)."""
+            return set(self.fs.find(name))
+
     return Bucket()
 
 

@@ -22,11 +22,23 @@ same on a GPU host. See docs/TORCHTITAN.md for why each one is there.
 6. the closing sleep: after the last step, rank 0 sleeps 2 s "for other ranks to complete"
    (`Trainer.train`), then training is over and nothing waits on it: torchrun waits for every rank
    anyway. On a CPU-only host that sleep is skipped (a third of a short run's last seconds).
+7. start-up, on a CPU-only host: TorchTitan's modules call `torch.compile` as they are imported
+   (FlexAttention's kernel, the block mask), which imports inductor's compiler and AOTAutograd
+   whether or not anything is ever compiled, and its metrics module imports TensorBoard whether or
+   not TensorBoard is turned on. While the runner imports TorchTitan, `torch.compile`
+   hands back a function that calls the real `torch.compile` at its first call (which is when
+   torch.compile compiles anyway), and metrics' `SummaryWriter` imports TensorBoard's when a writer
+   is made. Unless the command asks for `--help`, TorchTitan's config parser (tyro) is not made
+   to read each config class's source for its fields' help text (`inspect.getsource`, most of
+   the parse's CPU time): the help text is empty, the parsed config the same.
+   Nothing TorchTitan computes changes.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -44,6 +56,13 @@ def apply() -> list[str]:
     if cpu_only():
         _device_falls_back_to_cpu()
         applied.append("device")
+        # only where nothing calls what TorchTitan compiles at import (FlexAttention's kernel and
+        # block mask: 3. above): on a GPU those calls run inside the user's compiled model, and a
+        # deferred torch.compile there would be traced by dynamo
+        _import_torchtitan_without_compiling()
+        applied.append("lazy_imports")
+        if _help_text_only_for_help(sys.argv[1:]):
+            applied.append("no_help_text")
         _no_closing_sleep()
         applied.append("closing_sleep")
     _flex_attention_to_sdpa_on_cpu()
@@ -90,6 +109,78 @@ class CpuDeviceModule:
     @staticmethod
     def empty_cache() -> None:
         pass
+
+
+def _compile_at_first_call(real_compile):
+    """torch.compile as a module calls it at import: for a function, one that calls
+    real_compile(function, ...) the first time it is called and the compiled function from then on."""
+
+    def compile(model=None, *args, **kwargs):
+        if model is None or isinstance(model, torch.nn.Module) or not callable(model):
+            return real_compile(model, *args, **kwargs)
+        compiled = []
+
+        @functools.wraps(model)
+        def call(*a, **k):
+            if not compiled:
+                compiled.append(real_compile(model, *args, **kwargs))
+            return compiled[0](*a, **k)
+
+        return call
+
+    return compile
+
+
+def _summary_writer(*args, **kwargs):
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(*args, **kwargs)
+
+
+def _import_torchtitan_without_compiling(module: str = "torchtitan.train") -> None:
+    """Import TorchTitan's trainer (module) with the module-level torch.compile calls deferred to
+    their first call and TensorBoard imported when a writer is made (see 7. above)."""
+    import importlib
+    import sys
+    import types
+
+    if module in sys.modules:
+        return
+    real_compile, name = torch.compile, "torch.utils.tensorboard"
+    stub = None
+    if name not in sys.modules:
+        stub = sys.modules[name] = types.ModuleType(name)
+        stub.SummaryWriter = _summary_writer
+
+        def real(attribute):  # any other name: TensorBoard's own module, imported now
+            if attribute.startswith("__"):  # what inspect asks of every module in sys.modules
+                raise AttributeError(attribute)
+            if sys.modules.get(name) is stub:
+                del sys.modules[name]
+            return getattr(importlib.import_module(name), attribute)
+
+        stub.__getattr__ = real
+    torch.compile = _compile_at_first_call(real_compile)
+    try:
+        importlib.import_module(module)  # the trainer and everything it imports
+    finally:
+        torch.compile = real_compile
+        if stub is not None and sys.modules.get(name) is stub:
+            del sys.modules[name]
+
+
+def _help_text_only_for_help(argv: list[str]) -> bool:
+    """Unless argv asks for help, tyro's help-text lookups (each config field's docstring and
+    comments, from its class's source) answer nothing; True if so."""
+    if any(a in ("-h", "--help") for a in argv):
+        return False
+    from tyro import _docstrings
+
+    if not (hasattr(_docstrings, "get_field_docstring") and hasattr(_docstrings, "get_callable_description")):
+        return False  # another tyro: left as it is
+    _docstrings.get_field_docstring = lambda cls, field_name, markers: None
+    _docstrings.get_callable_description = lambda f: ""
+    return True
 
 
 def _device_falls_back_to_cpu() -> None:

@@ -158,6 +158,90 @@ def test_the_cpu_block_mask_is_built_without_compiling_and_other_devices_keep_to
         attention._compiled_create_block_mask = compiled
 
 
+def test_a_compile_at_import_compiles_at_its_first_call_with_the_arguments_given():
+    """TorchTitan calls torch.compile as its modules are imported (FlexAttention's kernel, the block
+    mask); while the runner imports it, torch.compile defers that to the function's first call."""
+    import torch
+
+    calls = []
+
+    def real_compile(model=None, **kwargs):
+        calls.append((model, kwargs))
+        return lambda *a: ("compiled", model(*a))
+
+    def double(x):
+        return 2 * x
+
+    compile = cpu_shim._compile_at_first_call(real_compile)
+    f = compile(double, backend="eager", dynamic=False)
+    assert calls == [] and f.__name__ == "double"  # nothing compiled at the call that compiled before
+    assert f(3) == ("compiled", 6) and f(4) == ("compiled", 8)
+    assert calls == [(double, {"backend": "eager", "dynamic": False})]  # once, as TorchTitan asked
+    module = torch.nn.Identity()
+    compile(module, backend="eager")  # a module, or the decorator form: compiled as asked, at once
+    compile(backend="eager")
+    assert calls[1:] == [(module, {"backend": "eager"}), (None, {"backend": "eager"})]
+
+
+def test_torchtitan_is_imported_without_its_compiles_and_tensorboard(tmp_path, monkeypatch):
+    """A module imported as the runner imports TorchTitan: its torch.compile waits for a call, its
+    SummaryWriter imports TensorBoard's when a writer is made, and both are torch's again after."""
+    import sys
+
+    import torch
+
+    (tmp_path / "titan_like.py").write_text(
+        "import torch\n"
+        "from torch.utils.tensorboard import SummaryWriter\n"
+        "compiled = torch.compile(lambda x: x + 1, backend='eager')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "torch.utils.tensorboard", raising=False)
+    monkeypatch.delitem(sys.modules, "titan_like", raising=False)
+    real_compile = torch.compile
+    cpu_shim._import_torchtitan_without_compiling("titan_like")
+    import titan_like
+
+    assert torch.compile is real_compile
+    assert "torch.utils.tensorboard" not in sys.modules
+    assert titan_like.SummaryWriter is cpu_shim._summary_writer
+    assert titan_like.compiled(torch.ones(1)).item() == 2.0
+    writer = titan_like.SummaryWriter(str(tmp_path / "tb"))
+    from torch.utils.tensorboard import SummaryWriter
+
+    assert isinstance(writer, SummaryWriter)
+    writer.close()
+
+
+def test_the_config_parses_the_same_without_help_text_and_help_keeps_it(monkeypatch, tmp_path):
+    """tyro reads each config class's source for help text while it parses (most of the parse's
+    CPU time); the runner turns that off unless the command asks for --help: the same config."""
+    import re
+
+    from torchtitan.config import ConfigManager
+    from tyro import _docstrings
+
+    tt = next(line for line in block("setup") if line.startswith("TT="))  # docs/TORCHTITAN.md's sizes
+    args = train.torchtitan_args([*shlex.split(tt.split("=", 1)[1])[0].split(), "--assets", str(tmp_path)], cpu=True)
+
+    def parsed() -> str:  # the config, closures' addresses masked
+        return re.sub(r" at 0x[0-9a-f]+", "", repr(ConfigManager().parse_args(args)))
+
+    with_help = parsed()
+    monkeypatch.setattr(_docstrings, "get_field_docstring", _docstrings.get_field_docstring)  # restored after
+    monkeypatch.setattr(_docstrings, "get_callable_description", _docstrings.get_callable_description)
+    from torchtitan.config.configs import DebugConfig
+
+    def seed_help():
+        return _docstrings.get_field_docstring(DebugConfig, "seed", ())
+
+    assert "seed" in seed_help()  # `--debug.seed`'s help text, from DebugConfig's source
+    assert not cpu_shim._help_text_only_for_help([*args, "--help"])
+    assert "seed" in seed_help()
+    assert cpu_shim._help_text_only_for_help(args)
+    assert seed_help() is None
+    assert parsed() == with_help and "seq_len=64" in with_help
+
+
 def test_the_trainers_closing_sleep_is_skipped_and_its_clock_still_runs(monkeypatch):
     """Rank 0's 2 s sleep after the last step (`Trainer.train`, trainer.py's only sleep) returns at
     once under the shim; the step timings' perf_counter is the real one."""

@@ -34,6 +34,18 @@ def _record(store, autocast=False, steps=3, lr=0.01, bf16_output=False, output_s
 @pytest.fixture(scope="module")
 def stores(tmp_path_factory):
     d = tmp_path_factory.mktemp("precision")
+    # one thread: ref and ref2 must compute bit for bit alike. Under load, ref2 once differed from
+    # ref in its step-1 outputs (cause not found; suspected: a multithreaded matmul splitting its
+    # sums differently between the two runs), which one thread rules out
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _all_stores(d)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _all_stores(d):
     return {"ref": _record(d / "ref"), "ref2": _record(d / "ref2"), "bf16": _record(d / "bf16", autocast=True),
             "bf16_lr": _record(d / "bf16_lr", autocast=True, lr=0.01 * 1.01),
             "bf16_logits": _record(d / "bf16_logits", autocast=True, bf16_output=True),

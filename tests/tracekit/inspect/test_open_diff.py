@@ -19,6 +19,12 @@ def diffds(divergence_runs):
     return tracekit.open_diff(*divergence_runs)
 
 
+@pytest.fixture(scope="module")
+def cli_doc(divergence_runs):
+    """The CLI's JSON report of the divergence runs at the default tolerances (two tests read it)."""
+    return _cli_json(*divergence_runs)
+
+
 def _cli_json(*args):
     out = CliRunner().invoke(diff_command, [*map(str, args), "--json", "--all-tensors", "-q"])
     assert out.exit_code in (0, 1), out.output
@@ -30,8 +36,8 @@ def _num(x):
     return float(x) if not isinstance(x, str) else float(x)  # 'inf'/'nan' strings in the JSON
 
 
-def test_metrics_equal_the_cli_report(divergence_runs, diffds):
-    doc = _cli_json(*divergence_runs)
+def test_metrics_equal_the_cli_report(cli_doc, diffds):
+    doc = cli_doc
     ds = diffds
     assert ds.tracekit.verdict == doc["status"].upper() == "FAIL"
     assert ds.attrs["summary_line"] == doc["summary_line"]
@@ -52,8 +58,8 @@ def test_metrics_equal_the_cli_report(divergence_runs, diffds):
     assert int(ds["violations"].sum()) == sum(r["violations"] for r in doc["results"])
 
 
-def test_first_divergence_is_the_cli_one_and_the_planted_fault(divergence_runs, diffds):
-    fd_cli = _cli_json(*divergence_runs)["first_divergence"]
+def test_first_divergence_is_the_cli_one_and_the_planted_fault(divergence_runs, cli_doc, diffds):
+    fd_cli = cli_doc["first_divergence"]
     fd = diffds.tracekit.first_divergence()
     assert (fd["step"], fd["rank"], fd["kind"], fd["name"]) == (fd_cli["step"], fd_cli["rank"], fd_cli["kind"], fd_cli["tensor"])
     assert list(fd["index"]) == fd_cli["worst"]["index"] == [5, 1]

@@ -3,6 +3,7 @@ reads back equal; a damaged value is one StoreError line, never a traceback or a
 
 import json
 import os
+import shutil
 
 import jsonschema
 import pytest
@@ -39,13 +40,19 @@ def test_explicit_recorder_states_its_coverage_as_the_schema_says(tmp_path):
     assert cov.left_out == (LeftOut("param4", (4,), "not a parameter of the Sequential given to Recorder"),)
 
 
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory):
+    """One recording for the damage cases below: each damages a copy of it."""
+    return recorded(tmp_path_factory.mktemp("coverage"))
+
+
 @pytest.mark.parametrize("bad", [
     [1, 2], {"recorded": 1}, {"optimizer_params": 1, "recorded": 2}, {"optimizer_params": -1, "recorded": 0},
     {"optimizer_params": 1, "recorded": 1, "output": "guess"}, {"optimizer_params": 1, "recorded": True},
     {"optimizer_params": 1, "recorded": 0, "left_out": [{"name": "p", "shape": "2x3", "reason": "r"}]},
 ])
-def test_damaged_coverage_is_one_store_error(tmp_path, bad):
-    path = recorded(tmp_path)
+def test_damaged_coverage_is_one_store_error(pristine, tmp_path, bad):
+    path = shutil.copytree(pristine, str(tmp_path / "s"))
     meta = os.path.join(path, "rank_0", "zarr.json")
     doc = json.load(open(meta))
     doc["attributes"]["coverage"] = bad

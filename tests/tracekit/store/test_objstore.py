@@ -4,6 +4,7 @@ Tests that hold for both store formats run on each: format 2 (content-addressed 
 through the store's API, the default) and format 1 (packed arrays, still readable and writable)."""
 
 import json
+import uuid
 
 import numpy as np
 import pytest
@@ -18,6 +19,8 @@ from tracekit.store.location import storage_options_scope
 from tracekit.store.verify import verify_store
 from tracekit.testing import write_store
 from tracekit.store.places import located
+
+from tests.conftest import S3_SECRET
 
 both_formats = pytest.mark.parametrize("fmt", [2, 1])
 
@@ -35,12 +38,32 @@ def _data(seed: int, steps=(1, 2, 3)):
     return out
 
 
+@pytest.fixture(scope="module")
+def written(s3_server):
+    """Per format, _data(0) as `ref` (finalized, exit code 0) and _data(1) as `cand`, written once
+    into a bucket of this worker's S3 server with the environment's credentials (as the `s3`
+    fixture sets them): (bucket, {fmt: (ref, cand)}). For the tests that only read them; a test
+    that writes or damages a store writes its own."""
+    bucket = f"objstore-written-{uuid.uuid4().hex[:8]}"
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in s3_server.env(S3_SECRET).items():
+            mp.setenv(k, v)
+        mp.delenv("TRACEKIT_STORAGE_OPTIONS", raising=False)
+        s3_server.make_bucket(bucket, S3_SECRET)
+        stores = {}
+        for fmt in (2, 1):
+            ref = write_store(f"s3://{bucket}/f{fmt}/ref", _data(0), format_version=fmt)
+            finalize_store(ref, 0)
+            stores[fmt] = (ref, write_store(f"s3://{bucket}/f{fmt}/cand", _data(1), format_version=fmt))
+    return bucket, stores
+
+
 @both_formats
-def test_a_store_written_to_a_bucket_reads_back_like_the_same_store_on_disk(s3, tmp_path, fmt):
+def test_a_store_written_to_a_bucket_reads_back_like_the_same_store_on_disk(s3, written, tmp_path, fmt):
     local = write_store(tmp_path / "local", _data(0), format_version=fmt)
-    remote = write_store(s3.url("runs/ref"), _data(0), format_version=fmt)
+    remote = written[1][fmt][0]
     a, b = open_store(local), open_store(remote)
-    assert b.path == s3.url("runs/ref")
+    assert b.path == f"s3://{written[0]}/f{fmt}/ref"
     assert a.format_version == b.format_version == fmt
     assert a.ranks == b.ranks == [0, 1]
     for r in a.ranks:
@@ -52,11 +75,10 @@ def test_a_store_written_to_a_bucket_reads_back_like_the_same_store_on_disk(s3, 
 
 
 @both_formats
-def test_diff_of_bucket_and_local_stores_is_the_same_report(s3, tmp_path, fmt):
+def test_diff_of_bucket_and_local_stores_is_the_same_report(s3, written, tmp_path, fmt):
     local_ref = write_store(tmp_path / "ref", _data(0), format_version=fmt)
     local_cand = write_store(tmp_path / "cand", _data(1), format_version=fmt)
-    s3_ref = write_store(s3.url("ref"), _data(0), format_version=fmt)
-    s3_cand = write_store(s3.url("cand"), _data(1), format_version=fmt)
+    s3_ref, s3_cand = written[1][fmt]
 
     def comparable(report):
         d = report.to_dict()
@@ -155,7 +177,7 @@ def test_an_object_already_in_the_bucket_is_not_put_again(s3, monkeypatch, fmt):
 
         assert written == [2, 0]
         assert asked == [[pack_key([bytes.fromhex(key.replace("/", "")[len(OBJECTS_DIR):])])], [key]] * 2
-    objects = [k for k in s3.objects() if f"/dedup/{OBJECTS_DIR}/" in k and not k.endswith("zarr.json")]
+    objects = [k for k in s3.keys() if f"/dedup/{OBJECTS_DIR}/" in k and not k.endswith("zarr.json")]
     assert len(objects) == fmt - 1
     store = open_store(url)
     for rank in (0, 1):
@@ -175,7 +197,7 @@ def test_a_rank_dead_mid_step_leaves_its_completed_steps_readable(s3, fmt):
         w.write(s, "loss", [TensorData("loss", "float32", (), np.float32(s))])
         w.complete_step(s)
     w.write(3, "gradients", grad(3))  # step 3: gradients written, then the rank is gone
-    objects = s3.objects()
+    objects = s3.keys()
     landed = (f"{s3.bucket}/crash/rank_0/gradients/float32/c/2/0" if fmt == 1 else  # its bytes did land
               f"{s3.bucket}/crash/{object_key(tensor_hash('w', 'float32', (4,), np.full(4, 3, np.float32)))}")
     assert landed in objects
@@ -190,9 +212,8 @@ def test_a_rank_dead_mid_step_leaves_its_completed_steps_readable(s3, fmt):
 
 
 @both_formats
-def test_plain_xarray_and_tracekit_open_read_a_bucket_store(s3, fmt):
-    url = write_store(s3.url("ref"), _data(0), format_version=fmt)
-    finalize_store(url, 0)
+def test_plain_xarray_and_tracekit_open_read_a_bucket_store(s3, written, fmt):
+    url = written[1][fmt][0]  # finalized
     tree = xr.open_datatree(url, engine="zarr", storage_options={"endpoint_url": s3.endpoint})
     expected = _data(0)[1][2]["gradients"]["w"]
     if fmt == 1:
@@ -208,10 +229,9 @@ def test_plain_xarray_and_tracekit_open_read_a_bucket_store(s3, fmt):
 
 
 @both_formats
-def test_nothing_written_or_reported_holds_the_secret(s3, monkeypatch, fmt):
+def test_nothing_written_or_reported_holds_the_secret(s3, written, monkeypatch, fmt):
     """Credentials come from the environment (the AWS chain) or options, and stay there."""
-    url = write_store(s3.url("ref"), _data(0), format_version=fmt)
-    finalize_store(url, 0)
+    url = written[1][fmt][0]  # written and finalized with the environment's credentials
     report = tracekit.diff(url, url)
     monkeypatch.delenv("AWS_SECRET_ACCESS_KEY")  # a second secret travels as a storage option only
     option_secret = "tracekit-option-secret-55aa"
@@ -222,8 +242,9 @@ def test_nothing_written_or_reported_holds_the_secret(s3, monkeypatch, fmt):
         report2 = tracekit.diff(opened, url)
         text = (json.dumps(report.to_dict(), default=str) + json.dumps(report2.to_dict(), default=str) + repr(opened)
                 + json.dumps(opened.meta, default=str) + str(tracekit.open(opened)))
-    stored = s3.objects()
-    assert len(stored) > 20
+    stored = s3.objects()  # the store written with options
+    stored.update((k, s3.fs.cat_file(k)) for k in s3.fs.find(f"{written[0]}/f{fmt}/ref"))  # and with the environment's
+    assert len(stored) > 20 and any(k.startswith(f"{written[0]}/") for k in stored)
     for secret in (s3.secret, option_secret):
         assert secret not in text
         assert not any(secret.encode() in blob for blob in stored.values())
