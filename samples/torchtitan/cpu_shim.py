@@ -141,7 +141,6 @@ def _import_torchtitan_without_compiling(module: str = "torchtitan.train") -> No
     """Import TorchTitan's trainer (module) with the module-level torch.compile calls deferred to
     their first call and TensorBoard imported when a writer is made (see 7. above)."""
     import importlib
-    import sys
     import types
 
     if module in sys.modules:
