@@ -300,7 +300,6 @@ class _ObjectKindWriter:
         self.direct = self.root.direct_writes()  # large objects around the page cache (io.Direct)
         self._digests = DigestCache()  # per tensor: a frozen one is hashed, and its summary reused
         self._small_summaries = RowSummaries()  # the same for the small ones, summarized together
-        self._staged: list = []  # prepared rows whose index rows wait for commit(): their objects are stored
 
     def _create(self, tensors: Sequence[TensorData], shards) -> None:
         index, _ = index_of((t.name, t.dtype, full_shape(t.shape, sh)) for t, sh in zip(tensors, shards))
@@ -323,27 +322,9 @@ class _ObjectKindWriter:
         self.meta = KindMeta(index, [], ALGORITHM, self.packs)
         self.group_meta.update_attrs(self.meta.to_attrs(self.index_text))
 
-    def append(self, step: int, tensors: Sequence[TensorData], shards=None, stage: bool = False) -> None:
-        """shards: per tensor, None (the whole tensor) or the Shard its data is (tracekit/store/shards.py).
-        stage: write the row's objects now, its index row at the next commit() (RankWriter.commit)."""
-        row = self._prepare_row(step, tensors, shards, self.steps + [p[0] for p in self._staged])
-        if stage:
-            self._staged.append(row)
-        else:
-            self.commit()
-            self._store_rows([row])
-
-    def commit(self) -> None:
-        """Store the staged rows' index rows, then list their steps: one resize of each index array
-        and one rewrite of the steps list for them all."""
-        if self._staged:
-            rows, self._staged = self._staged, []
-            self._store_rows(rows, concurrent=False)
-
-    def drop_staged(self, from_step: int) -> None:
-        """Forget the staged rows of steps >= from_step (an entry that failed half-way); only commit()
-        may follow."""
-        self._staged = [p for p in self._staged if p[0] < from_step]
+    def append(self, step: int, tensors: Sequence[TensorData], shards=None) -> None:
+        """shards: per tensor, None (the whole tensor) or the Shard its data is (tracekit/store/shards.py)."""
+        self._store_rows([self._prepare_row(step, tensors, shards, self.steps)])
 
     def append_rows(self, rows: Sequence[tuple[int, Sequence[TensorData]]]) -> None:
         """Several steps' rows at once (finalize's derived loss: store/derived_loss.py): each row's
@@ -433,17 +414,15 @@ class _ObjectKindWriter:
         bound = b"" if self.sealed_to is None else row_identity(self.sealed_to, self.kind, step) + digests.tobytes() + finite.tobytes()
         return step, digests, finite, seal(summaries, bound)
 
-    def _store_rows(self, prepared: list, concurrent: bool = True) -> None:
-        """The index rows of prepared steps, after the rows already stored; then list their steps.
-        concurrent: a local store's chunk files from a thread pool (finalize waits on the disk for
-        each); a writer process's group commit writes them in turn (its CPU is what counts)."""
+    def _store_rows(self, prepared: list) -> None:
+        """The index rows of prepared steps, after the rows already stored; then list their steps."""
         first = len(self.steps)
         chunks = []  # (array, row, values)
         for a, arr in enumerate((self.hash_array, self.finite_array, self.summary_array)):
             self.array_meta[arr.path].resize((first + len(prepared), arr.shape[1]))
             chunks += [(arr, first + row, p[1 + a]) for row, p in enumerate(prepared)]
         folder = getattr(self.root, "folder", None)  # a local store's folder (LocalBytes); None for an object store
-        if concurrent and len(prepared) > 1 and folder is not None:  # each row's chunk a new folder: see io.concurrently
+        if len(prepared) > 1 and folder is not None:  # each row's chunk a new folder: see io.concurrently
             io.concurrently(lambda c: _write_row_chunks(c[0], c[1], [c[2]]), chunks, folder)
         else:
             for arr, row, values in chunks:
@@ -598,8 +577,6 @@ class RankWriter:
             raise
         self.kinds: dict[str, _KindWriter | _ObjectKindWriter] = {}
         self.completed: list[int] = []
-        self._completed_listed: list[int] = []  # completed_steps as the rank group's document lists it
-        self._completed_staged = False
         self._checked_step: int | None = None
 
     def _check_owner(self, meta: dict, run_id: str | None) -> str | None:
@@ -626,9 +603,7 @@ class RankWriter:
         self._checked_step = step
 
     @io.compact_metadata
-    def write(self, step: int, kind: str, tensors: Sequence[TensorData], stage: bool = False) -> None:
-        """stage: store the tensors' bytes now and list their row at the next commit() (group commit:
-        tracekit/writer/spool_writer.py, when several spooled steps wait)."""
+    def write(self, step: int, kind: str, tensors: Sequence[TensorData]) -> None:
         if not tensors:
             return
         self._still_ours(step)
@@ -638,52 +613,16 @@ class RankWriter:
         kw = self.kinds.get(kind)
         if kw is None:
             kw = self.kinds[kind] = _new_kind_writer(self.group, kind, self.format, self.io_root, self.full, self.rank)
-        if not self.format.hashed:  # format 1: every row stored at once (stage is ignored)
+        if not self.format.hashed:
             kw.append(step, tensors)
         else:
-            kw.append(step, tensors, shards, stage=stage)
+            kw.append(step, tensors, shards)
 
     @io.compact_metadata
-    def complete_step(self, step: int, stage: bool = False) -> None:
-        """Mark a step complete: all of its kinds are written. stage: at the next commit()."""
+    def complete_step(self, step: int) -> None:
+        """Mark a step complete: all of its kinds are written."""
         self.completed.append(step)
-        if stage:
-            self._completed_staged = True
-        else:
-            self.commit()
-
-    @io.compact_metadata
-    def commit(self) -> None:
-        """Group commit: list the rows and completed steps staged since the last commit. Each kind's
-        index rows, then its steps list, then the rank's completed_steps: each metadata document is
-        rewritten once for the whole group, and ends as the same bytes as after one commit per step
-        (tests/tracekit/store/test_group_commit.py). A reader sees a step complete only once all of
-        its rows are listed, as with one commit per step."""
-        for kw in self.kinds.values():
-            if isinstance(kw, _ObjectKindWriter):
-                kw.commit()
-        if self._completed_staged or self.completed != self._completed_listed:
-            self.group_meta.update_attrs({"completed_steps": self.completed})
-            self._completed_listed = list(self.completed)
-            self._completed_staged = False
-
-    def drop_staged(self, from_step: int) -> None:
-        """Forget what was staged for steps >= from_step (an entry that failed half-way, before any
-        of it was committed): the earlier staged steps can still be committed."""
-        for kw in self.kinds.values():
-            if isinstance(kw, _ObjectKindWriter):
-                kw.drop_staged(from_step)
-        self.completed = [s for s in self.completed if s < from_step or s in self._completed_listed]
-
-    def still_ours(self) -> bool:
-        """Whether the store's root still names this job (read now): what a commit after a failure
-        checks first, so that nothing is listed in a store another job took over meanwhile."""
-        self._checked_step = None
-        try:
-            self._still_ours(-1)
-        except StoreError:
-            return False
-        return True
+        self.group_meta.update_attrs({"completed_steps": self.completed})
 
     @io.compact_metadata
     def update_attrs(self, **fields) -> None:

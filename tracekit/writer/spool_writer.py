@@ -90,7 +90,6 @@ class _Writer:
         full = (attrs.get("config") or {}).get("full") or ()
         self.writer = RankWriter(store, rank, attrs, run_id=os.environ.get(ENV_RUN_ID) or None, full=full)
         self.traces: TraceWriter | None = None  # created at the first traced step
-        self.staged: list[tuple[int, str]] = []  # (seq, path) of entries stored but not yet listed (_commit)
         try:
             self.pidfd = os.pidfd_open(rank_pid)
         except (AttributeError, OSError):  # not Linux >= 5.3: stdin's EOF is the death signal
@@ -142,19 +141,13 @@ class _Writer:
     def _entries(self, final: bool) -> list[tuple[int, str]]:
         return entries(self.spool, final)
 
-    def _write(self, seq: int, name: str, stage: bool = False) -> bool:
-        """Store one entry. stage: only its tensors' bytes now; its rows are listed, and its spool
-        file unlinked, by _commit (group commit). Returns whether the entry was staged (an entry of
-        rank attributes or a trace is stored at once, after what is staged)."""
+    def _write(self, seq: int, name: str) -> None:
         path = os.path.join(self.spool, name)
         t0 = time.monotonic()
         entry = read_entry(path)
         try:
             size = os.path.getsize(path)
             trace = entry.extra.get("trace")
-            if entry.extra.get("attrs") or trace is not None:
-                self._commit()  # in the order the rank spooled them
-                stage = False
             if entry.extra.get("attrs"):  # rank metadata learnt while training (the precision context)
                 self.writer.update_attrs(**entry.extra["attrs"])
             elif trace is not None:
@@ -165,47 +158,18 @@ class _Writer:
                     events = marshal.loads(entry.kinds[TRACE_EVENTS][0].data.tobytes())
                 self.traces.write_step(trace["level"], entry.step, events, entry.kinds.get("trace", []))
             else:
-                try:
-                    for kind, tensors in entry.kinds.items():
-                        self.writer.write(entry.step, kind, tensors, stage=stage)
-                    if entry.complete:
-                        self.writer.complete_step(entry.step, stage=stage)
-                except BaseException:
-                    if self.staged:  # keep the whole entries staged before this one (_fail)
-                        self.writer.drop_staged(entry.step)
-                    raise
+                for kind, tensors in entry.kinds.items():
+                    self.writer.write(entry.step, kind, tensors)
+            if entry.complete:
+                self.writer.complete_step(entry.step)
         finally:
             entry.close()
-        if stage:
-            self.staged.append((seq, path))
-        else:
-            os.unlink(path)
+        os.unlink(path)
         if self.bytes_per_s:  # a capped rate: wait out the rest of this entry's time (a SIGTERM cuts it short)
             until = t0 + size / self.bytes_per_s
             while not self.stopped and time.monotonic() < until:
                 time.sleep(max(0.0, min(0.05, until - time.monotonic())))  # the clock moved on since the test
-        if not stage:
-            self.say(f"done {seq}")
-        return stage
-
-    def _commit(self) -> None:
-        """List the staged entries' rows and steps in the store (one rewrite of each metadata
-        document for them all: RankWriter.commit), and only then unlink their spool files: a writer
-        killed before this keeps them spooled, and they count as unwritten, as they would have
-        if it had been killed before storing them."""
-        if not self.staged:
-            return
-        self.writer.commit()
-        staged, self.staged = self.staged, []
-        for seq, path in staged:
-            os.unlink(path)
-        for seq, _ in staged:
-            self.say(f"done {seq}")
-
-    def _fail(self) -> None:
-        """After an error: commit the whole entries staged before it, unless another job took the store over."""
-        if self.staged and self.writer.still_ours():
-            self._commit()
+        self.say(f"done {seq}")
 
     def run(self) -> int:
         self.say("ready")
@@ -214,20 +178,14 @@ class _Writer:
             if final:  # nobody left to yield the cores to
                 priority.restore(self.nice_before)
             heard = False
-            waiting = self._entries(final)
-            # Group commit: when several entries wait (a writer at nice 19 falls behind while the ranks
-            # keep the cores busy), each is stored, then all are listed at once (_commit). One entry
-            # waiting is stored and listed as it always was.
-            group = len(waiting) > 1
-            for seq, name in waiting:
+            for seq, name in self._entries(final):
                 if self.stopped:
                     break
-                self._write(seq, name, stage=group)
+                self._write(seq, name)
                 if not self._rank_done:  # a rank that closed or died mid-batch: drain the rest at full priority
                     heard |= self._wait_for_rank(block=False)
                     if self._rank_done:
                         priority.restore(self.nice_before)
-            self._commit()
             if self.stopped or final:
                 break
             if not heard and not self._rank_done:
@@ -303,11 +261,6 @@ def main(argv=None) -> int:
         return writer.run()
     except Exception as e:  # one line to the rank; the store keeps the steps written so far
         message = str(e) if isinstance(e, TracekitError) else f"{type(e).__name__}: {e}"
-        if writer is not None:
-            try:
-                writer._fail()
-            except Exception:
-                pass
         # the status first: a rank that hears of the failure may read the store at once
         if writer is not None:
             try:
