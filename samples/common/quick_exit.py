@@ -1,5 +1,6 @@
 """Ending a rank without Python's teardown once its training has returned (samples/plain,
-samples/tutorial and samples/torchtitan's runner call it; it never imports torch or tracekit).
+samples/tutorial, samples/replay and samples/torchtitan's runner call it, and the tests' own
+training scripts through tests/cli/scripts/quick_end.py; it never imports torch or tracekit).
 
 After the exit handlers, Python tears the interpreter down: it clears every module and runs its
 garbage collector over what the rank imported. That is CPU spent after training is over, while

@@ -19,6 +19,11 @@ _SAMPLES = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, _SAMPLES)
 sys.path.append(os.path.dirname(_SAMPLES))
 
+from common import quick_exit  # noqa: E402
+
+if __name__ == "__main__":
+    quick_exit.arm()  # before torch is imported: the first exit handler registered runs last
+
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
@@ -99,4 +104,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(quick_exit.ending(main()))  # ends without Python's teardown once the exit handlers ran

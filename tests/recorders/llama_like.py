@@ -18,6 +18,12 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
+import sys
+
+if __name__ == "__main__":  # run as a script: end as the samples' ranks do (tests/cli/scripts/quick_end.py)
+    sys.path.append(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "cli", "scripts"))
+    import quick_end  # before torch: its exit handler runs last
 
 import torch
 import torch.nn.functional as F
@@ -169,8 +175,6 @@ def train(call, model: TinyLlama, optimizer, steps: int, chunked: bool = False, 
 def main() -> None:
     """No tracekit code. Under torchrun: FSDP2 (fully_shard per block, lm_head, root) on gloo;
     without it, one process. --free-param adds to the optimizer a tensor no module owns."""
-    import os
-
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
 
@@ -198,3 +202,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    sys.exit(quick_end.ending(0))  # after every exit handler (the recorder's close), without teardown

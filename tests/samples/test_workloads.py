@@ -210,6 +210,7 @@ def test_a_rank_whose_training_returned_ends_after_every_exit_handler_without_te
 @pytest.mark.parametrize("runner, first_torch_import", [
     ("plain/train.py", "from common.config import"),
     ("tutorial/train.py", "from common.config import"),
+    ("replay/train.py", "import torch"),
     ("torchtitan/train.py", "import cpu_shim"),
 ])
 def test_each_runner_arms_the_quick_exit_before_torch_and_ends_with_it(runner, first_torch_import):

@@ -4,6 +4,8 @@ reports its global loss; rank 0 prints how many of them tracekit's derivation
 
 import sys
 
+import quick_end  # before torch: ends the process without Python's teardown (the last line)
+
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -24,3 +26,4 @@ if rank == 0:
                for i in range(N))
     print(f"derived {same} of {N}", flush=True)
 dist.destroy_process_group()
+sys.exit(quick_end.ending(0))

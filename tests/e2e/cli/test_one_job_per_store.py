@@ -151,11 +151,11 @@ def _running(pid: int) -> bool:
         return False
 
 
-def paused_torchrun_job(store, go, env=None):
+def paused_torchrun_job(store, go):
     """A 2-rank torchrun job recorded into `store`, returned once both ranks have stored steps 1-2
     and wait before step 3 for the file `go`."""
     launcher = record(store, sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-                      TINY, "--steps", "4", "--pause-at", "3", "--pause-file", go, env=env)
+                      TINY, "--steps", "4", "--pause-at", "3", "--pause-file", go)
     # both ranks' pause lines, not a poll of the store (an open_store every 50 ms while torchrun and
     # the ranks start): each rank flushed its recorder before printing its line
     wait_paused(launcher, ranks=2)
@@ -166,7 +166,7 @@ def paused_torchrun_job(store, go, env=None):
 
 def test_killed_torchrun_agent_is_not_finalized_before_its_workers_end(tmp_path):
     store, go = str(tmp_path / "s"), str(tmp_path / "go")
-    launcher = paused_torchrun_job(store, go, env={"TRACEKIT_WRITERS_WAIT_S": "100"})
+    launcher = paused_torchrun_job(store, go)
     with open(f"/proc/{launcher.pid}/task/{launcher.pid}/children") as f:
         (agent,) = [int(p) for p in f.read().split()]
     workers = [open_store(store).rank(r).attrs["pid"] for r in (0, 1)]

@@ -4,7 +4,9 @@ Each test runs `tracekit record -- python signal_train.py ...` (a world of one; 
 torchrun), lets the script reach a known point, signals or kills it, and checks the store: every
 step the script reported complete before the signal is there, nothing else is claimed, and the
 rank's status says how it ended. A slow disk is simulated by throttling the writer process
-(TRACEKIT_WRITE_MBPS), so the rank always dies with steps still spooled.
+(TRACEKIT_WRITE_MBPS), so the rank always dies with steps still spooled: each signal cell lists the
+sealed entries in the rank's spool just before it sends the signal, asserts there are some, and that
+their steps are in the store afterwards (the writer stored them after the rank's death).
 """
 
 import json
@@ -23,6 +25,7 @@ from click.testing import CliRunner
 
 from tracekit import open_store
 from tracekit.cli.main import main
+from tracekit.writer.spool import entries, read_entry
 from tests.cli.runner import cli
 from tests.paths import CLI_SCRIPTS
 
@@ -32,7 +35,8 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--np
 WATCHDOG_S = 240
 # MB/s: the tiny model's ~50 KB spool entries take the writer ~0.05 s each, on top of the writer's
 # start-up (importing zarr, ~0.4 s, while the rank's steps take milliseconds), so the steps a signal
-# finds spooled (up to 5 of them, step 0's parameters included) are still there when it lands, and
+# finds spooled (3 to 6 sealed entries in one run of the cells, step 0's parameters included; the
+# cells assert there are some) are still there when it lands, and
 # drain in a fraction of a second after it (at 0.25 MB/s, ~1.3 s of every cell's wall was that drain:
 # an idle worker)
 SLOW_DISK = "1"
@@ -111,6 +115,26 @@ class Job:
         return self.stderr.read()[-3000:]
 
 
+def _sealed_in_spool(rank_pid: int) -> tuple[int, list[int]]:
+    """The rank, and the steps of the sealed entries waiting in its spool now (its writer process, the
+    rank's child, names the folder, tracekit-rank<R>-*, in its command line); an entry stored
+    meanwhile is skipped."""
+    (writer,) = _children(rank_pid)
+    with open(f"/proc/{writer}/cmdline", "rb") as f:
+        argv = f.read().decode().split("\0")
+    folder = argv[argv.index("--spool") + 1]
+    rank = int(re.match(r"tracekit-rank(\d+)-", os.path.basename(folder)).group(1))
+    steps = []
+    for _, name in entries(folder, final=False):
+        try:
+            entry = read_entry(os.path.join(folder, name), populate=False)
+        except (OSError, ValueError):
+            continue
+        steps.append(entry.step)
+        entry.close()
+    return rank, steps
+
+
 def _rank(job, rank=0):
     return open_store(job.store).rank(rank)
 
@@ -150,10 +174,13 @@ def _expected_status(sig, timing):
 def test_signal_keeps_every_completed_step(tmp_path, sig, timing, target, mode):
     job = Job(tmp_path, ["--mode", mode, *CELL_ARGS, "--stop", timing])
     job.wait_for("flushing" if timing == "exit" else f"{timing} {STOP_AT}")
+    _, spooled = _sealed_in_spool(job.pids[0])  # what the slow disk has yet to store as the signal lands
     os.kill(job.pids[0] if target == "worker" else job.proc.pid, sig)
     rc = job.finish()
     assert rc == 128 + sig, job.err()
     _assert_kept(job)
+    # the rank dies with steps still spooled, and its writer stores them after its death
+    assert spooled and set(spooled) <= {0, *job.done_steps()}, (spooled, job.done_steps())
     assert job.done_steps() == list(range(1, {"mid": STOP_AT, "between": STOP_AT + 1, "exit": STEPS + 1}[timing]))
     assert _rank(job).status in _expected_status(sig, timing)
     # the parameters after every completed step, and the initial ones (step 0), the step in flight's not
@@ -229,6 +256,7 @@ TORCHRUN_CELLS = [
 def test_signal_under_torchrun_keeps_every_completed_step(tmp_path, sig, timing, target, mode):
     job = Job(tmp_path, ["--mode", mode, *CELL_ARGS, "--stop", timing], torchrun=True)
     job.wait_for("flushing" if timing == "exit" else f"{timing} {STOP_AT}", count=2)
+    spooled_rank, spooled = _sealed_in_spool(job.pids[0])  # the rank that printed its pid first
     if target == "agent":
         agent = [int(p) for p in subprocess.run(["pgrep", "-P", str(job.proc.pid)], capture_output=True,
                                                 text=True).stdout.split()]
@@ -247,6 +275,7 @@ def test_signal_under_torchrun_keeps_every_completed_step(tmp_path, sig, timing,
     assert store.ranks == [0, 1]
     for r in (0, 1):
         _assert_kept(job, rank=r)
+    assert spooled and set(spooled) <= {0, *job.done_steps(spooled_rank)}, (spooled, job.done_steps(spooled_rank))
     statuses = {store.rank(r).status for r in (0, 1)}
     if timing == "exit":  # rank 0 got SIGINT in its exit flush; torchrun then stops rank 1 with SIGTERM
         assert statuses <= {"finished", "failed", "terminated"}, statuses
