@@ -13,12 +13,23 @@ import pytest
 from tracekit import open_store
 from tracekit.errors import UsageError
 from tracekit.launch.config import DEFAULT_WRITER_NICE, RecordConfig
+from tracekit.writer import priority
 from tracekit.writer.handoff import Handoff, _writer_env
 from tracekit.writer.spool_writer import ATTRS
 from tracekit.writer.spool import PART, STEP, entry_name, write_entry
 from tracekit.store import TensorData, create_store
 
 OURS = os.getpriority(os.PRIO_PROCESS, 0)
+
+
+# Linux with CONFIG_SCHED_AUTOGROUP, as root: without CAP_SYS_ADMIN the kernel lets one autogroup
+# change through per 100 ms machine-wide (EAGAIN), so parallel tests would race for it
+AUTOGROUPS = priority.autogroup_nice() is not None and os.geteuid() == 0
+needs_autogroups = pytest.mark.skipif(not AUTOGROUPS, reason="no /proc/self/autogroup here, or not root")
+
+
+def _group_nice(pid: int) -> int | None:
+    return priority.autogroup_nice(f"/proc/{pid}/autogroup")
 
 
 @pytest.mark.parametrize("nice", [0, 7, DEFAULT_WRITER_NICE])
@@ -30,6 +41,9 @@ def test_the_writer_runs_at_the_nice_value_asked_for_and_never_above_its_rank(tm
         handoff.put(1, [("parameters", TensorData("w", "float32", (3,), np.ones(3, np.float32)))], complete=True)
         handoff.flush()  # step 1 written: the writer is past its start, waiting for the next step
         assert os.getpriority(os.PRIO_PROCESS, handoff._proc.pid) == max(nice, OURS)
+        if AUTOGROUPS:  # its session's scheduling group (its own: a new session's starts at 0) too
+            assert _group_nice(handoff._proc.pid) == nice
+            assert _group_nice(os.getpid()) == priority.autogroup_nice()  # ours untouched
     finally:
         handoff.close("finished")
     assert open_store(store).rank(0).completed_steps == [1]
@@ -60,6 +74,36 @@ def test_lower_reaches_every_later_thread_and_restore_puts_each_back_where_permi
     # lowering a nice value needs a privilege: as root both threads are back, as a plain user they stay at 19
     expected = OURS if os.geteuid() == 0 else 19
     assert (main_after, thread_after) == (expected, expected)
+
+
+GROUP = """
+import os
+from tracekit.writer import priority
+group = priority.autogroup_nice()
+before = priority.lower(19)
+low = priority.autogroup_nice()
+priority.restore(before)
+print(group, low, priority.autogroup_nice())
+"""
+
+
+@needs_autogroups
+def test_a_session_leader_lowers_its_autogroup_too_and_restore_puts_it_back():
+    """Across autogroups (one per session) a nice value counts for nothing: a writer in its own
+    session at nice 19 got the share of a whole training rank. Leading its session, the group is its
+    own: lower() sets the group's nice value as well, restore() puts it back."""
+    out = subprocess.run([sys.executable, "-c", GROUP], capture_output=True, text=True, check=True,
+                         start_new_session=True).stdout
+    group, low, after = map(int, out.split())
+    assert (group, low, after) == (0, 19, 0)  # a new session's group starts at 0
+
+
+@needs_autogroups
+def test_a_process_that_does_not_lead_its_session_leaves_the_group_alone():
+    """Its group is its session's, shared with the processes that started it: never lowered."""
+    out = subprocess.run([sys.executable, "-c", GROUP], capture_output=True, text=True, check=True).stdout
+    group, low, after = map(int, out.split())
+    assert group == low == after == priority.autogroup_nice()
 
 
 EARLY = """
@@ -126,6 +170,8 @@ def test_the_writer_drains_what_is_left_at_its_starting_priority_once_its_rank_c
         while set(_thread_nices(pid)) != {expected} and time.monotonic() < deadline:
             time.sleep(0.01)  # polling a state that holds until SIGTERM below, not timing it
         assert set(_thread_nices(pid)) == {expected}
+        if AUTOGROUPS:  # its group back at 0 too (restore() sets it before the threads)
+            assert _group_nice(pid) == 0
         assert handoff._proc.poll() is None  # still draining (the rate cap holds it in the entry's write)
     finally:
         handoff._proc.terminate()  # cuts the capped write short
