@@ -21,6 +21,12 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.a
 BOUND_S = 60  # an idle writer stops at once; far more than that is a writer that never stops
 
 
+def _reap(proc):
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
 @pytest.mark.parametrize("signals", [1, 2])
 def test_a_writer_told_to_stop_while_it_waits_on_a_live_rank_stops(tmp_path, signals):
     """`tracekit record` SIGTERMs a writer still running at --flush-timeout; its rank may outlive the
@@ -40,9 +46,7 @@ def test_a_writer_told_to_stop_while_it_waits_on_a_live_rank_stops(tmp_path, sig
         except subprocess.TimeoutExpired:
             pytest.fail(f"the writer ignored SIGTERM for {BOUND_S} s while it waited for a live rank")
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+        _reap(proc)
     assert rc == 0
     rank = open_store(store).rank(0)
     assert rank.completed_steps == [1]
@@ -99,9 +103,7 @@ def test_a_writer_stopped_while_it_starts_lists_every_spooled_step_as_unwritten(
         go.touch()
         rc = proc.wait(timeout=BOUND_S)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+        _reap(proc)
     assert rc == 0
     rank = open_store(store).rank(0)
     assert rank.completed_steps == []  # stopped before it stored anything
