@@ -160,7 +160,9 @@ def _launch(command, config: RecordConfig, store: str, claim: JobClaim, env_upda
             return status
         progress.finalizing(store)
         try:
-            finalize_store(store, status, worker_exits(tail.text()) if rc != 0 else {}, losses)
+            summary = finalize_store(store, status, worker_exits(tail.text()) if rc != 0 else {}, losses)
+            for line in unlisted_losses(losses, summary["ranks"], store):
+                print(line, file=sys.stderr, flush=True)
         except OSError as e:  # a full or failing disk: the ranks' completed steps stay readable
             print(f"tracekit: cannot finalize {store}: {e.strerror or e}; the steps the ranks wrote stay "
                   "readable (readers report the store as 'launcher died')", file=sys.stderr, flush=True)
@@ -198,6 +200,9 @@ MIN_GRACE_S = 5.0
 KILL_WAIT_S = 5.0
 KILLED_CAUSE = "its writer process did not stop within {grace:g} s of --flush-timeout and was killed"
 LEFT_CAUSE = "its writer process outlived SIGKILL at --flush-timeout (stuck in the kernel?)"
+# A writer that ends in any way of its own removes its spool folder (spool_writer.main's `finally`); one
+# whose folder is still there with entries in it ended without that: killed, or crashed in its start-up
+ENDED_CAUSE = "its writer process ended without storing them (killed, or crashed as it started)"
 
 
 def wait_for_writers(spools: str, deadline: float, flush_timeout: float | None = None) -> dict[int, dict]:
@@ -218,13 +223,16 @@ def wait_for_writers(spools: str, deadline: float, flush_timeout: float | None =
     for folder in folders:
         lock = os.path.join(folder, LOCK)
         if _wait_lock(lock, _deadline_of(folder, deadline, flush_timeout)):
+            _note_left_behind(folder, losses)
             continue
         pid = _writer_pid(lock)
         print("tracekit: a writer process is still writing at --flush-timeout; stopping it "
               "(its unwritten steps are listed in the store)", file=sys.stderr, flush=True)
         if pid is None or not _signal(pid, signal.SIGTERM):
+            _note_left_behind(folder, losses)
             continue
         if _wait_lock(lock, time.monotonic() + grace):
+            _note_left_behind(folder, losses)
             continue
         print(f"tracekit: writer process {pid} did not stop within {grace:g} s; killing it (the steps it had "
               "not stored are listed in the store as unwritten)", file=sys.stderr, flush=True)
@@ -237,6 +245,26 @@ def wait_for_writers(spools: str, deadline: float, flush_timeout: float | None =
         if loss is not None:
             losses[loss[0]] = loss[1]
     return losses
+
+
+def unlisted_losses(losses: dict[int, dict], finalized: dict, store: str) -> list[str]:
+    """A line for each rank in `losses` that finalize could not list its unwritten steps in: its writer
+    ended before it made the rank's group in the store (`finalized`: the summary's ranks)."""
+    lines = []
+    for rank in sorted(set(losses) - {int(r) for r in finalized}):
+        steps = " ".join(map(str, losses[rank]["unwritten_steps"])) or "(none)"
+        lines.append(f"tracekit: rank {rank} stored nothing ({losses[rank]['unwritten_cause']}); its spooled "
+                     f"steps {steps} are not in {store}")
+    return lines
+
+
+def _note_left_behind(folder: str, losses: dict[int, dict]) -> None:
+    """Add to `losses` the rank of a writer that ended and left entries in its spool unstored."""
+    if not spooled_steps(folder):  # stored and removed (the folder is gone), or nothing was spooled
+        return
+    loss = _loss(folder, ENDED_CAUSE)
+    if loss is not None:
+        losses[loss[0]] = loss[1]
 
 
 def _deadline_of(folder: str, deadline: float, flush_timeout: float | None) -> float:

@@ -45,12 +45,30 @@ def _nice_arg(argv: list[str]) -> int | None:
 _EARLY_NICE = _nice_arg(sys.argv[1:]) if __name__ == "__main__" else None
 _NICE_BEFORE = priority.lower(_EARLY_NICE) if _EARLY_NICE is not None else None
 
+import signal  # noqa: E402
+
+# SIGTERM (the launcher's --flush-timeout) is caught from here on, not only once the writer is up: at
+# nice 19 on cores the ranks keep busy, the start-up below can take seconds, and a SIGTERM then used to
+# kill the writer outright, before it made its rank's group, leaving no trace of the rank's steps in the
+# store. Caught, it stops the writer as soon as it is up, at its old priority (the rank is done: nobody
+# is left to yield to), and the store lists every spooled step as unwritten.
+_STOP_REQUESTED: list[bool] = []
+
+
+def _request_stop(signum, frame) -> None:
+    if not _STOP_REQUESTED:
+        _STOP_REQUESTED.append(True)
+        priority.restore(_NICE_BEFORE)
+
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _request_stop)
+
 import fcntl  # noqa: E402  (after the priority, on purpose)
 import json  # noqa: E402
 import marshal  # noqa: E402
 import select  # noqa: E402
 import shutil  # noqa: E402
-import signal  # noqa: E402
 import time  # noqa: E402
 
 from tracekit.errors import TracekitError  # noqa: E402
@@ -196,6 +214,7 @@ class _Writer:
         while self.closing is None and self._wait_for_rank(block=False):
             pass  # stopped mid-drain: the rank's last words may still be unread
         if self.stopped:
+            priority.restore(self.nice_before)  # the launcher waits for this within a grace; the rank is done
             self.writer.update_attrs(unwritten_steps=spooled_steps(self.spool), unwritten_cause=STOPPED_CAUSE)
         if self.closing is not None:
             status, attrs = self.closing
@@ -242,6 +261,7 @@ def main(argv=None) -> int:
         nice_before = priority.lower(args.nice)  # before any thread starts: they inherit it
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # the job's signals are the rank's business, not ours
+    signal.signal(signal.SIGTERM, _request_stop)  # (again: imported as a module, main() is the start)
     if args.lock_fd is not None:
         lock = os.fdopen(args.lock_fd, "w")
     else:
@@ -258,6 +278,8 @@ def main(argv=None) -> int:
 
         writer.wake_fd = _wakeup_fd()
         signal.signal(signal.SIGTERM, stop)
+        if _STOP_REQUESTED:  # a SIGTERM while the writer started: it stops before storing anything
+            writer.stopped = True
         return writer.run()
     except Exception as e:  # one line to the rank; the store keeps the steps written so far
         message = str(e) if isinstance(e, TracekitError) else f"{type(e).__name__}: {e}"

@@ -1,15 +1,20 @@
 """The launcher's wait for the ranks' writer processes (tracekit/launch/launcher.py wait_for_writers):
 bounded whatever a writer does."""
 
+import json
+import os
 import signal
 import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 from tracekit.launch import launcher as launch
-from tracekit.writer.spool_writer import LOCK
+from tracekit.store import TensorData
+from tracekit.writer.spool import STEP, entry_name, write_entry
+from tracekit.writer.spool_writer import ATTRS, LOCK
 
 # a stand-in writer: holds its spool's lock for its life and writes its pid there, as the writer does
 HOLDER = """
@@ -53,3 +58,50 @@ def test_a_writer_still_writing_at_the_deadline_is_stopped_and_killed_if_it_does
     else:  # before, the launcher waited on it forever
         assert code == -signal.SIGKILL and "did not stop within 0.5 s; killing it" in err
         assert waited < 0.5 + launch.KILL_WAIT_S + 5
+
+
+def _spool_entries(folder, steps):
+    (folder / ATTRS).write_text(json.dumps({"coords": {"rank": 3}}))
+    for step in steps:
+        write_entry(str(folder / entry_name(step, STEP)), step, True,
+                    [("parameters", TensorData("w", "float32", (3,), np.full(3, step, np.float32)))])
+
+
+@pytest.mark.parametrize("ends", ["at the deadline", "before the deadline"])
+def test_a_writer_that_ends_leaving_its_spool_has_its_steps_listed_as_unwritten(tmp_path, monkeypatch, ends):
+    """A writer that ends of its own removes its spool folder; one still there, with entries, ended
+    without storing them (killed by the SIGTERM of --flush-timeout as it started, or before it). The
+    launcher lists them for finalize, which used to hear nothing of them."""
+    proc = _holder(tmp_path, "stop")
+    folder = tmp_path / "spools" / "rank-0"
+    _spool_entries(folder, [1, 2])
+    monkeypatch.setattr(launch, "STOP_GRACE_S", 0.5)
+    try:
+        if ends == "before the deadline":
+            proc.kill()
+            proc.wait()
+        losses = launch.wait_for_writers(str(tmp_path / "spools"), time.monotonic() + (30 if ends != "at the deadline" else 0))
+    finally:
+        proc.kill()
+        proc.wait()
+    assert losses == {3: {"unwritten_steps": [1, 2], "unwritten_cause": launch.ENDED_CAUSE,
+                          "status": None, "cause": None}}
+
+
+def test_a_writer_that_stored_everything_and_removed_its_spool_leaves_no_loss(tmp_path):
+    proc = _holder(tmp_path, "stop")
+    folder = tmp_path / "spools" / "rank-0"
+    _spool_entries(folder, [1])
+    proc.kill()
+    proc.wait()
+    for name in os.listdir(folder):  # what the writer's exit does, its lock file included
+        os.unlink(folder / name)
+    folder.rmdir()
+    assert launch.wait_for_writers(str(tmp_path / "spools"), time.monotonic() + 30) == {}
+
+
+def test_a_loss_of_a_rank_with_no_group_in_the_store_is_said_on_stderr():
+    losses = {0: {"unwritten_steps": [1, 2], "unwritten_cause": launch.ENDED_CAUSE},
+              1: {"unwritten_steps": [4], "unwritten_cause": launch.KILLED_CAUSE.format(grace=5)}}
+    lines = launch.unlisted_losses(losses, {"1": {"completed_steps": [1, 2, 3]}}, "runs/s")
+    assert lines == [f"tracekit: rank 0 stored nothing ({launch.ENDED_CAUSE}); its spooled steps 1 2 are not in runs/s"]
