@@ -272,6 +272,7 @@ def main(argv=None) -> int:
     writer = None
     try:
         writer = _Writer(args.spool, args.store, args.rank, args.rank_pid, nice_before)
+        priority.lower_group(args.nice)  # the rank's group is made: from here on, yield the cores (priority.py)
 
         def stop(signum, frame):
             writer.stopped = True

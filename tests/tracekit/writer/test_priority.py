@@ -81,6 +81,7 @@ import os
 from tracekit.writer import priority
 group = priority.autogroup_nice()
 before = priority.lower(19)
+priority.lower_group(19)
 low = priority.autogroup_nice()
 priority.restore(before)
 print(group, low, priority.autogroup_nice())
@@ -91,7 +92,7 @@ print(group, low, priority.autogroup_nice())
 def test_a_session_leader_lowers_its_autogroup_too_and_restore_puts_it_back():
     """Across autogroups (one per session) a nice value counts for nothing: a writer in its own
     session at nice 19 got the share of a whole training rank. Leading its session, the group is its
-    own: lower() sets the group's nice value as well, restore() puts it back."""
+    own: lower_group() sets the group's nice value, restore() puts it back."""
     out = subprocess.run([sys.executable, "-c", GROUP], capture_output=True, text=True, check=True,
                          start_new_session=True).stdout
     group, low, after = map(int, out.split())
