@@ -272,7 +272,8 @@ def main(argv=None) -> int:
     writer = None
     try:
         writer = _Writer(args.spool, args.store, args.rank, args.rank_pid, nice_before)
-        priority.lower_group(args.nice)  # the rank's group is made: from here on, yield the cores (priority.py)
+        if not _STOP_REQUESTED:  # the rank's group is made: from here on, yield the cores (priority.py)
+            priority.lower_group(args.nice)
 
         def stop(signum, frame):
             writer.stopped = True
