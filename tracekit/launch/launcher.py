@@ -211,9 +211,10 @@ def wait_for_writers(spools: str, deadline: float, flush_timeout: float | None =
     and kill those that do not stop. A writer's deadline is `deadline`, or sooner, flush_timeout
     after its rank's training ended (the rank's note in its spool), whether or not the writer answers.
 
-    Returns, per rank whose writer had to be killed, what finalize_store records for it: the steps
+    Returns, per rank whose writer had to be killed or ended leaving entries in its spool (killed
+    by someone else, or crashed as it started), what finalize_store records for it: the steps
     left in its spool (`unwritten_steps`), why (`unwritten_cause`), and the rank's own word on how
-    it ended (`status`, `cause`), which the killed writer never stored."""
+    it ended (`status`, `cause`), which such a writer never stored."""
     try:
         folders = [os.path.join(spools, d) for d in os.listdir(spools) if d != spool_gc.LAUNCHER_LOCK]
     except OSError:
@@ -221,30 +222,33 @@ def wait_for_writers(spools: str, deadline: float, flush_timeout: float | None =
     grace = min(STOP_GRACE_S, max(MIN_GRACE_S, flush_timeout if flush_timeout is not None else STOP_GRACE_S))
     losses: dict[int, dict] = {}
     for folder in folders:
-        lock = os.path.join(folder, LOCK)
-        if _wait_lock(lock, _deadline_of(folder, deadline, flush_timeout)):
-            _note_left_behind(folder, losses)
-            continue
-        pid = _writer_pid(lock)
-        print("tracekit: a writer process is still writing at --flush-timeout; stopping it "
-              "(its unwritten steps are listed in the store)", file=sys.stderr, flush=True)
-        if pid is None or not _signal(pid, signal.SIGTERM):
-            _note_left_behind(folder, losses)
-            continue
-        if _wait_lock(lock, time.monotonic() + grace):
-            _note_left_behind(folder, losses)
-            continue
-        print(f"tracekit: writer process {pid} did not stop within {grace:g} s; killing it (the steps it had "
-              "not stored are listed in the store as unwritten)", file=sys.stderr, flush=True)
-        cause = KILLED_CAUSE.format(grace=grace)
-        if _signal(pid, signal.SIGKILL) and not _wait_lock(lock, time.monotonic() + KILL_WAIT_S):
-            print(f"tracekit: writer process {pid} outlived SIGKILL (stuck in the kernel?); going on without it",
-                  file=sys.stderr, flush=True)
-            cause = LEFT_CAUSE
-        loss = _loss(folder, cause)
+        cause = _stop_writer(folder, _deadline_of(folder, deadline, flush_timeout), grace)
+        if cause is None and not spooled_steps(folder):
+            continue  # it stored what was spooled and removed its folder (or nothing was spooled)
+        loss = _loss(folder, cause or ENDED_CAUSE)
         if loss is not None:
             losses[loss[0]] = loss[1]
     return losses
+
+
+def _stop_writer(folder: str, deadline: float, grace: float) -> str | None:
+    """Wait for the writer of `folder` until `deadline`, then stop it (SIGTERM), then kill it after
+    `grace`. None once it ended of itself or when stopped; else why it was not waited for to the end."""
+    lock = os.path.join(folder, LOCK)
+    if _wait_lock(lock, deadline):
+        return None
+    pid = _writer_pid(lock)
+    print("tracekit: a writer process is still writing at --flush-timeout; stopping it "
+          "(its unwritten steps are listed in the store)", file=sys.stderr, flush=True)
+    if pid is None or not _signal(pid, signal.SIGTERM) or _wait_lock(lock, time.monotonic() + grace):
+        return None
+    print(f"tracekit: writer process {pid} did not stop within {grace:g} s; killing it (the steps it had "
+          "not stored are listed in the store as unwritten)", file=sys.stderr, flush=True)
+    if _signal(pid, signal.SIGKILL) and not _wait_lock(lock, time.monotonic() + KILL_WAIT_S):
+        print(f"tracekit: writer process {pid} outlived SIGKILL (stuck in the kernel?); going on without it",
+              file=sys.stderr, flush=True)
+        return LEFT_CAUSE
+    return KILLED_CAUSE.format(grace=grace)
 
 
 def unlisted_losses(losses: dict[int, dict], finalized: dict, store: str) -> list[str]:
@@ -256,15 +260,6 @@ def unlisted_losses(losses: dict[int, dict], finalized: dict, store: str) -> lis
         lines.append(f"tracekit: rank {rank} stored nothing ({losses[rank]['unwritten_cause']}); its spooled "
                      f"steps {steps} are not in {store}")
     return lines
-
-
-def _note_left_behind(folder: str, losses: dict[int, dict]) -> None:
-    """Add to `losses` the rank of a writer that ended and left entries in its spool unstored."""
-    if not spooled_steps(folder):  # stored and removed (the folder is gone), or nothing was spooled
-        return
-    loss = _loss(folder, ENDED_CAUSE)
-    if loss is not None:
-        losses[loss[0]] = loss[1]
 
 
 def _deadline_of(folder: str, deadline: float, flush_timeout: float | None) -> float:
