@@ -51,7 +51,8 @@ import signal  # noqa: E402
 # nice 19 on cores the ranks keep busy, the start-up below can take seconds, and a SIGTERM then used to
 # kill the writer outright, before it made its rank's group, leaving no trace of the rank's steps in the
 # store. Caught, it stops the writer as soon as it is up, at its old priority (the rank is done: nobody
-# is left to yield to), and the store lists every spooled step as unwritten.
+# is left to yield to), and the store lists every spooled step as unwritten. It is the writer's one
+# SIGTERM handler: once the writer is up, a SIGTERM stops it after the entry in hand (_Writer.stopped).
 _STOP_REQUESTED: list[bool] = []
 
 
@@ -91,7 +92,6 @@ class _Writer:
         self.out = sys.stdout
         self.closing: tuple[str, dict] | None = None
         self.rank_gone = False
-        self.stopped = False  # SIGTERM to us
         # readable once a signal came (signal.set_wakeup_fd), so that a SIGTERM while we wait for a
         # rank that lives on ends the wait: select() resumes after a handler that does not raise,
         # and a signal just before select() would not interrupt it at all
@@ -112,6 +112,11 @@ class _Writer:
             self.pidfd = os.pidfd_open(rank_pid)
         except (AttributeError, OSError):  # not Linux >= 5.3: stdin's EOF is the death signal
             self.pidfd = None
+
+    @property
+    def stopped(self) -> bool:
+        """SIGTERM came (_request_stop), at any time since the writer program started."""
+        return bool(_STOP_REQUESTED)
 
     def say(self, line: str) -> None:
         try:
@@ -272,16 +277,11 @@ def main(argv=None) -> int:
     writer = None
     try:
         writer = _Writer(args.spool, args.store, args.rank, args.rank_pid, nice_before)
-        if not _STOP_REQUESTED:  # the rank's group is made: from here on, yield the cores (priority.py)
+        if not writer.stopped:  # the rank's group is made: from here on, yield the cores (priority.py)
             priority.lower_group(args.nice)
-
-        def stop(signum, frame):
-            writer.stopped = True
-
+        # a SIGTERM that came while the writer started stops it before it stores anything; one that
+        # comes later wakes it from its wait for the rank through this pipe
         writer.wake_fd = _wakeup_fd()
-        signal.signal(signal.SIGTERM, stop)
-        if _STOP_REQUESTED:  # a SIGTERM while the writer started: it stops before storing anything
-            writer.stopped = True
         return writer.run()
     except Exception as e:  # one line to the rank; the store keeps the steps written so far
         message = str(e) if isinstance(e, TracekitError) else f"{type(e).__name__}: {e}"
