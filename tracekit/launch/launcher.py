@@ -24,7 +24,7 @@ import time
 from typing import Sequence
 
 from tracekit.environment import run_environment
-from tracekit.errors import UsageError
+from tracekit.errors import StoreError, UsageError
 from tracekit.store import create_store, finalize_store
 from tracekit.store.finalize import mark_writers_outlived
 from tracekit.store.ownership import ENV_RUN_ID, JobClaim, ObjectClaim, new_run_id
@@ -151,6 +151,8 @@ def _launch(command, config: RecordConfig, store: str, claim: JobClaim, env_upda
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         status = rc if rc >= 0 else 128 - rc  # killed by signal N: report 128+N, as shells do
+        # before the wait below, which holds the writers lock alone: making a group takes a share of it
+        group_lost_ranks(spools, losses, store, claim.run_id)
         # Any process still holding the store's writers lock (an orphan of a killed agent, a writer
         # outside our spools) would change metadata that finalizing consolidates: wait for it too.
         if not claim.wait_for_writers(max(0.0, deadline[0] - time.monotonic())):
@@ -215,10 +217,7 @@ def wait_for_writers(spools: str, deadline: float, flush_timeout: float | None =
     by someone else, or crashed as it started), what finalize_store records for it: the steps
     left in its spool (`unwritten_steps`), why (`unwritten_cause`), and the rank's own word on how
     it ended (`status`, `cause`), which such a writer never stored."""
-    try:
-        folders = [os.path.join(spools, d) for d in os.listdir(spools) if d != spool_gc.LAUNCHER_LOCK]
-    except OSError:
-        return {}
+    folders = _spool_folders(spools)
     grace = min(STOP_GRACE_S, max(MIN_GRACE_S, flush_timeout if flush_timeout is not None else STOP_GRACE_S))
     losses: dict[int, dict] = {}
     for folder in folders:
@@ -251,9 +250,30 @@ def _stop_writer(folder: str, deadline: float, grace: float) -> str | None:
     return KILLED_CAUSE.format(grace=grace)
 
 
+def group_lost_ranks(spools: str, losses: dict[int, dict], store: str, run_id: str | None) -> list[int]:
+    """Make the rank group of each rank in `losses` whose writer ended before it made one, from the
+    attributes the rank left in its spool folder, so that finalize lists the rank and its unwritten
+    steps in the store. Returns the ranks given a group; one the store does not take is left to
+    unlisted_losses' line on stderr."""
+    from tracekit.store.lost_ranks import make_lost_rank_group
+
+    made = []
+    for folder in _spool_folders(spools):
+        attrs = _rank_attrs(folder)
+        rank = attrs["coords"]["rank"] if attrs is not None else None
+        if rank not in losses:
+            continue
+        try:
+            if make_lost_rank_group(store, rank, attrs, run_id):
+                made.append(rank)
+        except (StoreError, OSError):
+            pass  # the store does not take it: unlisted_losses names the rank on stderr
+    return sorted(made)
+
+
 def unlisted_losses(losses: dict[int, dict], finalized: dict, store: str) -> list[str]:
-    """A line for each rank in `losses` that finalize could not list its unwritten steps in: its writer
-    ended before it made the rank's group in the store (`finalized`: the summary's ranks)."""
+    """A line for each rank in `losses` that finalize could not list its unwritten steps in: the store
+    has no group for it (`finalized`: the summary's ranks), not even one group_lost_ranks made."""
     lines = []
     for rank in sorted(set(losses) - {int(r) for r in finalized}):
         steps = " ".join(map(str, losses[rank]["unwritten_steps"])) or "(none)"
@@ -270,16 +290,33 @@ def _deadline_of(folder: str, deadline: float, flush_timeout: float | None) -> f
     return min(deadline, time.monotonic() + (ended["time"] + flush_timeout - time.time()))
 
 
+def _spool_folders(spools: str) -> list[str]:
+    """The ranks' spool folders under `spools` ([] when it is gone)."""
+    try:
+        return [os.path.join(spools, d) for d in os.listdir(spools) if d != spool_gc.LAUNCHER_LOCK]
+    except OSError:
+        return []
+
+
+def _rank_attrs(folder: str) -> dict | None:
+    """The attributes the rank wrote in its spool folder for its writer; None unless readable and
+    naming an int rank."""
+    try:
+        with open(os.path.join(folder, ATTRS)) as f:
+            attrs = json.load(f)
+        rank = attrs["coords"]["rank"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return attrs if isinstance(rank, int) and not isinstance(rank, bool) else None
+
+
 def _loss(folder: str, cause: str) -> tuple[int, dict] | None:
     """(rank, what its killed writer left unstored) from its spool folder; None if the folder says
     nothing readable (no rank number)."""
-    try:
-        with open(os.path.join(folder, ATTRS)) as f:
-            rank = json.load(f)["coords"]["rank"]
-    except (OSError, ValueError, KeyError, TypeError):
+    attrs = _rank_attrs(folder)
+    if attrs is None:
         return None
-    if not isinstance(rank, int):
-        return None
+    rank = attrs["coords"]["rank"]
     ended = read_ended(folder) or {}
     return rank, {"unwritten_steps": spooled_steps(folder), "unwritten_cause": cause,
                   "status": ended.get("status"), "cause": ended.get("cause")}

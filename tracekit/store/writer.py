@@ -635,6 +635,11 @@ class RankWriter:
         finally:
             self._claim.release()
 
+    def leave_open(self) -> None:
+        """Let go of the group without closing it: its status stays `running`, for finalize to settle
+        from what the launcher knows of the rank (tracekit/store/lost_ranks.py)."""
+        self._claim.release()
+
     def forget_in_child(self) -> None:
         """In a forked child (a DataLoader worker): let the writers lock end with the rank itself."""
         self._claim.forget_in_child()

@@ -59,11 +59,11 @@ def _no_core_dumps():
 class Job:
     """A running `tracekit record` job whose stdout is read line by line."""
 
-    def __init__(self, tmp_path, script_args, record_args=(), torchrun=False, mbps=SLOW_DISK):
+    def __init__(self, tmp_path, script_args, record_args=(), torchrun=False, mbps=SLOW_DISK, env=None):
         self.store = str(tmp_path / "s")
         cmd = [sys.executable, "-m", "tracekit.cli.main", "record", "-o", self.store, *record_args, "--",
                *(TORCHRUN if torchrun else [sys.executable]), SCRIPT, *script_args]
-        env = dict(os.environ, TRACEKIT_WRITE_MBPS=mbps)
+        env = dict(os.environ, TRACEKIT_WRITE_MBPS=mbps, **(env or {}))
         self.stderr = open(tmp_path / "stderr.txt", "w+")
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.stderr, text=True, env=env,
                                      preexec_fn=_no_core_dumps)
@@ -326,3 +326,35 @@ def test_a_stopped_writer_hangs_nothing_and_its_unstored_steps_are_listed(tmp_pa
     assert shown.exit_code == 0, shown.output
     (r0,) = json.loads(shown.stdout)["ranks"]
     assert r0["unwritten_steps"] == rank.unwritten_steps and "killed" in r0["unwritten_cause"]
+
+
+# put first on the job's PYTHONPATH: stops the writer process as it starts, before it makes its rank's group
+STOP_THE_WRITER = """
+import os, signal, sys
+if "tracekit.writer.spool_writer" in sys.orig_argv:
+    os.kill(os.getpid(), signal.SIGSTOP)
+"""
+
+
+def test_a_writer_stopped_before_it_makes_its_ranks_group_leaves_the_rank_listed(tmp_path):
+    """A writer process stopped as it starts, before it made its rank's group (a hung filesystem, a
+    machine out of memory): the rank ends at --flush-timeout, `tracekit record` ends the writer, and
+    makes the rank's group itself, so that the store lists the rank, finished, with every step it
+    spooled as unwritten. Before, the store had no group for the rank: its summary named no rank,
+    and only a line on stderr said what was lost."""
+    stopper = tmp_path / "stop-the-writer"
+    stopper.mkdir()
+    (stopper / "sitecustomize.py").write_text(STOP_THE_WRITER)
+    path = os.pathsep.join(p for p in [str(stopper), os.environ.get("PYTHONPATH", "")] if p)
+    job = Job(tmp_path, ["--mode", "explicit", "--steps", "3"], record_args=["--flush-timeout", "1"], mbps="0",
+              env={"PYTHONPATH": path})
+    job.wait_for("rank=0 step=3")
+    rc = job.finish()
+    assert rc == 2, job.err()  # no step stored: an empty recording, and it says why
+    assert "stored nothing" not in job.err(), job.err()
+    rank = _rank(job)
+    assert rank.status == "finished" and rank.completed_steps == []
+    assert [s for s in rank.unwritten_steps if s > 0] == [1, 2, 3]
+    assert "writer process ended without storing them" in rank.unwritten_cause
+    (last,) = [x for x in job.err().splitlines() if x.startswith("tracekit record: 1 rank(s)")]
+    assert "unwritten: rank 0 steps" in last, last

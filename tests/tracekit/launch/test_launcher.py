@@ -88,6 +88,28 @@ def test_a_writer_that_ends_leaving_its_spool_has_its_steps_listed_as_unwritten(
                           "status": None, "cause": None}}
 
 
+def test_a_rank_whose_writer_ended_before_making_its_group_is_listed_in_the_store(tmp_path):
+    """Its writer was killed (or crashed) before it made the rank's group: the launcher makes the group
+    from the attributes the rank left in its spool, so that the store's summary lists the rank and its
+    spooled steps (it used to list the rank nowhere but in a line on stderr)."""
+    from tracekit.store import create_store, finalize_store
+
+    store = str(tmp_path / "s")
+    create_store(store, {"launcher": "tracekit record"})
+    proc = _holder(tmp_path, "stop")
+    _spool_entries(tmp_path / "spools" / "rank-0", [1, 2])
+    proc.kill()
+    proc.wait()
+    spools = str(tmp_path / "spools")
+    losses = launch.wait_for_writers(spools, time.monotonic() + 30)
+    assert launch.group_lost_ranks(spools, losses, store, None) == [3]
+    assert launch.group_lost_ranks(spools, losses, store, None) == []  # it has its group now
+    summary = finalize_store(store, 0, {}, losses)
+    assert summary["ranks"]["3"]["unwritten_steps"] == [1, 2]
+    assert summary["ranks"]["3"]["unwritten_cause"] == launch.ENDED_CAUSE
+    assert launch.unlisted_losses(losses, summary["ranks"], store) == []
+
+
 def test_a_writer_that_stored_everything_and_removed_its_spool_leaves_no_loss(tmp_path):
     proc = _holder(tmp_path, "stop")
     folder = tmp_path / "spools" / "rank-0"
@@ -100,7 +122,8 @@ def test_a_writer_that_stored_everything_and_removed_its_spool_leaves_no_loss(tm
     assert launch.wait_for_writers(str(tmp_path / "spools"), time.monotonic() + 30) == {}
 
 
-def test_a_loss_of_a_rank_with_no_group_in_the_store_is_said_on_stderr():
+def test_a_loss_of_a_rank_the_store_has_no_group_for_is_said_on_stderr():
+    """The store took no group for it (group_lost_ranks could not make one)."""
     losses = {0: {"unwritten_steps": [1, 2], "unwritten_cause": launch.ENDED_CAUSE},
               1: {"unwritten_steps": [4], "unwritten_cause": launch.KILLED_CAUSE.format(grace=5)}}
     lines = launch.unlisted_losses(losses, {"1": {"completed_steps": [1, 2, 3]}}, "runs/s")
