@@ -257,7 +257,9 @@ def group_lost_ranks(spools: str, losses: dict[int, dict], store: str, run_id: s
     unlisted_losses' line on stderr."""
     from tracekit.store.lost_ranks import make_lost_rank_group
 
-    made = []
+    made: list[int] = []
+    if not losses:
+        return made
     for folder in _spool_folders(spools):
         attrs = _rank_attrs(folder)
         rank = attrs["coords"]["rank"] if attrs is not None else None
