@@ -19,7 +19,8 @@ its own) sets its group's nice value too (/proc/self/autogroup, lower_group), at
 its own. Measured on TorchTitan's bench (docs/RELIABILITY.md, "The recorded steps' time
 attributed"), the group lowered at the writer's start: the ranks' main threads waited for a core
 ~28-30 ms a step instead of ~45-53, and the recorded steps were 1.17-1.23x instead of 1.26-1.35x;
-lowered only once the rank's group was made, 1.24x against 1.26-1.29x. The target (1.1x) is not met.
+lowered only once the rank's group was made, 1.24x against 1.26-1.29x; at its start again, six runs
+each later on, 1.23-1.33x against 1.25-1.42x, the whole command unchanged. The target (1.1x) is not met.
 
 Once the rank closes or dies, nothing is left to yield to: `restore` puts the writer back at the
 priority it started with, so the last steps are written before `tracekit record`'s
