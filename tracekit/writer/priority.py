@@ -15,12 +15,12 @@ autogroups (kernel.sched_autogroup_enabled, on on the machine measured) give eac
 session a group of its own, with an equal share of the cores between groups; torchrun starts
 each rank in a new session, and the rank starts its writer in one (handoff.py). So at nice 19 a
 writer still had a whole rank's share. A writer that leads its own session (the group is then
-its own) sets its group's nice value too (/proc/self/autogroup), once its rank's group is in the
-store (lower_group). Measured on TorchTitan's bench (docs/RELIABILITY.md, "The recorded steps'
-time attributed"), the group lowered at the writer's start: the ranks' main threads waited for
-a core ~28-30 ms a step instead of ~45-53, and the recorded steps were 1.17-1.23x instead of
-1.26-1.35x; lowered once the rank's group is made (as here), 1.24x against 1.26-1.29x. A small
-gain; the target (1.1x) is not met.
+its own) sets its group's nice value too (/proc/self/autogroup, lower_group), at its start, with
+its own. Measured on TorchTitan's bench (docs/RELIABILITY.md, "The recorded steps' time
+attributed"), the group lowered at the writer's start: the ranks' main threads waited for a core
+~28-30 ms a step instead of ~45-53, and the recorded steps were 1.17-1.23x instead of 1.26-1.35x;
+lowered only once the rank's group was made, 1.24x against 1.26-1.29x; at its start again, six runs
+each later on, 1.23-1.33x against 1.25-1.42x, the whole command unchanged. The target (1.1x) is not met.
 
 Once the rank closes or dies, nothing is left to yield to: `restore` puts the writer back at the
 priority it started with, so the last steps are written before `tracekit record`'s
@@ -72,9 +72,8 @@ def lower(nice: int) -> int | None:
 def lower_group(nice: int) -> None:
     """Raise this process's autogroup's nice value to `nice` when it leads its own session (the
     group is then its own: a process started with start_new_session); restore() puts it back.
-    The writer calls it once its rank's group is in the store: its start-up keeps the group's
-    share, so a writer that hangs or is stopped later has made the group its unstored steps are
-    listed in (tests/e2e/cli/test_signals.py, a stopped writer)."""
+    The writer calls it at its start, with lower(): its start-up (imports, its rank's group in the
+    store) then takes the cores' idle moments too, and can take seconds while the ranks keep them busy."""
     global _group_before
     try:
         group = autogroup_nice() if os.getsid(0) == os.getpid() else None

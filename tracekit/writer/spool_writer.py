@@ -38,12 +38,15 @@ def _nice_arg(argv: list[str]) -> int | None:
         return None
 
 
-# Started as a program (python -m, by the rank's Handoff), the writer takes its low priority before
-# it imports anything more: numpy and the store's modules below cost ~0.2 s of CPU, which it spent
-# at the rank's own priority while the ranks trained their first step (TorchTitan's debug model:
+# Started as a program (python -m, by the rank's Handoff), the writer takes its low priority, its
+# scheduling group's included, before it imports anything more: numpy, zarr and the store's modules
+# below cost ~0.35 s of CPU, which it spent at the rank's own priority (then at a whole rank's share
+# of the cores) while the ranks trained their first step (TorchTitan's debug model:
 # docs/RELIABILITY.md, "Cost on TorchTitan"). Imported as a module, nothing changes here.
 _EARLY_NICE = _nice_arg(sys.argv[1:]) if __name__ == "__main__" else None
 _NICE_BEFORE = priority.lower(_EARLY_NICE) if _EARLY_NICE is not None else None
+if _EARLY_NICE is not None:
+    priority.lower_group(_EARLY_NICE)
 
 import signal  # noqa: E402
 
@@ -264,6 +267,7 @@ def main(argv=None) -> int:
         nice_before = _NICE_BEFORE
     else:
         nice_before = priority.lower(args.nice)  # before any thread starts: they inherit it
+        priority.lower_group(args.nice)
     for sig in (signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_IGN)  # the job's signals are the rank's business, not ours
     signal.signal(signal.SIGTERM, _request_stop)  # (again: imported as a module, main() is the start)
@@ -277,8 +281,6 @@ def main(argv=None) -> int:
     writer = None
     try:
         writer = _Writer(args.spool, args.store, args.rank, args.rank_pid, nice_before)
-        if not writer.stopped:  # the rank's group is made: from here on, yield the cores (priority.py)
-            priority.lower_group(args.nice)
         # a SIGTERM that came while the writer started stops it before it stores anything; one that
         # comes later wakes it from its wait for the rank through this pipe
         writer.wake_fd = _wakeup_fd()

@@ -23,7 +23,7 @@ import time
 import pytest
 from click.testing import CliRunner
 
-from tracekit import open_store
+from tracekit import StoreError, open_store
 from tracekit.cli.main import main
 from tracekit.writer.spool import entries, read_entry
 from tests.cli.runner import cli
@@ -288,17 +288,40 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in out.split()]
 
 
+def _wait_for_rank_group(store: str, rank: int, writer: int, bound_s: float = 120) -> None:
+    """Until the store lists the rank's group, which its writer makes at its start (a live store, read
+    as `tracekit show` reads it; a group still being written may not parse yet)."""
+    deadline = time.monotonic() + bound_s
+    while True:
+        try:
+            if rank in open_store(store).ranks:
+                return
+        except StoreError:
+            pass
+        assert os.path.exists(f"/proc/{writer}"), "the writer process ended before it made its rank's group"
+        assert time.monotonic() < deadline, f"the writer made no group for rank {rank} within {bound_s} s"
+        time.sleep(0.01)  # polling a state that holds once reached, not timing it
+
+
 def test_a_stopped_writer_hangs_nothing_and_its_unstored_steps_are_listed(tmp_path):
     """A rank's writer process SIGSTOPped (a hung filesystem) after step 2: the rank ends within
     --flush-timeout of its training's end (before, it waited in its exit flush forever), `tracekit
     record` kills the writer, and the steps the writer never stored are listed as unwritten, with
     the cause; the rank, which finished training, reads `finished`, not `died`."""
-    # 0.3 s a step: steps 3-6 are still to come when the writer is stopped, so some are left unstored
     job = Job(tmp_path, ["--mode", "explicit", "--steps", "6", "--step-time", "0.3"], record_args=["--flush-timeout", "1"],
               mbps="0")
     job.wait_for(r"rank=0 step=2")
     (writer,) = _children(job.pids[0])  # the rank's one child: its writer process
-    os.kill(writer, signal.SIGSTOP)
+    # The writer is stopped once it has made its rank's group, which its unstored steps are listed in.
+    # Its start-up, at its low priority, can outlast the rank's six steps on a loaded machine (stopped
+    # before it, the store held no rank at all), so the rank is held meanwhile: steps 3-6 still come
+    # after the writer's stop, and stay unstored.
+    os.kill(job.pids[0], signal.SIGSTOP)
+    try:
+        _wait_for_rank_group(job.store, 0, writer)
+        os.kill(writer, signal.SIGSTOP)
+    finally:
+        os.kill(job.pids[0], signal.SIGCONT)
     try:
         job.wait_for("rank=0 step=6")
         ended = time.monotonic()
@@ -310,11 +333,12 @@ def test_a_stopped_writer_hangs_nothing_and_its_unstored_steps_are_listed(tmp_pa
     assert "did not store this rank's spooled steps within --flush-timeout 1 s" in job.err()
     assert "killing it" in job.err()
     rank = _rank(job)
-    unwritten = [s for s in rank.unwritten_steps if s > 0]
-    assert unwritten, "the stopped writer was expected to leave steps unstored"
+    unwritten = rank.unwritten_steps  # step 0 (the parameters before training) too, when it was not stored
+    trained = [s for s in unwritten if s > 0]
+    assert trained, "the stopped writer was expected to leave steps unstored"
     # a job whose writer stored no step at all fails as an empty recording, saying why
     assert rc == (0 if rank.completed_steps else 2), job.err()
-    assert sorted(rank.completed_steps + unwritten) == list(range(1, 7))
+    assert sorted(rank.completed_steps + trained) == list(range(1, 7))
     assert rank.status == "finished"
     assert "killed" in rank.unwritten_cause
     (last,) = [x for x in job.err().splitlines() if x.startswith("tracekit record: 1 rank(s)")]

@@ -111,11 +111,14 @@ EARLY = """
 import runpy, sys
 from tracekit.writer import priority
 seen = []
-lower = priority.lower
+lower, lower_group = priority.lower, priority.lower_group
 def spy(nice):
     seen.append((nice, "numpy" in sys.modules, "zarr" in sys.modules))
     return lower(nice)
-priority.lower = spy
+def group_spy(nice):
+    seen.append(("group", nice, "numpy" in sys.modules, "zarr" in sys.modules))
+    return lower_group(nice)
+priority.lower, priority.lower_group = spy, group_spy
 sys.argv = ["spool_writer", "--nice", "7"]  # the other arguments missing: argparse stops the writer after its imports
 try:
     runpy.run_module("tracekit.writer.spool_writer", run_name="__main__", alter_sys=True)
@@ -125,10 +128,11 @@ except SystemExit as e:
 
 
 def test_the_writer_program_takes_its_nice_value_before_its_heavy_imports():
-    """Started as a program, the writer lowers its priority before numpy and the store's modules load
-    (~0.2 s of CPU it would otherwise take at the rank's priority), once; imported, it does nothing."""
+    """Started as a program, the writer lowers its priority, and its scheduling group's, before numpy,
+    zarr and the store's modules load (~0.35 s of CPU it would otherwise take at the rank's priority
+    and share of the cores), once; imported, it does nothing."""
     out = subprocess.run([sys.executable, "-c", EARLY], capture_output=True, text=True, check=True).stdout
-    assert out.split(maxsplit=1) == ["2", "[(7, False, False)]\n"]
+    assert out.split(maxsplit=1) == ["2", "[(7, False, False), ('group', 7, False, False)]\n"]
     imported = subprocess.run([sys.executable, "-c", "import os, tracekit.writer.spool_writer; print(os.getpriority(os.PRIO_PROCESS, 0))"],
                               capture_output=True, text=True, check=True).stdout
     assert int(imported) == OURS
