@@ -162,6 +162,15 @@ class Handoff:
         except OSError as e:
             shutil.rmtree(self.spool, ignore_errors=True)
             raise WriterFailed(f"cannot start the writer process: {e}") from None
+        else:
+            # The writer's pid, in its lock file from its start (the writer writes it too, once it
+            # runs): `tracekit record` stops or kills a writer at --flush-timeout by this pid, and
+            # one stopped or stuck before writing it was left running, holding its spool. At offset
+            # 0 without moving the shared file offset the writer writes at.
+            try:
+                os.pwrite(lock, str(self._proc.pid).encode(), 0)
+            except OSError:
+                pass  # the writer writes it when it starts
         finally:
             os.close(lock)  # the writer's copy holds the lock from here on
         self._in, self._out = self._proc.stdin, self._proc.stdout.fileno()

@@ -28,6 +28,7 @@ from tracekit.cli.main import main
 from tracekit.writer.spool import entries, read_entry
 from tests.cli.runner import cli
 from tests.paths import CLI_SCRIPTS
+from tests.stopped_writer import stopping_pythonpath
 
 # every test here runs `tracekit record` of a script and signals it (8-12 s each): the slow tier
 SCRIPT = os.path.join(CLI_SCRIPTS, "signal_train.py")
@@ -352,33 +353,37 @@ def test_a_stopped_writer_hangs_nothing_and_its_unstored_steps_are_listed(tmp_pa
     assert r0["unwritten_steps"] == rank.unwritten_steps and "killed" in r0["unwritten_cause"]
 
 
-# put first on the job's PYTHONPATH: stops the writer process as it starts, before it makes its rank's group
-STOP_THE_WRITER = """
-import os, signal, sys
-if "tracekit.writer.spool_writer" in sys.orig_argv:
-    os.kill(os.getpid(), signal.SIGSTOP)
-"""
-
-
-def test_a_writer_stopped_before_it_makes_its_ranks_group_leaves_the_rank_listed(tmp_path):
-    """A writer process stopped as it starts, before it made its rank's group (a hung filesystem, a
-    machine out of memory): the rank ends at --flush-timeout, `tracekit record` ends the writer, and
-    makes the rank's group itself, so that the store lists the rank, finished, with every step it
-    spooled as unwritten. Before, the store had no group for the rank: its summary named no rank,
-    and only a line on stderr said what was lost."""
-    stopper = tmp_path / "stop-the-writer"
-    stopper.mkdir()
-    (stopper / "sitecustomize.py").write_text(STOP_THE_WRITER)
-    path = os.pathsep.join(p for p in [str(stopper), os.environ.get("PYTHONPATH", "")] if p)
+def test_a_writer_stopped_before_it_makes_its_ranks_group_is_killed_and_the_rank_listed(tmp_path):
+    """A writer process stopped as it starts, before it wrote its pid or made its rank's group (a
+    hung filesystem, a machine out of memory): the rank ends at --flush-timeout, `tracekit record`
+    kills the writer by the pid the rank noted for it, and makes the rank's group itself, so that
+    the store lists the rank, finished, with every step it spooled as unwritten. Before, the
+    launcher knew no pid to stop (the writer left running, stopped, holding its spool), and the
+    store had no group for the rank: its summary named no rank; only a line on stderr did."""
     job = Job(tmp_path, ["--mode", "explicit", "--steps", "3"], record_args=["--flush-timeout", "1"], mbps="0",
-              env={"PYTHONPATH": path})
+              env={"PYTHONPATH": stopping_pythonpath(tmp_path / "stop-the-writer")})
     job.wait_for("rank=0 step=3")
-    rc = job.finish()
+    (writer,) = _children(job.pids[0])
+    try:
+        rc = job.finish()
+        assert _state(writer) in (None, "Z"), "the stopped writer was left behind"
+    finally:
+        os.kill(writer, signal.SIGKILL)  # never left stopped, whatever the outcome
     assert rc == 2, job.err()  # no step stored: an empty recording, and it says why
+    assert f"writer process {writer} did not stop" in job.err() and "killing it" in job.err(), job.err()
     assert "stored nothing" not in job.err(), job.err()
     rank = _rank(job)
     assert rank.status == "finished" and rank.completed_steps == []
     assert [s for s in rank.unwritten_steps if s > 0] == [1, 2, 3]
-    assert "writer process ended without storing them" in rank.unwritten_cause
+    assert "killed" in rank.unwritten_cause
     (last,) = [x for x in job.err().splitlines() if x.startswith("tracekit record: 1 rank(s)")]
     assert "unwritten: rank 0 steps" in last, last
+
+
+def _state(pid: int) -> str | None:
+    """The process's state letter (/proc/PID/stat), None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None

@@ -3,6 +3,7 @@ handoff.py): the hand-off does not wait for the writer's start-up, and a writer 
 start is still reported, with its own words."""
 
 import os
+import shutil
 import signal
 import threading
 
@@ -12,6 +13,8 @@ import pytest
 from tracekit import open_store
 from tracekit.store import TensorData, create_store
 from tracekit.writer.handoff import Handoff, WriterFailed
+from tracekit.writer.spool_writer import LOCK
+from tests.stopped_writer import stopping_pythonpath
 
 
 def _step(value: float):
@@ -43,3 +46,21 @@ def test_a_writer_that_fails_at_start_is_reported_at_the_next_hand_off_or_flush(
     with pytest.raises(WriterFailed, match="not a tracekit store"):
         handoff.put(1, _step(1), complete=True)
         handoff.flush()
+
+
+def test_the_writers_pid_is_in_its_lock_file_before_the_writer_runs(tmp_path, monkeypatch):
+    """`tracekit record` stops, then kills, a writer still running at --flush-timeout by the pid in
+    its lock file. The writer wrote it there itself, once it ran: one stopped or stuck before that
+    was never signalled, and was left running, holding its spool (found with a writer stopped as it
+    started). The rank now writes it as it starts the writer."""
+    monkeypatch.setenv("PYTHONPATH", stopping_pythonpath(tmp_path / "stop"))
+    store = str(tmp_path / "s")
+    create_store(store, {})
+    handoff = Handoff(store, 0, {"coords": {"rank": 0}}, 1 << 20)
+    try:
+        with open(os.path.join(handoff.spool, LOCK)) as f:
+            assert f.read() == str(handoff._proc.pid)
+    finally:
+        os.kill(handoff._proc.pid, signal.SIGKILL)
+        handoff._proc.wait()
+        shutil.rmtree(handoff.spool, ignore_errors=True)
