@@ -9,6 +9,14 @@ import json
 import os
 import shutil
 
+# torch on one thread in every xdist worker and in every process a test starts without its own
+# setting (the launching tests' ranks already run with OMP_NUM_THREADS=1): `-n auto` runs one worker
+# per core, so a worker's second intra-op thread only took a core from the other worker and its
+# processes, spinning between small ops. The fast tier, side by side on 2 cores: 231.3 vs 243.6 and
+# 241.5 vs 281.5 CPU-s (130.9 vs 137.2 s and 150.4 vs 169.6 s), with against without. Set before
+# any test module imports torch: OpenMP reads it once, when torch loads; a value already set is kept.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 import pytest
 from filelock import FileLock
 
