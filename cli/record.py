@@ -179,7 +179,8 @@ def _nothing_recorded(done: dict, config: RecordConfig, ranks) -> str | None:
     if done["steps"]:
         return None
     why = (f"--ranks {ranks} matched no rank of the job" if config.ranks is not None and not done["ranks"] else
-           "no rank started recording (did the command run a training script?)" if not done["ranks"] else
+           ("no rank started recording (did the command run a training script? a rank whose writer process "
+            "failed as it started says why above)") if not done["ranks"] else
            "the ranks' writer processes stored none of the steps the ranks completed (unwritten, above)"
            if done.get("unwritten") else
            "no rank completed a step (steps are recorded when the training optimizer steps)")

@@ -12,14 +12,15 @@ from tracekit.schemas import load
 
 from tests.e2e.cli.tiny_runs import EXIT_CODE, tiny_rank_unused_modules, tiny_recording
 from tests.paths import CLI_SCRIPTS
+from tests.writer_faults import faulty_writer_pythonpath
 
 TINY = os.path.join(CLI_SCRIPTS, "tiny_train.py")
 
 
-def run_cli(*args, timeout=120):
+def run_cli(*args, timeout=120, env=None):
     """The installed console entry point as a user runs it (a real process: signals, exit codes)."""
     return subprocess.run([sys.executable, "-m", "tracekit.cli.main", *args], capture_output=True, text=True,
-                          timeout=timeout)
+                          timeout=timeout, env=None if env is None else {**os.environ, **env})
 
 
 # The tests below that only read a finished world of one share one recording (tests/e2e/cli/tiny_runs.py:
@@ -149,3 +150,17 @@ def test_nothing_recorded_is_a_clear_failure(tmp_path, command, why):
     doc = json.loads(result.stdout.splitlines()[-1])  # --json: the object says it too, beside the command's 0
     jsonschema.validate(doc, load("record-result"))
     assert (doc["steps"], doc["exit_status"], doc["errors"]) == ([], 0, [lines[-1].removeprefix("Error: ")])
+
+
+def test_a_writer_that_fails_as_it_starts_is_named_and_the_end_line_points_to_it(tmp_path):
+    """The rank's writer process exits as it starts: the rank says so, and the closing error, which
+    cannot tell it from a command that never recorded, points to that line instead of only asking
+    whether the command ran a training script."""
+    store = str(tmp_path / "s")
+    result = run_cli("record", "-o", store, "--", sys.executable, TINY, "--steps", "2",
+                     env={"PYTHONPATH": faulty_writer_pythonpath(tmp_path / "fail", "exit")})
+    assert result.returncode == 2, result.stderr
+    assert "tracekit: the writer process exited at start" in result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"Error: nothing was recorded in {store}: no rank started recording")
+    assert "writer process failed as it started says why above" in last, last

@@ -28,7 +28,7 @@ from tracekit.cli.main import main
 from tracekit.writer.spool import entries, read_entry
 from tests.cli.runner import cli
 from tests.paths import CLI_SCRIPTS
-from tests.stopped_writer import stopping_pythonpath
+from tests.writer_faults import faulty_writer_pythonpath
 
 # every test here runs `tracekit record` of a script and signals it (8-12 s each): the slow tier
 SCRIPT = os.path.join(CLI_SCRIPTS, "signal_train.py")
@@ -361,7 +361,7 @@ def test_a_writer_stopped_before_it_makes_its_ranks_group_is_killed_and_the_rank
     launcher knew no pid to stop (the writer left running, stopped, holding its spool), and the
     store had no group for the rank: its summary named no rank; only a line on stderr did."""
     job = Job(tmp_path, ["--mode", "explicit", "--steps", "3"], record_args=["--flush-timeout", "1"], mbps="0",
-              env={"PYTHONPATH": stopping_pythonpath(tmp_path / "stop-the-writer")})
+              env={"PYTHONPATH": faulty_writer_pythonpath(tmp_path / "stop-the-writer")})
     job.wait_for("rank=0 step=3")
     (writer,) = _children(job.pids[0])
     try:

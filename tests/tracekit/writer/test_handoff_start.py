@@ -14,7 +14,7 @@ from tracekit import open_store
 from tracekit.store import TensorData, create_store
 from tracekit.writer.handoff import Handoff, WriterFailed
 from tracekit.writer.spool_writer import LOCK
-from tests.stopped_writer import stopping_pythonpath
+from tests.writer_faults import faulty_writer_pythonpath
 
 
 def _step(value: float):
@@ -53,7 +53,7 @@ def test_the_writers_pid_is_in_its_lock_file_before_the_writer_runs(tmp_path, mo
     its lock file. The writer wrote it there itself, once it ran: one stopped or stuck before that
     was never signalled, and was left running, holding its spool (found with a writer stopped as it
     started). The rank now writes it as it starts the writer."""
-    monkeypatch.setenv("PYTHONPATH", stopping_pythonpath(tmp_path / "stop"))
+    monkeypatch.setenv("PYTHONPATH", faulty_writer_pythonpath(tmp_path / "stop"))
     store = str(tmp_path / "s")
     create_store(store, {})
     handoff = Handoff(store, 0, {"coords": {"rank": 0}}, 1 << 20)
