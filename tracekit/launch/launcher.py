@@ -24,7 +24,7 @@ import time
 from typing import Sequence
 
 from tracekit.environment import run_environment
-from tracekit.errors import StoreError, UsageError
+from tracekit.errors import UsageError
 from tracekit.store import create_store, finalize_store
 from tracekit.store.finalize import mark_writers_outlived
 from tracekit.store.ownership import ENV_RUN_ID, JobClaim, ObjectClaim, new_run_id
@@ -268,8 +268,8 @@ def group_lost_ranks(spools: str, losses: dict[int, dict], store: str, run_id: s
         try:
             if make_lost_rank_group(store, rank, attrs, run_id):
                 made.append(rank)
-        except (StoreError, OSError):
-            pass  # the store does not take it: unlisted_losses names the rank on stderr
+        except Exception:  # best effort before finalizing, which must still run: a store that does not
+            pass  # take it (StoreError, a full disk, a damaged root) gets none; unlisted_losses names the rank
     return sorted(made)
 
 

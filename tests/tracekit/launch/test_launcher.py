@@ -110,6 +110,21 @@ def test_a_rank_whose_writer_ended_before_making_its_group_is_listed_in_the_stor
     assert launch.unlisted_losses(losses, summary["ranks"], store) == []
 
 
+def test_a_store_that_takes_no_lost_ranks_group_stops_nothing(tmp_path):
+    """Best effort: a store that refuses the group, or is not one (damaged, or its root gone), gives
+    no group and raises nothing, so the launcher goes on to finalize (and names the rank on stderr)."""
+    plain = tmp_path / "not-a-store"
+    plain.mkdir()
+    (plain / "zarr.json").write_text("{half a document")  # zarr fails on it with its own error, not an OSError
+    proc = _holder(tmp_path, "stop")
+    _spool_entries(tmp_path / "spools" / "rank-0", [1])
+    proc.kill()
+    proc.wait()
+    spools = str(tmp_path / "spools")
+    losses = launch.wait_for_writers(spools, time.monotonic() + 30)
+    assert launch.group_lost_ranks(spools, losses, str(plain), None) == []
+
+
 def test_a_writer_that_stored_everything_and_removed_its_spool_leaves_no_loss(tmp_path):
     proc = _holder(tmp_path, "stop")
     folder = tmp_path / "spools" / "rank-0"
