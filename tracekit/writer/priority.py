@@ -36,7 +36,7 @@ import os
 MAX_NICE = 19
 AUTOGROUP = "/proc/self/autogroup"  # "/autogroup-N nice V": this session's scheduling group (Linux)
 
-_group_before: int | None = None  # the autogroup's nice value before lower() raised it
+_group_before: int | None = None  # the autogroup's nice value before lower_group() raised it
 
 
 def autogroup_nice(path: str = AUTOGROUP) -> int | None:
