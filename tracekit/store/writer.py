@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # imported where a store is created or opened: a rank that on
     import zarr    # (TensorData, is_store) is spared zarr's ~0.6 s import at every torchrun start
 
 from tracekit.errors import StoreError
-from tracekit.store import io
+from tracekit.store import io, nodes
 from tracekit.store.chunks import chunk_key
 from tracekit.store.dtypes import all_finite, storage_dtype
 from tracekit.store.format import (FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX_CHUNK_BYTES, OBJECTS_DIR, ROOT_KEY,
@@ -38,7 +38,6 @@ from tracekit.store.hashing import ALGORITHM, HASH_BYTES, identity
 from tracekit.store.keep import keeps_bytes, parse_full
 from tracekit.store.location import resolve
 from tracekit.store.meta import STEPS, KindMeta, TensorInfo, index_of
-from tracekit.store import nodes
 from tracekit.store.nodemeta import NodeMeta
 from tracekit.store.packs import PackSpec, groups, pack_key
 from tracekit.store.scratch import aligned_buffer
