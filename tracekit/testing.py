@@ -70,7 +70,7 @@ def write_store(path, data: Mapping[int, Mapping[int, Mapping[str, Mapping[str, 
         if traced:
             from tracekit.store.traces import TraceWriter
 
-            tw = TraceWriter(w.group)
+            tw = TraceWriter(w.zarr_group())
         for step in sorted(data[rank]):
             for kind, tensors in data[rank][step].items():
                 w.write(step, kind, [_tensor_data(n, v) for n, v in tensors.items()])

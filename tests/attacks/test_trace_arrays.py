@@ -202,7 +202,7 @@ def test_a_full_tensor_whose_attributes_lie_is_damage(tmp_path):
         create_store(path, {})
         w = RankWriter(path, 0, {"coords": {"rank": 0}})
         w.write(1, "loss", [TensorData("loss", "float32", (), np.float32(1))])
-        TraceWriter(w.group).write_step("ops", 1, _events(3), [TensorData("0.out0", "float32", (4,), np.arange(4, dtype=np.float32))])
+        TraceWriter(w.zarr_group()).write_step("ops", 1, _events(3), [TensorData("0.out0", "float32", (4,), np.arange(4, dtype=np.float32))])
         w.complete_step(1)
         w.close()
         stores.append(path)

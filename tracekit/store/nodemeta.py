@@ -11,7 +11,9 @@ creation, and writes it itself after each change: the same JSON zarr writes (com
 a crash leaves the old document or the new one, never a torn one.
 
 The zarr object of the node is stale once this writes its document: everything that changes the
-node's metadata must go through its NodeMeta. Any other store (a URL) takes zarr's own path.
+node's metadata must go through its NodeMeta. Any other store (a URL) takes zarr's own path. A
+node the writer made itself (tracekit/store/nodes.py: a local store's LocalGroup or LocalArray)
+brings the document it was written with, which is not read back.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import json
 import sys
 
 from tracekit.store import io
+from tracekit.store.nodes import LocalArray, LocalGroup
 
 ZARR_JSON = "zarr.json"
 
@@ -28,9 +31,9 @@ class NodeMeta:
     """The metadata document of one zarr group or array (zarr 3) that only this process writes."""
 
     def __init__(self, node):
-        """node: the zarr Group or Array, created by this process (its zarr.json is on disk)."""
+        """node: the zarr Group or Array, created by this process (its zarr.json is on disk), or
+        the LocalGroup or LocalArray it made (nodes.py), whose document this takes over."""
         self.node = node
-        where = io.array_key(node)  # (root folder, node path) on a local store, else None
         self.file = None
         self.doc: dict | None = None
         # each attribute's JSON ('"NAME": VALUE'), kept until it changes: a kind's tensor index (600
@@ -40,6 +43,10 @@ class NodeMeta:
         # changes only its shape (resize) or its attributes, and re-encoding all of them cost an
         # entry of a TorchTitan rank ~3 ms of its writer's CPU (18 documents an entry)
         self._top: dict[str, str] = {}
+        if isinstance(node, (LocalGroup, LocalArray)):
+            self.file, self.doc = node.file, node.doc
+            return
+        where = io.array_key(node)  # (root folder, node path) on a local store, else None
         if where is not None and sys.platform != "win32":
             root, path = where
             self.file = io.local_path(root, f"{path}/{ZARR_JSON}" if path else ZARR_JSON)

@@ -11,6 +11,7 @@ dtype, shaped (row, element). docs/FORMAT.md describes both.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import os
 import shutil
@@ -26,7 +27,7 @@ if TYPE_CHECKING:  # imported where a store is created or opened: a rank that on
     import zarr    # (TensorData, is_store) is spared zarr's ~0.6 s import at every torchrun start
 
 from tracekit.errors import StoreError
-from tracekit.store import io
+from tracekit.store import io, nodes
 from tracekit.store.chunks import chunk_key
 from tracekit.store.dtypes import all_finite, storage_dtype
 from tracekit.store.format import (FINITE_ARRAY, FORMAT_VERSION, HASH_ARRAY, MAX_CHUNK_BYTES, OBJECTS_DIR, ROOT_KEY,
@@ -46,9 +47,7 @@ from tracekit.store.summaries import finite as summary_finite
 
 
 def _open_group(*args, **kwargs) -> "zarr.Group":
-    import zarr
-
-    return zarr.open_group(*args, **kwargs)
+    return io.load_zarr().open_group(*args, **kwargs)
 
 
 def now_iso() -> str:
@@ -73,14 +72,19 @@ class TensorData:
 
 
 def is_store(path, storage_options=None) -> bool:
-    location = resolve(path, storage_options)
+    return _root_doc(resolve(path, storage_options)) is not None
+
+
+def _root_doc(location) -> dict | None:
+    """The store's root document, parsed, if it is a tracekit store's (its attributes name tracekit)."""
     raw = location.read_bytes("zarr.json")
     if raw is None:
-        return False
+        return None
     try:
-        return ROOT_KEY in json.loads(raw).get("attributes", {})
-    except (ValueError, AttributeError):
-        return False
+        doc = json.loads(raw)
+        return doc if ROOT_KEY in doc.get("attributes", {}) else None
+    except (ValueError, AttributeError, TypeError):
+        return None
 
 
 def holds_pieces(path, storage_options=None) -> bool:
@@ -209,7 +213,7 @@ def _chunk_elements(n: int, itemsize: int) -> int:
     return max(1, min(n, MAX_CHUNK_BYTES // itemsize))
 
 
-def _write_row_chunks(arr: zarr.Array, row: int, parts: list[np.ndarray]) -> None:
+def _write_row_chunks(arr: zarr.Array | nodes.LocalArray, row: int, parts: list[np.ndarray]) -> None:
     """Write row `row` of an uncompressed (1, width)-chunked array straight into its chunk files.
 
     Through zarr's codec pipeline a row costs ~2.4x the CPU of a plain file write (measured with
@@ -217,10 +221,14 @@ def _write_row_chunks(arr: zarr.Array, row: int, parts: list[np.ndarray]) -> Non
     go to disk as they are. The files are exactly what zarr writes for the `bytes` codec: the
     chunk's little-endian elements, the last chunk padded with the fill value (0) to full width.
     """
-    where = io.array_key(arr)
-    if sys.byteorder != "little" or where is None:
-        arr[row] = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        return
+    if isinstance(arr, nodes.LocalArray):  # made by the writer itself (nodes.py): a little-endian local store's
+        root, key = arr.root, arr.chunk_key
+    else:
+        where = io.array_key(arr)
+        if sys.byteorder != "little" or where is None:
+            arr[row] = np.concatenate(parts) if len(parts) > 1 else parts[0]
+            return
+        root, key = where[0], functools.partial(chunk_key, arr)
     width, itemsize = arr.chunks[1], arr.dtype.itemsize
     views = iter([memoryview(p.view(np.uint8)) for p in parts if p.size])
     state = {"pending": next(views, None)}
@@ -236,7 +244,7 @@ def _write_row_chunks(arr: zarr.Array, row: int, parts: list[np.ndarray]) -> Non
 
     for j in range(-(-arr.shape[1] // width)):
         # the last chunk is zero-padded to full width, as zarr writes it
-        io.write_parts(where[0], chunk_key(arr, row, j), chunk_parts(), pad_to=width * itemsize)
+        io.write_parts(root, key(row, j), chunk_parts(), pad_to=width * itemsize)
 
 
 def _index_entries(tensors: Sequence["TensorData"]) -> tuple[list[TensorInfo], dict[str, int]]:
@@ -262,20 +270,16 @@ def _check_next_step(kind: str, steps: list[int], step: int) -> None:
         raise StoreError(f"{kind} of step {step} written after step {steps[-1]}; a kind's steps are written in increasing order")
 
 
-def _row_array(group: zarr.Group, name: str, width: int, dtype) -> zarr.Array:
-    return io.child_array(
-        group, name, shape=(0, width), chunks=(1, _chunk_elements(width, np.dtype(dtype).itemsize)), dtype=dtype,
-        dimension_names=("step", f"{name}_element"), compressors=None, fill_value=0,
-        # zarr skips all-zero chunks by default; we write them, so a missing chunk always means damage
-        config={"write_empty_chunks": True},
-    )
+def _row_array(group, name: str, width: int, dtype):
+    """A row array of `group` (a zarr Group or a LocalGroup: nodes.row_array)."""
+    return nodes.row_array(group, name, width, _chunk_elements(width, np.dtype(dtype).itemsize), dtype)
 
 
 class _ObjectKindWriter:
     """Format v2: each tensor's bytes once as a content-addressed object (only the tensors `full`
     keeps; store/keep.py), then one index row per step: hashes, finiteness flags and summaries."""
 
-    def __init__(self, group: zarr.Group, kind: str, store_root, full: Sequence[str] = (),
+    def __init__(self, group: zarr.Group | nodes.LocalGroup, kind: str, store_root, full: Sequence[str] = (),
                  packs: PackSpec | None = None, sealed_to: int | None = None, index_text: bool = False):
         """store_root: where tracekit/store/io.py writes objects (a folder, a URL's Location, or their ByteStore);
         packs: how small tensors are packed (format 3, store/packs.py), None: each its own object;
@@ -290,9 +294,9 @@ class _ObjectKindWriter:
         self.kind = kind
         self.root = io.byte_store(store_root)  # chosen once: local folder or object store
         self.index: list[dict] | None = None
-        self.hash_array: zarr.Array | None = None
-        self.finite_array: zarr.Array | None = None
-        self.summary_array: zarr.Array | None = None
+        self.hash_array: zarr.Array | nodes.LocalArray | None = None
+        self.finite_array: zarr.Array | nodes.LocalArray | None = None
+        self.summary_array: zarr.Array | nodes.LocalArray | None = None
         self.array_meta: dict[str, NodeMeta] = {}
         self.steps: list[int] = []
         self.objects_written = 0  # new objects; the rest were already in the store (dedup)
@@ -453,12 +457,12 @@ class _ObjectKindWriter:
 class _KindWriter:
     """Format v1: appends one row per step to the packed arrays of one kind of one rank."""
 
-    def __init__(self, group: zarr.Group, kind: str):
+    def __init__(self, group: zarr.Group | nodes.LocalGroup, kind: str):
         self.group = group
         self.group_meta = NodeMeta(group)  # the only writer of the kind's metadata from here on
         self.kind = kind
         self.index: list[dict] | None = None
-        self.arrays: dict[str, zarr.Array] = {}
+        self.arrays: dict[str, zarr.Array | nodes.LocalArray] = {}
         self.array_meta: dict[str, NodeMeta] = {}
         self.steps: list[int] = []
 
@@ -491,8 +495,9 @@ class _KindWriter:
         self.group_meta.update_attrs({STEPS: self.steps})
 
 
-def _new_kind_writer(rank_group: zarr.Group, kind: str, fmt, io_root, full, rank: int):
-    return fmt.kind_writer(io.child_group(rank_group, kind), kind, io_root, full, rank)
+def _new_kind_writer(rank_group, kind: str, fmt, io_root, full, rank: int):
+    """rank_group: a zarr Group, or a LocalGroup (nodes.py), whose kinds are made the same way."""
+    return fmt.kind_writer(nodes.child_group(rank_group, kind), kind, io_root, full, rank)
 
 
 @io.compact_metadata
@@ -542,7 +547,8 @@ class RankWriter:
         from tracekit.store.ownership import WriterClaim
 
         location = resolve(store_path, storage_options)
-        if not is_store(location):
+        root_doc = _root_doc(location)
+        if root_doc is None:
             raise StoreError(f"{store_path} is not a tracekit store (create it first)")
         self.path = str(store_path)
         self.rank = int(rank)
@@ -552,8 +558,13 @@ class RankWriter:
         # Held while the group is open: the launcher finalizes only once every writer let go (local stores).
         self._claim = WriterClaim(location.path if location.is_local else None)
         try:
-            root = _open_group(location.zarr_store(), mode="r+", use_consolidated=False)
-            root_meta = dict(root.attrs[ROOT_KEY])
+            if nodes.direct(location) and root_doc.get("zarr_format") == 3 and root_doc.get("node_type") == "group":
+                # the rank's nodes made by the writer itself: no zarr in this process (nodes.py)
+                root = nodes.LocalGroup(location.path, "", None)
+                root_meta = dict(root_doc["attributes"][ROOT_KEY])
+            else:
+                root = _open_group(location.zarr_store(), mode="r+", use_consolidated=False)
+                root_meta = dict(root.attrs[ROOT_KEY])
             self.run_id = self._check_owner(root_meta, run_id)
             self.format_version = root_meta.get("format_version")
             self.format = READERS.get(self.format_version) if isinstance(self.format_version, int) else None
@@ -563,9 +574,9 @@ class RankWriter:
             if self.full and not self.format.hashed:
                 raise StoreError(f"{store_path}: store format 1 keeps every tensor's bytes; --full needs format 2")
             name = rank_group_name(rank)
-            if name in root:
+            if nodes.holds(root, name):
                 raise StoreError(f"{store_path} already holds data of rank {rank}")
-            self.group = io.child_group(
+            self.group = nodes.child_group(
                 root, name, attributes={**attrs, "run_id": self.run_id, "completed_steps": [], "status": "running",
                                         "start_time": now_iso(), **({"full": list(self.full)} if self.full else {})}
             )
@@ -578,6 +589,13 @@ class RankWriter:
         self.kinds: dict[str, _KindWriter | _ObjectKindWriter] = {}
         self.completed: list[int] = []
         self._checked_step: int | None = None
+
+    def zarr_group(self) -> zarr.Group:
+        """The rank's group as a zarr Group, for what is written through zarr (traces: store/traces.py).
+        Its attributes are stale: they change through self.group_meta only."""
+        if isinstance(self.group, nodes.LocalGroup):
+            return _open_group(self.location.zarr_store(), mode="r+", path=self.group.path, use_consolidated=False)
+        return self.group
 
     def _check_owner(self, meta: dict, run_id: str | None) -> str | None:
         from tracekit.store.ownership import check_run_id

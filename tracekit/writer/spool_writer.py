@@ -178,7 +178,7 @@ class _Writer:
                 self.writer.update_attrs(**entry.extra["attrs"])
             elif trace is not None:
                 if self.traces is None:
-                    self.traces = TraceWriter(self.writer.group)
+                    self.traces = TraceWriter(self.writer.zarr_group())
                 events = trace["events"]
                 if events == TRACE_EVENTS_MARSHAL:  # decoded here, off the training thread (Handoff.put_trace)
                     events = marshal.loads(entry.kinds[TRACE_EVENTS][0].data.tobytes())

@@ -60,7 +60,10 @@ def _raw(path, node):
 
 
 def _through_zarr(monkeypatch):
-    """NodeMeta taking zarr's own path, as it does for a store at a URL."""
+    """The writer's nodes made by zarr and NodeMeta taking zarr's own path, as for a store at a URL."""
+    from tracekit.store import nodes
+
+    monkeypatch.setattr(nodes, "direct", lambda location: False)
     real = nodemeta.NodeMeta.__init__
 
     def init(self, node):
