@@ -25,15 +25,13 @@ from typing import Sequence
 
 from tracekit.environment import run_environment
 from tracekit.errors import UsageError
-from tracekit.store import create_store, finalize_store
-from tracekit.store.finalize import mark_writers_outlived
+from tracekit.store.local_root import create_local_store
 from tracekit.store.ownership import ENV_RUN_ID, JobClaim, ObjectClaim, new_run_id
-from tracekit.store.writer import check_target
+from tracekit.store.target import check_target
 from tracekit.store.location import canonical, child_env, resolve
 from tracekit.launch.bootstrap_env import bootstrap_env
 from tracekit.launch.config import DEFAULT_FLUSH_TIMEOUT, RecordConfig, format_step_range, parse_seconds
-from tracekit.writer.spool import ENV_SPOOL, read_ended, spool_root, spooled_steps
-from tracekit.writer.spool_writer import ATTRS, LOCK
+from tracekit.writer.spool_names import ATTRS, ENV_SPOOL, LOCK, read_ended, spool_root
 from tracekit.launch.exits import StderrTail, worker_exits
 from tracekit.launch.parent_death import die_with_parent
 from tracekit.launch.replay_check import check_reference
@@ -100,7 +98,12 @@ def launch(command: Sequence[str], config: RecordConfig, force: bool = False, ex
     # Object stores have no file locks: there a conditional create of a claim object stands in
     claim = _claim(store, force) if location.is_local else ObjectClaim.acquire(location)
     try:
-        create_store(store, {**meta, "run_id": claim.run_id}, force=force)
+        if location.is_local:  # no zarr (nor numpy) imported before the command starts: store/local_root.py
+            create_local_store(store, {**meta, "run_id": claim.run_id}, force=force)
+        else:
+            from tracekit.store import create_store
+
+            create_store(store, {**meta, "run_id": claim.run_id}, force=force)
         return _launch(command, config, store, claim, env_updates, flush_timeout)
     finally:
         claim.release()
@@ -126,6 +129,8 @@ def _launch(command, config: RecordConfig, store: str, claim: JobClaim, env_upda
         except OSError as e:  # on PATH and executable, yet not runnable (bad format, permissions)
             os.close(read_fd)
             os.close(write_fd)
+            from tracekit.store.finalize import finalize_store
+
             finalize_store(store, 127)
             raise UsageError(f"cannot run {command[0]}: {e.strerror or e}") from None
         os.close(write_fd)
@@ -151,6 +156,9 @@ def _launch(command, config: RecordConfig, store: str, claim: JobClaim, env_upda
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         status = rc if rc >= 0 else 128 - rc  # killed by signal N: report 128+N, as shells do
+        # zarr (~0.15 s of CPU) is imported here, after the command, never before it starts
+        from tracekit.store.finalize import finalize_store, mark_writers_outlived
+
         # before the wait below, which holds the writers lock alone: making a group takes a share of it
         group_lost_ranks(spools, losses, store, claim.run_id)
         # Any process still holding the store's writers lock (an orphan of a killed agent, a writer
@@ -217,6 +225,8 @@ def wait_for_writers(spools: str, deadline: float, flush_timeout: float | None =
     by someone else, or crashed as it started), what finalize_store records for it: the steps
     left in its spool (`unwritten_steps`), why (`unwritten_cause`), and the rank's own word on how
     it ended (`status`, `cause`), which such a writer never stored."""
+    from tracekit.writer.spool import spooled_steps  # numpy: only once the command has ended
+
     folders = _spool_folders(spools)
     grace = min(STOP_GRACE_S, max(MIN_GRACE_S, flush_timeout if flush_timeout is not None else STOP_GRACE_S))
     losses: dict[int, dict] = {}
@@ -315,6 +325,8 @@ def _rank_attrs(folder: str) -> dict | None:
 def _loss(folder: str, cause: str) -> tuple[int, dict] | None:
     """(rank, what its killed writer left unstored) from its spool folder; None if the folder says
     nothing readable (no rank number)."""
+    from tracekit.writer.spool import spooled_steps
+
     attrs = _rank_attrs(folder)
     if attrs is None:
         return None
