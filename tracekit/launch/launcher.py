@@ -35,7 +35,7 @@ from tracekit.writer.spool_names import ATTRS, ENV_SPOOL, LOCK, read_ended, spoo
 from tracekit.launch.exits import StderrTail, worker_exits
 from tracekit.launch.parent_death import die_with_parent
 from tracekit.launch.replay_check import check_reference
-from tracekit.launch import progress
+from tracekit.launch import prefetch, progress
 from tracekit.writer import spool_gc
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -146,6 +146,7 @@ def _launch(command, config: RecordConfig, store: str, claim: JobClaim, env_upda
                 proc.send_signal(signum)
 
         previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+        prefetch.start()  # what finalizing imports, while the command runs
         try:
             rc = _wait(proc, deadline, progress.StoredWhileRunning(spools))
             if not deadline:
@@ -156,7 +157,7 @@ def _launch(command, config: RecordConfig, store: str, claim: JobClaim, env_upda
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         status = rc if rc >= 0 else 128 - rc  # killed by signal N: report 128+N, as shells do
-        # zarr (~0.15 s of CPU) is imported here, after the command, never before it starts
+        # zarr: never imported before the command starts (prefetch.py imported it meanwhile)
         from tracekit.store.finalize import finalize_store, mark_writers_outlived
 
         # before the wait below, which holds the writers lock alone: making a group takes a share of it
@@ -225,7 +226,7 @@ def wait_for_writers(spools: str, deadline: float, flush_timeout: float | None =
     by someone else, or crashed as it started), what finalize_store records for it: the steps
     left in its spool (`unwritten_steps`), why (`unwritten_cause`), and the rank's own word on how
     it ended (`status`, `cause`), which such a writer never stored."""
-    from tracekit.writer.spool import spooled_steps  # numpy: only once the command has ended
+    from tracekit.writer.spool import spooled_steps  # numpy: not before the command starts (prefetch.py)
 
     folders = _spool_folders(spools)
     grace = min(STOP_GRACE_S, max(MIN_GRACE_S, flush_timeout if flush_timeout is not None else STOP_GRACE_S))
