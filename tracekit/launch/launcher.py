@@ -16,6 +16,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -188,18 +189,38 @@ def _launch(command, config: RecordConfig, store: str, claim: JobClaim, env_upda
 
 def _wait(proc: subprocess.Popen, deadline: list[float], on_poll=lambda: None) -> int:
     """The command's exit status; past the flush deadline, SIGKILL it first. on_poll() runs at each
-    poll (every 0.2 s) while the command runs."""
-    while True:
-        on_poll()
-        try:
+    poll (every 0.2 s) while the command runs. The exit is seen as it happens, through a pidfd:
+    Popen.wait(timeout) looks every 50 ms at most, 25 ms late on average after a long command."""
+    pidfd = _pidfd(proc.pid)
+    try:
+        while True:
+            on_poll()
             # a short timeout, so a deadline set by a signal handler meanwhile is seen
-            return proc.wait(timeout=0.2 if not deadline else max(0.0, min(0.2, deadline[0] - time.monotonic())))
-        except subprocess.TimeoutExpired:
+            timeout = 0.2 if not deadline else max(0.0, min(0.2, deadline[0] - time.monotonic()))
+            if pidfd is not None:
+                select.select([pidfd], [], [], timeout)  # readable once the command has exited
+                if proc.poll() is not None:
+                    return proc.returncode
+            else:
+                try:
+                    return proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    pass
             if deadline and time.monotonic() >= deadline[0]:
                 print("tracekit: the command did not end within --flush-timeout after the signal; killing it",
                       file=sys.stderr, flush=True)
                 proc.kill()
                 return proc.wait()
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # not Linux >= 5.3: Popen.wait's polling
+        return None
 
 
 # A writer stopped at --flush-timeout finishes the step in hand, then exits; one that has not within
