@@ -65,7 +65,7 @@ def _pick_rank(store, rank: int | None) -> RankView:
 def _refuse_inside_store(out: str) -> None:
     """Exported files never go into a store (the one exported or any other): files written among a
     store's groups would be taken for its own by whoever reads it next."""
-    from tracekit.store.writer import is_store
+    from tracekit.store.target import is_store
 
     here = os.path.abspath(out)
     while True:

@@ -16,6 +16,7 @@ import dataclasses
 import fcntl
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -25,19 +26,17 @@ from typing import Sequence
 
 from tracekit.environment import run_environment
 from tracekit.errors import UsageError
-from tracekit.store import create_store, finalize_store
-from tracekit.store.finalize import mark_writers_outlived
+from tracekit.store.local_root import create_local_store
 from tracekit.store.ownership import ENV_RUN_ID, JobClaim, ObjectClaim, new_run_id
-from tracekit.store.writer import check_target
+from tracekit.store.target import check_target
 from tracekit.store.location import canonical, child_env, resolve
 from tracekit.launch.bootstrap_env import bootstrap_env
 from tracekit.launch.config import DEFAULT_FLUSH_TIMEOUT, RecordConfig, format_step_range, parse_seconds
-from tracekit.writer.spool import ENV_SPOOL, read_ended, spool_root, spooled_steps
-from tracekit.writer.spool_writer import ATTRS, LOCK
+from tracekit.writer.spool_names import ATTRS, ENV_SPOOL, LOCK, read_ended, spool_root
 from tracekit.launch.exits import StderrTail, worker_exits
 from tracekit.launch.parent_death import die_with_parent
 from tracekit.launch.replay_check import check_reference
-from tracekit.launch import progress
+from tracekit.launch import prefetch, progress
 from tracekit.writer import spool_gc
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -100,7 +99,12 @@ def launch(command: Sequence[str], config: RecordConfig, force: bool = False, ex
     # Object stores have no file locks: there a conditional create of a claim object stands in
     claim = _claim(store, force) if location.is_local else ObjectClaim.acquire(location)
     try:
-        create_store(store, {**meta, "run_id": claim.run_id}, force=force)
+        if location.is_local:  # no zarr (nor numpy) imported before the command starts: store/local_root.py
+            create_local_store(store, {**meta, "run_id": claim.run_id}, force=force)
+        else:
+            from tracekit.store import create_store
+
+            create_store(store, {**meta, "run_id": claim.run_id}, force=force)
         return _launch(command, config, store, claim, env_updates, flush_timeout)
     finally:
         claim.release()
@@ -126,6 +130,8 @@ def _launch(command, config: RecordConfig, store: str, claim: JobClaim, env_upda
         except OSError as e:  # on PATH and executable, yet not runnable (bad format, permissions)
             os.close(read_fd)
             os.close(write_fd)
+            from tracekit.store.finalize import finalize_store
+
             finalize_store(store, 127)
             raise UsageError(f"cannot run {command[0]}: {e.strerror or e}") from None
         os.close(write_fd)
@@ -141,6 +147,7 @@ def _launch(command, config: RecordConfig, store: str, claim: JobClaim, env_upda
                 proc.send_signal(signum)
 
         previous = {sig: signal.signal(sig, forward) for sig in FORWARDED_SIGNALS}
+        prefetch.start()  # what finalizing imports, while the command runs
         try:
             rc = _wait(proc, deadline, progress.StoredWhileRunning(spools))
             if not deadline:
@@ -151,6 +158,9 @@ def _launch(command, config: RecordConfig, store: str, claim: JobClaim, env_upda
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
         status = rc if rc >= 0 else 128 - rc  # killed by signal N: report 128+N, as shells do
+        # zarr: never imported before the command starts (prefetch.py imported it meanwhile)
+        from tracekit.store.finalize import finalize_store, mark_writers_outlived
+
         # before the wait below, which holds the writers lock alone: making a group takes a share of it
         group_lost_ranks(spools, losses, store, claim.run_id)
         # Any process still holding the store's writers lock (an orphan of a killed agent, a writer
@@ -179,18 +189,38 @@ def _launch(command, config: RecordConfig, store: str, claim: JobClaim, env_upda
 
 def _wait(proc: subprocess.Popen, deadline: list[float], on_poll=lambda: None) -> int:
     """The command's exit status; past the flush deadline, SIGKILL it first. on_poll() runs at each
-    poll (every 0.2 s) while the command runs."""
-    while True:
-        on_poll()
-        try:
+    poll (every 0.2 s) while the command runs. The exit is seen as it happens, through a pidfd:
+    Popen.wait(timeout) looks every 50 ms at most, 25 ms late on average after a long command."""
+    pidfd = _pidfd(proc.pid)
+    try:
+        while True:
+            on_poll()
             # a short timeout, so a deadline set by a signal handler meanwhile is seen
-            return proc.wait(timeout=0.2 if not deadline else max(0.0, min(0.2, deadline[0] - time.monotonic())))
-        except subprocess.TimeoutExpired:
+            timeout = 0.2 if not deadline else max(0.0, min(0.2, deadline[0] - time.monotonic()))
+            if pidfd is not None:
+                select.select([pidfd], [], [], timeout)  # readable once the command has exited
+                if proc.poll() is not None:
+                    return proc.returncode
+            else:
+                try:
+                    return proc.wait(timeout=timeout)
+                except subprocess.TimeoutExpired:
+                    pass
             if deadline and time.monotonic() >= deadline[0]:
                 print("tracekit: the command did not end within --flush-timeout after the signal; killing it",
                       file=sys.stderr, flush=True)
                 proc.kill()
                 return proc.wait()
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (AttributeError, OSError):  # not Linux >= 5.3: Popen.wait's polling
+        return None
 
 
 # A writer stopped at --flush-timeout finishes the step in hand, then exits; one that has not within
@@ -217,6 +247,8 @@ def wait_for_writers(spools: str, deadline: float, flush_timeout: float | None =
     by someone else, or crashed as it started), what finalize_store records for it: the steps
     left in its spool (`unwritten_steps`), why (`unwritten_cause`), and the rank's own word on how
     it ended (`status`, `cause`), which such a writer never stored."""
+    from tracekit.writer.spool import spooled_steps  # numpy: not before the command starts (prefetch.py)
+
     folders = _spool_folders(spools)
     grace = min(STOP_GRACE_S, max(MIN_GRACE_S, flush_timeout if flush_timeout is not None else STOP_GRACE_S))
     losses: dict[int, dict] = {}
@@ -315,6 +347,8 @@ def _rank_attrs(folder: str) -> dict | None:
 def _loss(folder: str, cause: str) -> tuple[int, dict] | None:
     """(rank, what its killed writer left unstored) from its spool folder; None if the folder says
     nothing readable (no rank number)."""
+    from tracekit.writer.spool import spooled_steps
+
     attrs = _rank_attrs(folder)
     if attrs is None:
         return None

@@ -12,9 +12,8 @@ import fcntl
 import os
 import sys
 
-from tracekit.writer.spool import PROV, STEP, entry_seq
 from tracekit.writer.spool_gc import LAUNCHER_LOCK
-from tracekit.writer.spool_writer import LOCK
+from tracekit.writer.spool_names import LOCK, PROV, STEP, entry_seq
 
 PREFIX = "tracekit record: "
 

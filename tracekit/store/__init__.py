@@ -11,7 +11,7 @@ _LAZY = {
     "DEFAULT_KINDS": "format", "FORMAT_VERSION": "format", "KINDS": "format", "MAX_STEP": "format",
     "RankView": "reader", "RunStore": "reader", "TensorInfo": "reader", "open_store": "reader",
     "RankWriter": "writer", "TensorData": "writer", "create_store": "writer", "holds_pieces": "writer",
-    "is_store": "writer", "update_root_meta": "writer",
+    "is_store": "target", "update_root_meta": "writer",
 }
 
 __all__ = sorted(_LAZY)

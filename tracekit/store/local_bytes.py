@@ -13,8 +13,6 @@ import stat
 import uuid
 from typing import Iterable
 
-import numpy as np
-
 
 def local_path(root: str, key: str) -> str:
     return os.path.join(os.fspath(root), *key.split("/"))
@@ -161,6 +159,10 @@ class Direct:
         buffer of at least DIRECT_MIN bytes at an aligned address (a rank's spool), else 0."""
         if not self.enabled or len(views) != 1 or len(views[0]) < DIRECT_MIN:
             return 0
+        # numpy here, not at the top: the launcher writes a new store's root through this module
+        # before its command starts, and numpy's import would delay the command
+        import numpy as np
+
         if np.frombuffer(views[0], dtype=np.uint8).ctypes.data % DIRECT_ALIGN:
             return 0
         return len(views[0]) - len(views[0]) % DIRECT_ALIGN

@@ -10,11 +10,9 @@ dtype, shaped (row, element). docs/FORMAT.md describes both.
 
 from __future__ import annotations
 
-import datetime as _dt
 import functools
 import json
 import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -37,21 +35,20 @@ from tracekit.store.batch_summaries import BATCHED, RowSummaries
 from tracekit.store.hashing import ALGORITHM, HASH_BYTES, identity
 from tracekit.store.keep import keeps_bytes, parse_full
 from tracekit.store.location import resolve
+from tracekit.store.local_root import OBJECTS_NOTE, create_local_store, new_root_meta, now_iso
 from tracekit.store.meta import STEPS, KindMeta, TensorInfo, index_of
 from tracekit.store.nodemeta import NodeMeta
+from tracekit.store.ownership import LOCK_ENTRIES
 from tracekit.store.packs import PackSpec, groups, pack_key
 from tracekit.store.scratch import aligned_buffer
 from tracekit.store.shards import Shard, full_shape
 from tracekit.store.summaries import INF, N_FIELDS, NAN, DigestCache, row_identity, row_width, seal
 from tracekit.store.summaries import finite as summary_finite
+from tracekit.store.target import is_store, root_doc as read_root_doc
 
 
 def _open_group(*args, **kwargs) -> "zarr.Group":
     return io.load_zarr().open_group(*args, **kwargs)
-
-
-def now_iso() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 @dataclass(frozen=True)
@@ -71,22 +68,6 @@ class TensorData:
     summary: np.ndarray | None = None
 
 
-def is_store(path, storage_options=None) -> bool:
-    return _root_doc(resolve(path, storage_options)) is not None
-
-
-def _root_doc(location) -> dict | None:
-    """The store's root document, parsed, if it is a tracekit store's (its attributes name tracekit)."""
-    raw = location.read_bytes("zarr.json")
-    if raw is None:
-        return None
-    try:
-        doc = json.loads(raw)
-        return doc if ROOT_KEY in doc.get("attributes", {}) else None
-    except (ValueError, AttributeError, TypeError):
-        return None
-
-
 def holds_pieces(path, storage_options=None) -> bool:
     """Whether ranks record into this (existing) store only the pieces of sharded tensors they hold:
     format 2, whose readers assemble whole tensors from the pieces. Every rank reads the same root,
@@ -97,75 +78,6 @@ def holds_pieces(path, storage_options=None) -> bool:
     except (TypeError, ValueError, KeyError):
         return False
     return fmt is not None and fmt.hashed
-
-
-def _lock_files() -> tuple[str, ...]:
-    from tracekit.store.ownership import LOCK_ENTRIES
-
-    return LOCK_ENTRIES
-
-
-def check_target(path: str, force: bool = False) -> None:
-    """Refuse, before anything is touched, a local target that create_store would refuse."""
-    outer = enclosing_store(path)
-    if outer is not None:  # e.g. -o LIVE/rank_0: the job would write into another job's rank group
-        raise StoreError(f"{path} is inside the tracekit store {outer}; record into a folder of its own")
-    if os.path.exists(path):
-        if not os.path.isdir(path):
-            raise StoreError(f"{path} exists and is not a directory")
-        try:
-            names = os.listdir(path)
-        except OSError as e:
-            raise StoreError(f"{path}: cannot list it ({e.strerror or e})") from None
-        if [n for n in names if n not in _lock_files()]:
-            if not is_store(path):
-                raise StoreError(f"{path} is a non-empty directory that is not a tracekit store; refusing to touch it")
-            if not force:
-                raise StoreError(f"{path} already holds a tracekit store{_left_by(path)}; pass --force to overwrite it")
-
-
-def enclosing_store(path: str) -> str | None:
-    """The tracekit store that a local `path` lies inside (a folder above it), or None."""
-    here = os.path.abspath(path)
-    parent = os.path.dirname(here)
-    while parent != here:
-        if os.path.isfile(os.path.join(parent, "zarr.json")) and is_store(parent):
-            return parent
-        here, parent = parent, os.path.dirname(parent)
-    return None
-
-
-def _left_by(path: str) -> str:
-    """' left unfinished by run X, whose launcher died' for a store no launcher finalized (refusal message)."""
-    try:
-        with open(os.path.join(path, "zarr.json")) as f:
-            meta = json.load(f)["attributes"][ROOT_KEY]
-    except (OSError, ValueError, KeyError, TypeError):
-        return ""
-    if isinstance(meta, dict) and meta.get("launcher") == "tracekit record" and "end_time" not in meta:
-        return f" left unfinished by run {meta.get('run_id', '?')}, whose launcher died"
-    return ""
-
-
-def _create_local(path: str, root_meta: dict, force: bool) -> zarr.Group:
-    """A local folder: with force, an old store's contents go, except its lock files (the caller may hold one)."""
-    check_target(path, force)
-    if os.path.isdir(path):
-        for name in os.listdir(path):
-            if name in _lock_files():
-                continue
-            full = os.path.join(path, name)
-            try:
-                if os.path.isdir(full) and not os.path.islink(full):
-                    shutil.rmtree(full)
-                else:
-                    os.unlink(full)
-            except OSError as e:
-                raise StoreError(f"{path}: cannot remove the old store's {name} ({e.strerror or e})") from None
-    try:
-        return _open_group(path, mode="a" if os.path.isdir(path) else "w", attributes={ROOT_KEY: root_meta})
-    except OSError as e:
-        raise StoreError(f"{path}: cannot create the store ({e.strerror or e})") from None
 
 
 @io.compact_metadata
@@ -180,24 +92,22 @@ def create_store(path, meta: dict, force: bool = False, storage_options=None, fo
     fmt = READERS.get(format_version)
     if fmt is None:
         raise StoreError(f"cannot write store format {format_version} at {path}")
-    root_meta = {"format_version": format_version, "start_time": now_iso(), **meta}
-    if location.is_local:
-        root = _create_local(location.path, root_meta, force)
-    else:
-        # the job's claim (ownership.ObjectClaim), made just before, neither counts nor goes
-        if [k for k in location.keys() if k.split("/", 1)[0] not in _lock_files()]:
-            if not is_store(location):
-                raise StoreError(f"{path} is a non-empty location that is not a tracekit store; refusing to touch it")
-            if not force:
-                raise StoreError(f"{path} already holds a tracekit store; pass --force to overwrite it")
-            location.clear(keep=_lock_files())
-        # "a", not "w": "w" deletes everything under the prefix, the job's claim object included (cleared above)
-        root = _open_group(location.zarr_store(), mode="a", attributes={ROOT_KEY: root_meta})
+    if location.is_local:  # written directly, as zarr writes it (store/local_root.py)
+        create_local_store(location.path, meta, force, format_version, objects=fmt.hashed)
+        return
+    # the job's claim (ownership.ObjectClaim), made just before, neither counts nor goes
+    if [k for k in location.keys() if k.split("/", 1)[0] not in LOCK_ENTRIES]:
+        if not is_store(location):
+            raise StoreError(f"{path} is a non-empty location that is not a tracekit store; refusing to touch it")
+        if not force:
+            raise StoreError(f"{path} already holds a tracekit store; pass --force to overwrite it")
+        location.clear(keep=LOCK_ENTRIES)
+    # "a", not "w": "w" deletes everything under the prefix, the job's claim object included (cleared above)
+    root = _open_group(location.zarr_store(), mode="a", attributes={ROOT_KEY: new_root_meta(meta, format_version)})
     if fmt.hashed:
-        # The object folder is declared an empty zarr array: zarr and xarray then treat it as a
-        # leaf and never list (or warn about) the files inside, which are not zarr chunks.
+        # the object folder declared an empty array, as local_root.objects_doc says why
         io.child_array(root, OBJECTS_DIR, shape=(0,), dtype=np.uint8, chunks=(1,), dimension_names=("object_byte",),
-                       attributes={ROOT_KEY: "content-addressed tensor bytes (docs/FORMAT.md)"})
+                       attributes={ROOT_KEY: OBJECTS_NOTE})
 
 
 @io.compact_metadata
@@ -547,7 +457,7 @@ class RankWriter:
         from tracekit.store.ownership import WriterClaim
 
         location = resolve(store_path, storage_options)
-        root_doc = _root_doc(location)
+        root_doc = read_root_doc(location)
         if root_doc is None:
             raise StoreError(f"{store_path} is not a tracekit store (create it first)")
         self.path = str(store_path)

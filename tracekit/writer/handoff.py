@@ -27,8 +27,8 @@ import numpy as np
 import tracekit
 from tracekit.errors import TracekitError
 from tracekit.writer import spool_gc
-from tracekit.writer.spool import ENV_SPOOL, PART, PROV, STEP, TRACE_EVENTS, TRACE_EVENTS_MARSHAL, entry_name, note_ended, spool_root, write_entry
-from tracekit.writer.spool_writer import ATTRS, LOCK
+from tracekit.writer.spool import TRACE_EVENTS, TRACE_EVENTS_MARSHAL, write_entry
+from tracekit.writer.spool_names import ATTRS, ENV_SPOOL, LOCK, PART, PROV, STEP, entry_name, note_ended, spool_root
 from tracekit.store import TensorData
 from tracekit.store.location import canonical, child_env
 

@@ -34,8 +34,6 @@ import json
 import mmap
 import os
 import struct
-import tempfile
-import time
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -46,40 +44,13 @@ from tracekit.store import TensorData
 from tracekit.store.hashing import HASH_BYTES
 from tracekit.store.summaries import N_FIELDS
 from tracekit.store.shards import Shard
+from tracekit.writer.spool_names import PROV, STEP, entry_seq
 
 MAGIC = b"TKSPOOL1"
 # Tensors start at page boundaries in an entry (its mapping is page aligned): the writer can then
 # hand a large one to the disk straight from the spool with O_DIRECT (tracekit/store/io.py).
 ALIGN = 4096
-PART, PROV, STEP = ".part", ".prov", ".step"
 TRACE_EVENTS, TRACE_EVENTS_MARSHAL = "trace_events", "marshal"  # a traced step's events: kind, codec
-ENV_SPOOL = "TRACEKIT_SPOOL"  # a folder for the ranks' spool folders, set by `tracekit record`
-
-
-SHM = "/dev/shm"
-
-
-def spool_root(need_bytes: int) -> str:
-    """Where spools go: $TRACEKIT_SPOOL, else /dev/shm (memory) if it has room, else the temp folder."""
-    chosen = os.environ.get(ENV_SPOOL)
-    if chosen:
-        return chosen
-    try:
-        st = os.statvfs(SHM)
-        if os.access(SHM, os.W_OK) and st.f_bavail * st.f_frsize >= need_bytes:
-            return SHM
-    except OSError:
-        pass
-    return tempfile.gettempdir()
-
-
-def entry_name(seq: int, suffix: str) -> str:
-    return f"{seq:010d}{suffix}"
-
-
-def entry_seq(filename: str) -> int | None:
-    stem, dot, _ = filename.partition(".")
-    return int(stem) if dot and stem.isdigit() else None
 
 
 def _pad(n: int, align: int = ALIGN) -> int:
@@ -292,31 +263,3 @@ def spooled_steps(folder: str) -> list[int]:
         entry.close()
     return sorted(set(steps))
 
-
-# The rank's own word on how it ended, written into its spool folder when its training ends (before
-# it tells its writer process): `tracekit record` reads it when that writer never answered, to keep
-# the rank's status and to time --flush-timeout from the end of the rank's training.
-ENDED = "ended.json"
-
-
-def note_ended(folder: str, status: str, cause: str | None) -> None:
-    tmp = os.path.join(folder, ENDED + ".tmp")
-    try:
-        with open(tmp, "w") as f:
-            json.dump({"status": status, "cause": cause, "time": time.time()}, f)
-        os.rename(tmp, os.path.join(folder, ENDED))
-    except OSError:  # the folder is gone (the writer ended): nobody needs the note
-        pass
-
-
-def read_ended(folder: str) -> dict | None:
-    """{"status", "cause", "time"} as the rank wrote them, or None (it never ended its training)."""
-    try:
-        with open(os.path.join(folder, ENDED)) as f:
-            doc = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if not (isinstance(doc, dict) and isinstance(doc.get("status"), str)
-            and isinstance(doc.get("time"), (int, float)) and doc["time"] == doc["time"]):
-        return None
-    return doc

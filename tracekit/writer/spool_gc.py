@@ -27,8 +27,8 @@ import stat
 import tempfile
 import time
 
-from tracekit.writer import spool
-from tracekit.writer.spool_writer import LOCK as RANK_LOCK
+from tracekit.writer import spool_names
+from tracekit.writer.spool_names import LOCK as RANK_LOCK
 
 LAUNCHER_PREFIX = "tracekit-spool-"  # + mkdtemp's 8 characters: `tracekit record`'s folder of rank spools
 LAUNCHER_LOCK = "launcher.lock"  # held by the launcher for its life
@@ -69,8 +69,8 @@ def new_folder(prefix: str, root: str, lock_name: str) -> tuple[str, int]:
 
 
 def roots() -> list[str]:
-    """Where spool folders are made (spool.spool_root): /dev/shm and the temp folder."""
-    return list(dict.fromkeys([spool.SHM, tempfile.gettempdir()]))
+    """Where spool folders are made (spool_names.spool_root): /dev/shm and the temp folder."""
+    return list(dict.fromkeys([spool_names.SHM, tempfile.gettempdir()]))
 
 
 def collect(where: list[str] | None = None) -> int:

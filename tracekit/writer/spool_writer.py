@@ -77,12 +77,11 @@ import time  # noqa: E402
 
 from tracekit.errors import TracekitError  # noqa: E402
 from tracekit.writer.spool import TRACE_EVENTS, TRACE_EVENTS_MARSHAL, entries, read_entry, spooled_steps  # noqa: E402
+from tracekit.writer.spool_names import ATTRS, LOCK  # noqa: E402
 from tracekit.store import RankWriter  # noqa: E402
 from tracekit.store.ownership import ENV_RUN_ID  # noqa: E402
 from tracekit.store.traces import TraceWriter  # noqa: E402
 
-LOCK = "writer.lock"  # held for the writer's life: `tracekit record` waits on it before finalizing
-ATTRS = "attrs.json"  # the rank group's attributes, written by the rank before it starts us
 ENV_WRITE_MBPS = "TRACEKIT_WRITE_MBPS"  # cap the write rate (a shared filesystem; slow-disk tests)
 STOPPED_CAUSE = "its writer process was stopped at --flush-timeout"
 

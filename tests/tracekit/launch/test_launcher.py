@@ -13,7 +13,8 @@ import pytest
 
 from tracekit.launch import launcher as launch
 from tracekit.store import TensorData
-from tracekit.writer.spool import STEP, entry_name, write_entry
+from tracekit.writer.spool import write_entry
+from tracekit.writer.spool_names import STEP, entry_name
 from tracekit.writer.spool_writer import ATTRS, LOCK
 
 # a stand-in writer: holds its spool's lock for its life and writes its pid there, as the writer does

@@ -16,7 +16,8 @@ from tracekit.launch.config import DEFAULT_WRITER_NICE, RecordConfig
 from tracekit.writer import priority
 from tracekit.writer.handoff import Handoff, _writer_env
 from tracekit.writer.spool_writer import ATTRS
-from tracekit.writer.spool import PART, STEP, entry_name, write_entry
+from tracekit.writer.spool import write_entry
+from tracekit.writer.spool_names import PART, STEP, entry_name
 from tracekit.store import TensorData, create_store
 
 OURS = os.getpriority(os.PRIO_PROCESS, 0)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from tracekit import open_store
-from tracekit.writer import spool, spool_gc
+from tracekit.writer import spool_gc, spool_names
 from tracekit.writer.handoff import Handoff
 from tracekit.writer.spool_writer import LOCK
 from tracekit.store import TensorData, create_store
@@ -188,9 +188,9 @@ def test_a_recorder_without_a_launcher_removes_dead_writers_spools_and_keeps_liv
     shm, tmp = tmp_path / "shm", tmp_path / "tmp"
     shm.mkdir()
     tmp.mkdir()
-    monkeypatch.setattr(spool, "SHM", str(shm))
+    monkeypatch.setattr(spool_names, "SHM", str(shm))
     monkeypatch.setattr(tempfile, "tempdir", str(tmp))
-    monkeypatch.delenv(spool.ENV_SPOOL, raising=False)
+    monkeypatch.delenv(spool_names.ENV_SPOOL, raising=False)
     stores = {n: str(tmp_path / n) for n in ("live", "killed", "next")}
     for s in stores.values():
         create_store(s, {})

@@ -12,7 +12,8 @@ import pytest
 
 from tracekit import open_store
 from tracekit.writer.handoff import Handoff
-from tracekit.writer.spool import STEP, entry_name, write_entry
+from tracekit.writer.spool import write_entry
+from tracekit.writer.spool_names import STEP, entry_name
 from tracekit.writer.spool_writer import ATTRS, STOPPED_CAUSE
 from tracekit.store import TensorData, create_store
 
