@@ -33,14 +33,19 @@ def new_root_meta(meta: dict, format_version: int) -> dict:
     return {"format_version": format_version, "start_time": now_iso(), **meta}
 
 
-def _encode(doc: dict) -> bytes:
-    # zarr's own encoding of a v3 document: json.dumps(doc, indent=json_indent, allow_nan=True), indent None
+def encode(doc: dict) -> bytes:
+    """zarr's own encoding of a v3 document: json.dumps(doc, indent=json_indent, allow_nan=True), indent None."""
     return json.dumps(doc, allow_nan=True).encode()
 
 
+def group_meta(attributes: dict) -> dict:
+    """A zarr 3 group's document (GroupMetadata.to_dict's keys, in its order)."""
+    return {"attributes": attributes, "zarr_format": 3, "node_type": "group"}
+
+
 def group_doc(attributes: dict) -> bytes:
-    """A zarr 3 group's zarr.json (GroupMetadata.to_dict's keys, in its order)."""
-    return _encode({"attributes": attributes, "zarr_format": 3, "node_type": "group"})
+    """A zarr 3 group's zarr.json."""
+    return encode(group_meta(attributes))
 
 
 def objects_doc() -> bytes:
@@ -48,7 +53,7 @@ def objects_doc() -> bytes:
     treat it as a leaf and never list (or warn about) the files inside, which are not zarr chunks:
     what zarr writes for create_array(shape=(0,), dtype=uint8, chunks=(1,), dimension_names=
     ("object_byte",)) with its default codecs (bytes, then zstd level 0)."""
-    return _encode({
+    return encode({
         "shape": [0], "data_type": "uint8",
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [1]}},
         "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},

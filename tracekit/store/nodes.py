@@ -17,7 +17,6 @@ Windows machine, where NodeMeta and the chunk writes take zarr's path too) zarr 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from dataclasses import dataclass
@@ -26,8 +25,8 @@ import numpy as np
 
 from tracekit.errors import StoreError
 from tracekit.store import io
+from tracekit.store.local_root import ZARR_JSON, encode, group_meta
 
-ZARR_JSON = "zarr.json"
 
 
 def direct(location) -> bool:
@@ -80,7 +79,7 @@ def child_group(parent, name: str, attributes: dict | None = None):
     LocalGroup, else zarr's (io.child_group)."""
     if not isinstance(parent, LocalGroup):
         return io.child_group(parent, name, **({"attributes": attributes} if attributes is not None else {}))
-    doc = {"attributes": dict(attributes or {}), "zarr_format": 3, "node_type": "group"}
+    doc = group_meta(dict(attributes or {}))
     path = _child(parent, name)
     _publish(parent.root, path, doc)
     return LocalGroup(parent.root, path, doc)
@@ -140,4 +139,4 @@ def _publish(root: str, path: str, doc: dict) -> None:
             raise StoreError(f"{root}: {path} exists already") from None
     except OSError as e:
         raise StoreError(f"{root}: cannot create {path} ({e.strerror or e})") from None
-    io.replace_file(os.path.join(folder, ZARR_JSON), json.dumps(doc, allow_nan=True).encode())
+    io.replace_file(os.path.join(folder, ZARR_JSON), encode(doc))
