@@ -22,9 +22,8 @@ import json
 import sys
 
 from tracekit.store import io
+from tracekit.store.local_root import ZARR_JSON
 from tracekit.store.nodes import LocalArray, LocalGroup
-
-ZARR_JSON = "zarr.json"
 
 
 class NodeMeta:

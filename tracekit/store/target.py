@@ -61,11 +61,8 @@ def enclosing_store(path: str) -> str | None:
 
 def _left_by(path: str) -> str:
     """' left unfinished by run X, whose launcher died' for a store no launcher finalized (refusal message)."""
-    try:
-        with open(os.path.join(path, "zarr.json")) as f:
-            meta = json.load(f)["attributes"][ROOT_KEY]
-    except (OSError, ValueError, KeyError, TypeError):
-        return ""
+    doc = root_doc(resolve(path))
+    meta = doc["attributes"][ROOT_KEY] if doc is not None else None
     if isinstance(meta, dict) and meta.get("launcher") == "tracekit record" and "end_time" not in meta:
         return f" left unfinished by run {meta.get('run_id', '?')}, whose launcher died"
     return ""
