@@ -10,6 +10,7 @@ import shlex
 
 import pytest
 
+from tests.files import folder_bytes
 from tests.paths import SAMPLES
 from tests.samples.torchtitan_doc import block
 
@@ -29,15 +30,6 @@ def _load_runner():
 
 train = _load_runner()
 assets, cpu_shim = train.assets, train.cpu_shim
-
-
-def folder_bytes(root: str) -> dict[str, bytes]:
-    out = {}
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            path = os.path.join(dirpath, name)
-            out[os.path.relpath(path, root)] = open(path, "rb").read()
-    return out
 
 
 def test_assets_are_the_same_bytes_wherever_they_are_generated(tmp_path):

@@ -16,6 +16,8 @@ from tracekit.store.ownership import LOCK_ENTRIES, JobClaim
 from tracekit.store.local_root import OBJECTS_NOTE, create_local_store, group_doc, objects_doc
 from tracekit.testing import write_store
 
+from tests.files import folder_bytes
+
 # what the launcher puts in a root, and what JSON makes of odd values: NaN, infinities, text
 # outside ASCII (escaped), nesting, None, tuples (lists)
 META = {**run_environment(["python", "train.py", "--lr", "1e-3"]), "run_id": "0123456789abcdef",
@@ -31,15 +33,6 @@ def _zarr_root(path, attributes: dict, objects: bool):
         if objects:
             root.create_array(OBJECTS_DIR, shape=(0,), dtype=np.uint8, chunks=(1,), dimension_names=("object_byte",),
                               attributes={ROOT_KEY: OBJECTS_NOTE})
-
-
-def _files(path) -> dict[str, bytes]:
-    out = {}
-    for top, _, names in os.walk(path):
-        for name in names:
-            full = os.path.join(top, name)
-            out[os.path.relpath(full, path)] = open(full, "rb").read()
-    return out
 
 
 def test_the_root_group_document_is_zarrs_byte_for_byte(tmp_path):
@@ -60,7 +53,7 @@ def test_a_new_store_holds_the_files_zarr_writes_for_it(tmp_path, version):
     written = json.loads((tmp_path / "ours" / "zarr.json").read_bytes())["attributes"]
     assert written[ROOT_KEY]["format_version"] == version and written[ROOT_KEY]["run_id"] == META["run_id"]
     _zarr_root(tmp_path / "zarrs", written, objects=READERS[version].hashed)
-    assert _files(tmp_path / "ours") == _files(tmp_path / "zarrs")
+    assert folder_bytes(tmp_path / "ours") == folder_bytes(tmp_path / "zarrs")
 
 
 def test_the_launchers_default_is_the_current_formats_layout(tmp_path):
@@ -75,13 +68,13 @@ def test_the_launchers_default_is_the_current_formats_layout(tmp_path):
 def test_force_replaces_an_old_store_and_keeps_its_lock_groups(tmp_path):
     old = write_store(tmp_path / "s", {0: {1: {"loss": {"loss": np.float32(1.0)}}}})
     JobClaim.acquire(old).release()  # the job lock group (the writers' one: made by the rank)
-    locks = {name: _files(os.path.join(old, name)) for name in LOCK_ENTRIES}
+    locks = {name: folder_bytes(os.path.join(old, name)) for name in LOCK_ENTRIES}
     with pytest.raises(StoreError, match="already holds a tracekit store; pass --force"):
         create_local_store(old, {})
     create_local_store(old, {"launcher": "x"}, force=True)
     assert sorted(os.listdir(old)) == sorted([*LOCK_ENTRIES, OBJECTS_DIR, "zarr.json"])  # the rank's group went
     assert open_store(old).ranks == []
-    assert {name: _files(os.path.join(old, name)) for name in LOCK_ENTRIES} == locks
+    assert {name: folder_bytes(os.path.join(old, name)) for name in LOCK_ENTRIES} == locks
 
 
 @pytest.mark.parametrize("layout, message", [("foreign", "not a tracekit store"), ("inside", "inside the tracekit store"),
@@ -94,7 +87,7 @@ def test_the_refusals_are_create_stores(tmp_path, layout, message):
         (target / "data.csv").write_text("1,2\n")
     if layout == "file":
         target.write_text("x")
-    before = _files(tmp_path)
+    before = folder_bytes(tmp_path)
     with pytest.raises(StoreError, match=message):
         create_local_store(str(target), {}, force=True)
-    assert _files(tmp_path) == before  # nothing touched
+    assert folder_bytes(tmp_path) == before  # nothing touched
