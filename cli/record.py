@@ -77,6 +77,11 @@ def left_out_lines(done: dict) -> list[str]:
 @click.option("--every", default=1, show_default=True, type=click.IntRange(min=1), help="Record every k-th step (k, 2k, ...).")
 @click.option("--queue-mb", default=DEFAULT_QUEUE_MB, show_default=True, type=click.IntRange(min=1),
               help="Per rank, at most this many MB of handed-off steps wait for the rank's writer process.")
+@click.option("--hold-mb", default=None, type=click.IntRange(min=0), metavar="MB",
+              help="Per rank, up to this many MB of handed-off steps wait in the spool while the rank trains; the "
+                   "writer process stores them once training ends, when it no longer takes cores from the ranks "
+                   "(only steps beyond it are stored meanwhile). Default: half of --queue-mb; 0 stores each "
+                   "step as it comes. See docs/RELIABILITY.md.")
 @click.option("--writer-nice", default=DEFAULT_WRITER_NICE, show_default=True, type=click.IntRange(0, MAX_NICE),
               help="Nice value of each rank's writer process while the rank trains: at 19 the kernel runs it mostly on cores "
                    "the training leaves idle, and the queue cap bounds what waits meanwhile; 0 runs it beside "
@@ -116,7 +121,7 @@ def left_out_lines(done: dict) -> list[str]:
 @click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
 @one_line_errors
 @storage_options
-def record(store, force, kinds, param_globs, full, ranks, every, queue_mb, writer_nice, flush_timeout, replay_from, replay_steps, zero_code, strict,
+def record(store, force, kinds, param_globs, full, ranks, every, queue_mb, hold_mb, writer_nice, flush_timeout, replay_from, replay_steps, zero_code, strict,
            optimizer_name, model_name, loss_reduction, trace, trace_steps, trace_full, as_json, command):
     """Run COMMAND (usually torchrun ...) and record what every rank computes into STORE.
 
@@ -131,7 +136,8 @@ def record(store, force, kinds, param_globs, full, ranks, every, queue_mb, write
     """
     flush_timeout = parse_seconds(flush_timeout)  # nan, inf and negatives refused: every wait ends
     config = RecordConfig(store=store, flush_timeout=flush_timeout, kinds=parse_kinds(kinds), params=tuple(param_globs),
-                          ranks=parse_ranks(ranks), every=every, queue_mb=queue_mb, writer_nice=writer_nice,
+                          ranks=parse_ranks(ranks), every=every, queue_mb=queue_mb, hold_mb=hold_mb,
+                          writer_nice=writer_nice,
                           replay_from=replay_from, replay_steps=parse_step_range(replay_steps),
                           trace=trace, trace_steps=parse_step_range(trace_steps) if trace_steps else None,
                           trace_full=tuple(trace_full), full=tuple(full))

@@ -215,7 +215,8 @@ class Recorder:
             self._replay = Replay.open(self.config, self.coords["rank"], self._params, lambda: self.optimizer)
         if self._writes:
             self._handoff = Handoff(self.config.store, self.coords["rank"], self._rank_attrs(),
-                                    self.config.queue_mb * 1024 * 1024, nice=self.config.writer_nice)
+                                    self.config.queue_mb * 1024 * 1024, nice=self.config.writer_nice,
+                                    hold_bytes=self.config.hold_bytes)
         if self._replay is not None and not self.zero_code:
             # step 1 starts from the reference's initial parameters. (Zero-code starts us at the first
             # optimizer step, after step 1's backward: too late to load; its step 1 is its own.)

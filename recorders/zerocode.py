@@ -250,7 +250,12 @@ class ZeroCode:
         try:
             status, cause = outcome.exit_status()  # failed if the script raised
             self._guarded(self._finish_open_step)
-            self._guarded(self.recorder.close, status, cause)
+            # Under `tracekit record` the rank does not wait for its writer: the launcher waits for
+            # every writer before it finalizes, and bounds that wait by --flush-timeout from the
+            # rank's end (launcher.wait_for_writers). The writer stores the steps it held back
+            # (--hold-mb) while this process and the job's launcher tear down, which leave the
+            # cores mostly idle (~0.8 s for TorchTitan's debug model on 2 cores).
+            self._guarded(self.recorder.close, status, cause, self.launcher_pid is None)
         except KeyboardInterrupt:
             # A SIGINT during the exit flush, wherever it lands (even inside close(), before the
             # writer process heard how we end): say so to the writer, which stores every spooled

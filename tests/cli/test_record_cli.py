@@ -44,3 +44,9 @@ def test_record_refuses_a_nice_value_out_of_range_in_one_line(tmp_path):
     r = CliRunner().invoke(main, ["record", "-o", str(tmp_path / "s"), "--writer-nice", "25", "--", "true"])
     assert r.exit_code == 2 and "--writer-nice" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "s").exists()
+
+
+def test_record_refuses_a_hold_larger_than_the_queue_in_one_line(tmp_path):
+    r = CliRunner().invoke(main, ["record", "-o", str(tmp_path / "s"), "--queue-mb", "8", "--hold-mb", "9", "--", "true"])
+    assert r.exit_code == 2 and "--hold-mb" in r.output and "Traceback" not in r.output
+    assert not (tmp_path / "s").exists()

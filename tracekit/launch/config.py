@@ -19,6 +19,7 @@ ENV_PARAMS = "TRACEKIT_PARAMS"
 ENV_RANKS = "TRACEKIT_RANKS"
 ENV_EVERY = "TRACEKIT_EVERY"
 ENV_QUEUE_MB = "TRACEKIT_QUEUE_MB"
+ENV_HOLD_MB = "TRACEKIT_HOLD_MB"
 ENV_WRITER_NICE = "TRACEKIT_WRITER_NICE"
 ENV_REPLAY_FROM = "TRACEKIT_REPLAY_FROM"
 ENV_REPLAY_STEPS = "TRACEKIT_REPLAY_STEPS"
@@ -176,6 +177,9 @@ class RecordConfig:
     ranks: RankSet | None = None  # None: every rank writes (any collection of ranks is taken)
     every: int = 1  # record steps k, 2k, 3k, ... (the initial parameters always)
     queue_mb: int = DEFAULT_QUEUE_MB  # cap on sealed steps spooled for the rank's writer process
+    # sealed steps the writer process leaves in the spool while the rank trains, stored once training
+    # ends (or the rank needs the room): None, half the queue; 0, each step stored as it comes
+    hold_mb: int | None = None
     writer_nice: int = DEFAULT_WRITER_NICE  # the writer process's nice value while the rank trains, 0-19
     replay_from: str | None = None  # a reference store: each replayed step starts from its state
     replay_steps: tuple[int, int | None] = (1, None)  # replayed steps, inclusive (None: to the end)
@@ -197,6 +201,8 @@ class RecordConfig:
             raise UsageError(f"every must be at least 1, got {self.every}")
         if self.queue_mb < 1:
             raise UsageError(f"queue size must be at least 1 MB, got {self.queue_mb}")
+        if self.hold_mb is not None and not 0 <= self.hold_mb <= self.queue_mb:
+            raise UsageError(f"hold size (--hold-mb) must be 0 to the queue size (--queue-mb, {self.queue_mb}), got {self.hold_mb}")
         if not 0 <= self.writer_nice <= MAX_NICE:
             raise UsageError(f"writer nice value must be 0 to {MAX_NICE}, got {self.writer_nice}")
         object.__setattr__(self, "full", parse_full(self.full))  # checked, commas split, once
@@ -210,6 +216,7 @@ class RecordConfig:
         try:
             every = int(env.get(ENV_EVERY, "1"))
             queue_mb = int(env.get(ENV_QUEUE_MB, str(DEFAULT_QUEUE_MB)))
+            hold_mb = int(env[ENV_HOLD_MB]) if env.get(ENV_HOLD_MB) else None
             writer_nice = int(env.get(ENV_WRITER_NICE, str(DEFAULT_WRITER_NICE)))
         except ValueError as e:
             raise UsageError(f"bad tracekit setting in the environment: {e}") from None
@@ -220,6 +227,7 @@ class RecordConfig:
             ranks=parse_ranks(env.get(ENV_RANKS)),
             every=every,
             queue_mb=queue_mb,
+            hold_mb=hold_mb,
             writer_nice=writer_nice,
             replay_from=env.get(ENV_REPLAY_FROM) or None,
             replay_steps=parse_step_range(env.get(ENV_REPLAY_STEPS)),
@@ -236,6 +244,8 @@ class RecordConfig:
                ENV_WRITER_NICE: str(self.writer_nice), ENV_FLUSH_TIMEOUT: repr(self.flush_timeout)}
         if self.store:
             env[ENV_STORE] = canonical(self.store)
+        if self.hold_mb is not None:
+            env[ENV_HOLD_MB] = str(self.hold_mb)
         if self.params:
             env[ENV_PARAMS] = ",".join(self.params)
         if self.ranks is not None:
@@ -254,6 +264,10 @@ class RecordConfig:
             if self.trace_full:
                 env[ENV_TRACE_FULL] = "\n".join(self.trace_full)
         return env
+
+    @property
+    def hold_bytes(self) -> int:
+        return (self.queue_mb // 2 if self.hold_mb is None else self.hold_mb) * 1024 * 1024
 
     def with_store(self, store: str | None) -> "RecordConfig":
         return replace(self, store=store)

@@ -8,6 +8,11 @@ Memory stays bounded by `max_bytes` (--queue-mb): at most that many bytes of sea
 the spool (one entry larger than the cap is still admitted alone), plus the open step's capture.
 When the disk is slower than training, the training thread waits in `put`/`seal` for the writer:
 nothing is dropped.
+
+While the rank trains, the writer leaves up to `hold_bytes` (--hold-mb) of sealed entries in the
+spool and stores only what is beyond that; the rest it stores once the rank is done, when the cores
+are the writer's (spool_writer.py says why). A rank that needs room the held entries take, or a
+flush, says `drain`: the writer then stores every entry sealed so far.
 """
 
 from __future__ import annotations
@@ -130,7 +135,7 @@ class Slab:
 class Handoff:
     """One rank's spool and its writer process."""
 
-    def __init__(self, store: str, rank: int, attrs: dict, max_bytes: int, nice: int = 0):
+    def __init__(self, store: str, rank: int, attrs: dict, max_bytes: int, nice: int = 0, hold_bytes: int = 0):
         self.max_bytes = max_bytes
         if not os.environ.get(ENV_SPOOL):  # no launcher (it sets ENV_SPOOL and clears what dead recordings left)
             spool_gc.collect()
@@ -141,6 +146,7 @@ class Handoff:
         self._pending: dict[int, int] = {}  # sealed entries not yet written: seq -> bytes
         self._prov: tuple[int, int] | None = None  # the open step's capture: (seq, bytes)
         self._error: str | None = None
+        self._drain_asked = False  # `drain` sent, and no entry written since
         self._eof = False
         self._close_sent = False
         self._ended_at = 0.0  # when the rank's training ended (send_close), monotonic
@@ -156,7 +162,7 @@ class Handoff:
             self._proc = subprocess.Popen(
                 [sys.executable, "-m", "tracekit.writer.spool_writer", "--spool", self.spool,
                  "--store", canonical(store), "--rank", str(rank), "--rank-pid", str(os.getpid()),
-                 "--lock-fd", str(lock), "--nice", str(nice)],
+                 "--lock-fd", str(lock), "--nice", str(nice), "--hold-bytes", str(hold_bytes)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_writer_env(), start_new_session=True,
                 pass_fds=(lock,))
         except OSError as e:
@@ -200,6 +206,7 @@ class Handoff:
         elif cmd == "done":
             seq = int(rest)
             self._pending.pop(seq, None)
+            self._drain_asked = False
             # the writer unlinks an entry before it says done and never reads it again: its slab is free
             self._free_slab(self._slab_of.pop(seq, None))
         elif cmd == "error" and self._error is None:
@@ -259,6 +266,7 @@ class Handoff:
         self._poll()
         budget = self.max_bytes if budget is None else budget
         while self._pending and sum(self._pending.values()) + nbytes > budget:
+            self._drain()  # the writer may be holding them back (hold_bytes): they are needed now
             self._read(block=True)
             self._raise_if_failed()
 
@@ -275,12 +283,18 @@ class Handoff:
             raise WriterFailed(f"cannot spool step {step}: {e}") from None
         return size
 
-    def _notify(self) -> None:
+    def _notify(self, word: bytes = b"sealed\n") -> None:
         try:
-            self._send(b"sealed\n")
+            self._send(word)
         except (BrokenPipeError, ValueError):
             self._poll()
             raise WriterFailed("the writer process died") from None
+
+    def _drain(self) -> None:
+        """Ask the writer to store every entry sealed so far, held ones included (once per wait)."""
+        if not self._drain_asked:
+            self._notify(b"drain\n")
+            self._drain_asked = True
 
     def _send(self, data: bytes) -> None:
         # os.write, not the buffered file: a signal handler that sends the close command while the
@@ -400,6 +414,8 @@ class Handoff:
         """Block until the writer is up and every sealed entry is in the store."""
         self._wait_ready()
         self._poll()
+        if self._pending:
+            self._drain()
         while self._pending and not self._eof:
             self._read(block=True)
             self._raise_if_failed()

@@ -8,8 +8,15 @@ is left, the open step's capture included, and exits; the status is the one the 
 with, or, if it never closed, `running` until the launcher's finalization says killed or died. At most the step
 the rank was capturing when it died (its .part file) is lost.
 
+While the rank trains, it leaves up to --hold-bytes of sealed entries in the spool, storing only the
+oldest beyond that, and stores the rest once the rank is done: storing competes with training for
+the cores even at nice 19 (a waking rank waits for the writer's slice; on TorchTitan's debug model
+with 2 ranks on 2 cores, the steps took 1.2-1.4x), while the rank's teardown leaves them mostly
+idle (docs/RELIABILITY.md, "The writer holds steps while the rank trains").
+
 Talks to the rank over two pipes. Rank -> writer (our stdin): "sealed" after each hand-off,
-"close STATUS ATTRS-JSON" at the end. Writer -> rank (our stdout): "ready", "done SEQ" per entry
+"drain" when the rank needs the room held entries take (or flushes): store every entry sealed so
+far, "close STATUS ATTRS-JSON" at the end. Writer -> rank (our stdout): "ready", "done SEQ" per entry
 written, "error MESSAGE", "closed". The rank's death shows as EOF on stdin or, sooner, as its
 pidfd turning readable.
 
@@ -87,8 +94,11 @@ STOPPED_CAUSE = "its writer process was stopped at --flush-timeout"
 
 
 class _Writer:
-    def __init__(self, spool: str, store: str, rank: int, rank_pid: int, nice_before: int | None = None):
+    def __init__(self, spool: str, store: str, rank: int, rank_pid: int, nice_before: int | None = None,
+                 hold_bytes: int = 0):
         self.spool = spool
+        self.hold_bytes = hold_bytes
+        self.drain = False  # the rank asked for every entry sealed so far (its word `drain`)
         self.nice_before = nice_before  # the priority to go back to once the rank is done (priority.py)
         self.rank_pid = rank_pid
         self.out = sys.stdout
@@ -160,11 +170,19 @@ class _Writer:
                 if cmd == "close":
                     status, _, attrs = rest.partition(" ")
                     self.closing = (status, json.loads(attrs) if attrs else {})
+                elif cmd == "drain":
+                    self.drain = True
         return not self.rank_gone and 0 in ready
 
     # ---- the spool -----------------------------------------------------------------------------
     def _entries(self, final: bool) -> list[tuple[int, str]]:
-        return entries(self.spool, final)
+        """The entries to store now, oldest first: all of them once the rank is done or asked for them
+        (drain); while it trains, only the oldest beyond the hold."""
+        found = entries(self.spool, final)
+        if final or self.drain or not self.hold_bytes:
+            self.drain = False
+            return found
+        return found[:_beyond_hold(self.spool, found, self.hold_bytes)]
 
     def _write(self, seq: int, name: str) -> None:
         path = os.path.join(self.spool, name)
@@ -235,6 +253,21 @@ class _Writer:
         return 0
 
 
+def _beyond_hold(spool: str, found: list[tuple[int, str]], hold_bytes: int) -> int:
+    """How many of the oldest entries in `found` to store so that the others hold at most `hold_bytes`."""
+    sizes = []
+    for _, name in found:
+        try:
+            sizes.append(os.stat(os.path.join(spool, name)).st_size)
+        except OSError:  # gone meanwhile: it holds nothing
+            sizes.append(0)
+    held, n = sum(sizes), 0
+    while n < len(sizes) and held > hold_bytes:
+        held -= sizes[n]
+        n += 1
+    return n
+
+
 def _wakeup_fd() -> int:
     """The read end of a pipe that Python's C-level signal handler writes a byte to, at once, for
     every signal with a Python handler."""
@@ -261,6 +294,8 @@ def main(argv=None) -> int:
     p.add_argument("--rank-pid", type=int, required=True)
     p.add_argument("--lock-fd", type=int, default=None, help="the spool's lock, already held (inherited)")
     p.add_argument("--nice", type=int, default=0, help="run at this nice value while the rank trains (priority.py)")
+    p.add_argument("--hold-bytes", type=int, default=0,
+                   help="while the rank trains, leave up to this many bytes of sealed entries for its end")
     args = p.parse_args(argv)
     if _EARLY_NICE == args.nice:  # lowered at import, before any thread started
         nice_before = _NICE_BEFORE
@@ -279,7 +314,7 @@ def main(argv=None) -> int:
     lock.flush()
     writer = None
     try:
-        writer = _Writer(args.spool, args.store, args.rank, args.rank_pid, nice_before)
+        writer = _Writer(args.spool, args.store, args.rank, args.rank_pid, nice_before, args.hold_bytes)
         # a SIGTERM that came while the writer started stops it before it stores anything; one that
         # comes later wakes it from its wait for the rank through this pipe
         writer.wake_fd = _wakeup_fd()

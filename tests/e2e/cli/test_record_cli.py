@@ -15,6 +15,7 @@ from tests.paths import CLI_SCRIPTS
 from tests.writer_faults import faulty_writer_pythonpath
 
 TINY = os.path.join(CLI_SCRIPTS, "tiny_train.py")
+PLAIN_TINY = os.path.join(CLI_SCRIPTS, "plain_tiny_train.py")  # no tracekit import: recorded zero-code
 
 
 def run_cli(*args, timeout=120, env=None):
@@ -110,6 +111,23 @@ def test_ends_with_a_one_line_summary(shared_once):
     assert finalizing == f"tracekit record: finalizing {store} ..."  # the wait after training is never silent
     # the rank closed its Recorder (waiting for its writer) before exiting: nothing left to store then
     assert not any("the command ended" in line for line in before), result.stderr
+
+
+def test_a_zero_code_rank_ends_without_waiting_for_its_writer(tmp_path):
+    """Zero-code under `tracekit record`: the rank tells its writer how it ended and exits; the writer
+    stores the steps it held back while the rank trained (--hold-mb) as the job ends, and the launcher
+    waits for it before finalizing. With the writer slowed to ~0.1 s per entry, it is still storing
+    when the command ends (a rank that waited for it, as the explicit Recorder's close does, would
+    leave nothing to store then), and the store has every step."""
+    store = str(tmp_path / "s")
+    result = run_cli("record", "-o", store, "--", sys.executable, PLAIN_TINY, "--steps", "4",
+                     env={"TRACEKIT_WRITE_MBPS": "0.04"})
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert any(line.startswith("tracekit record: the command ended (exit status 0); storing ") for line in lines), (
+        result.stderr)
+    view = open_store(store).rank(0)
+    assert view.completed_steps == [1, 2, 3, 4] and view.status == "finished"
 
 
 def test_says_what_it_waits_for_when_writers_outlive_the_command(shared_once, tmp_path):

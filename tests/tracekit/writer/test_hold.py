@@ -1,0 +1,104 @@
+"""While its rank trains, the writer process leaves up to `hold_bytes` (--hold-mb) of sealed steps in
+the spool, storing only the oldest beyond that, and stores the rest when the rank is done, flushes,
+or needs the room they take (tracekit/writer/spool_writer.py, handoff.py)."""
+
+import os
+import threading
+
+import numpy as np
+import pytest
+
+from tracekit import open_store
+from tracekit.errors import UsageError
+from tracekit.launch.config import RecordConfig
+from tracekit.store import TensorData, create_store
+from tracekit.writer.handoff import Handoff
+from tracekit.writer.spool import entries
+from tracekit.writer.spool_writer import _beyond_hold
+
+MB = 1 << 20
+ATTRS = {"coords": {"rank": 0}}
+
+
+def _step(value: float):
+    """A step of one 1 MiB tensor: its spool entry is a little over 1 MiB (a header, page-aligned bytes)."""
+    return [("parameters", TensorData("w", "float32", (MB // 4,), np.full(MB // 4, value, np.float32)))]
+
+
+def _store(tmp_path) -> str:
+    store = str(tmp_path / "s")
+    create_store(store, {})
+    return store
+
+
+def test_the_writer_stores_only_the_steps_beyond_the_hold_until_the_rank_flushes(tmp_path):
+    store = _store(tmp_path)
+    handoff = Handoff(store, 0, ATTRS, 8 * MB, hold_bytes=int(2.5 * MB))  # room for two entries, not three
+    for step in (1, 2, 3):
+        handoff.put(step, _step(step), complete=True)
+    # the writer's word for the oldest entry; it stores nothing more until the rank speaks again
+    handoff._read_until(lambda line: line == "done 1")
+    assert open_store(store).rank(0).completed_steps == [1]
+    assert len(entries(handoff.spool, final=False)) == 2  # steps 2 and 3 wait in the spool
+    handoff.flush()  # `drain`: every sealed step, held ones included
+    view = open_store(store).rank(0)
+    assert view.completed_steps == [1, 2, 3]
+    handoff.close("finished")
+    view = open_store(store).rank(0)
+    assert view.status == "finished"
+    assert [float(view.read("parameters", s, "w")[0]) for s in (1, 2, 3)] == [1.0, 2.0, 3.0]
+
+
+def test_held_steps_are_stored_when_the_rank_closes(tmp_path):
+    store = _store(tmp_path)
+    handoff = Handoff(store, 0, ATTRS, 8 * MB, hold_bytes=8 * MB)  # holds all of them
+    for step in (1, 2, 3):
+        handoff.put(step, _step(step), complete=True)
+    handoff.close("finished")
+    view = open_store(store).rank(0)
+    assert view.completed_steps == [1, 2, 3] and view.status == "finished"
+    assert not os.path.exists(handoff.spool)
+
+
+def test_a_rank_that_needs_the_room_held_steps_take_gets_it(tmp_path):
+    """A hold as large as the queue cap: without the rank's `drain`, the writer would hold every step
+    and the rank wait for room forever."""
+    store = _store(tmp_path)
+    handoff = Handoff(store, 0, ATTRS, 3 * MB, hold_bytes=3 * MB)
+    handed = threading.Thread(target=lambda: [handoff.put(s, _step(s), complete=True) for s in range(1, 7)],
+                              daemon=True)
+    handed.start()
+    handed.join(timeout=120)  # a guard against a hang, not a sync: the puts end when the writer makes room
+    try:
+        assert not handed.is_alive(), "put() waited for room the writer never made"
+    finally:
+        if handed.is_alive():
+            handoff._proc.kill()
+    assert handoff.peak_pending <= 3 * MB
+    handoff.close("finished")
+    view = open_store(store).rank(0)
+    assert view.completed_steps == list(range(1, 7))
+    assert [float(view.read("parameters", s, "w")[0]) for s in range(1, 7)] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
+
+
+def test_beyond_hold_counts_the_oldest_entries_whose_bytes_exceed_the_hold(tmp_path):
+    sizes = {"a": 300, "b": 200, "c": 100}
+    for name, size in sizes.items():
+        (tmp_path / name).write_bytes(b"x" * size)
+    found = [(1, "a"), (2, "b"), (3, "c")]
+    assert _beyond_hold(str(tmp_path), found, 600) == 0
+    assert _beyond_hold(str(tmp_path), found, 599) == 1  # the oldest goes: 300 bytes stay held
+    assert _beyond_hold(str(tmp_path), found, 300) == 1
+    assert _beyond_hold(str(tmp_path), found, 299) == 2
+    assert _beyond_hold(str(tmp_path), found, 0) == 3
+    assert _beyond_hold(str(tmp_path), [(0, "gone"), *found], 600) == 0  # an entry gone meanwhile holds nothing
+
+
+def test_the_hold_is_checked_defaults_to_half_the_queue_and_travels_to_the_ranks():
+    assert RecordConfig(queue_mb=100).hold_bytes == 50 * MB
+    assert RecordConfig(queue_mb=100, hold_mb=0).hold_bytes == 0
+    with pytest.raises(UsageError, match=r"hold size \(--hold-mb\) must be 0 to the queue size \(--queue-mb, 100\), got 101"):
+        RecordConfig(queue_mb=100, hold_mb=101)
+    assert RecordConfig.from_env(RecordConfig(store="s", hold_mb=7).to_env()).hold_bytes == 7 * MB
+    assert RecordConfig.from_env(RecordConfig(store="s", queue_mb=10).to_env()).hold_bytes == 5 * MB
+
