@@ -11,6 +11,7 @@ from tracekit.inspect.coverage import count_phrase, from_summary, left_out_line
 from tracekit.store.kinds import TRACE_LEVELS, TRACE_TABLE
 from tracekit.launch import (RECORDABLE_KINDS, DEFAULT_FLUSH_TIMEOUT, DEFAULT_QUEUE_MB, DEFAULT_WRITER_NICE, MAX_NICE, RecordConfig,
                              parse_kinds, parse_ranks, parse_seconds, parse_step_range, record_job)
+from tracekit.launch.config import RankSet
 
 
 class _RecordCommand(click.Command):
@@ -52,6 +53,16 @@ def _coverage(done: dict) -> str:
     cov = from_summary(done.get("coverage"))
     loss = f"{done['loss_derivation']}, " if done.get("loss_derivation") else ""  # zero-code: how it was chosen
     return (f"{count_phrase(cov)}, " if cov is not None else "") + loss
+
+
+def recording_failed_lines(done: dict) -> list[str]:
+    """A line per cause for the ranks whose writer process failed to store their steps: with the steps
+    held until training ends (--hold-mb), the rank itself may have ended before it could hear of it."""
+    by_cause: dict[str, list[int]] = {}
+    for rank, cause in sorted((done.get("recording_failed") or {}).items()):
+        by_cause.setdefault(cause, []).append(rank)
+    return [f"tracekit record: {'rank' if len(ranks) == 1 else 'ranks'} {RankSet.of(ranks).spec()}: recording failed: {cause}"
+            for cause, ranks in by_cause.items()]
 
 
 def left_out_lines(done: dict) -> list[str]:
@@ -153,7 +164,7 @@ def record(store, force, kinds, param_globs, full, ranks, every, queue_mb, hold_
     from tracekit.inspect.summary import recording_summary
 
     done = recording_summary(store)
-    for line in left_out_lines(done):
+    for line in [*recording_failed_lines(done), *left_out_lines(done)]:
         click.echo(line, err=True)
     click.echo(summary_line(done, status, traced=bool(trace)), err=True)
     from tracekit.launch import untraced_problem

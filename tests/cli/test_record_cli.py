@@ -50,3 +50,15 @@ def test_record_refuses_a_hold_larger_than_the_queue_in_one_line(tmp_path):
     r = CliRunner().invoke(main, ["record", "-o", str(tmp_path / "s"), "--queue-mb", "8", "--hold-mb", "9", "--", "true"])
     assert r.exit_code == 2 and "--hold-mb" in r.output and "Traceback" not in r.output
     assert not (tmp_path / "s").exists()
+
+
+def test_ranks_whose_writer_failed_get_a_line_per_cause():
+    from tracekit.cli.record import recording_failed_lines
+
+    done = {"recording_failed": {3: "OSError: disk full", 0: "OSError: disk full", 1: "OSError: disk full",
+                                 2: "ValueError: refused"}}
+    assert recording_failed_lines(done) == [
+        "tracekit record: ranks 0-1,3: recording failed: OSError: disk full",
+        "tracekit record: rank 2: recording failed: ValueError: refused",
+    ]
+    assert recording_failed_lines({"recording_failed": {}}) == []

@@ -5,6 +5,7 @@ from __future__ import annotations
 from tracekit.inspect.facts import common, differences, rank_facts
 from tracekit.store import open_store
 from tracekit.store.location import canonical
+from tracekit.store.status import RECORDING_FAILED
 from tracekit.store.consistency import missing_ranks
 from tracekit.store.derived_loss import loss_derivation_line
 from tracekit.store.dtypes import storage_dtype, to_numpy_values
@@ -159,6 +160,7 @@ def recording_summary(path) -> dict:
     kinds: list[str] = []
     statuses: dict[str, int] = {}
     unwritten: dict[int, dict] = {}  # rank -> the steps it completed that its writer did not store, and why
+    recording_failed: dict[int, str] = {}  # rank -> why its writer process failed to store its steps
     replayed: set[int] | None = None  # steps any rank ran from a reference's state (None: not a replay)
     for r in store.ranks:
         view = store.rank(r)
@@ -169,8 +171,11 @@ def recording_summary(path) -> dict:
             replayed = (replayed or set()) | set(view.meta.replayed_steps)
         if view.unwritten_steps:
             unwritten[r] = {"steps": view.unwritten_steps, "cause": view.unwritten_cause}
+        if view.status == "failed" and (view.cause or "").startswith(RECORDING_FAILED):
+            recording_failed[r] = view.cause.removeprefix(RECORDING_FAILED)
     return {"store": canonical(store.path), "ranks": len(store.ranks), "steps": sorted(steps), "kinds": kinds,
             "bytes": store.location.size_under(), "statuses": statuses, "coverage": coverage_summary(store), "unwritten": unwritten,
+            "recording_failed": recording_failed,
             "loss_derivation": loss_derivation_line(store),
             "traces": trace_steps_held(store),
             "replayed_steps": sorted(replayed) if replayed is not None else None,

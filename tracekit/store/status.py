@@ -13,6 +13,10 @@ from __future__ import annotations
 
 import signal
 
+# how a `failed` rank's cause starts when its writer process failed to store its steps (the disk
+# full, a refused write): the rank itself may never have heard of it (spool_writer.py)
+RECORDING_FAILED = "recording: "
+
 
 def signal_name(code: int) -> str:
     """The signal of a negative exit code (-9 -> SIGKILL)."""

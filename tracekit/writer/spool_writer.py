@@ -87,6 +87,7 @@ from tracekit.writer.spool import TRACE_EVENTS, TRACE_EVENTS_MARSHAL, entries, r
 from tracekit.writer.spool_names import ATTRS, LOCK  # noqa: E402
 from tracekit.store import RankWriter  # noqa: E402
 from tracekit.store.ownership import ENV_RUN_ID  # noqa: E402
+from tracekit.store.status import RECORDING_FAILED  # noqa: E402
 from tracekit.store.traces import TraceWriter  # noqa: E402
 
 ENV_WRITE_MBPS = "TRACEKIT_WRITE_MBPS"  # cap the write rate (a shared filesystem; slow-disk tests)
@@ -324,7 +325,7 @@ def main(argv=None) -> int:
         # the status first: a rank that hears of the failure may read the store at once
         if writer is not None:
             try:
-                writer.writer.close(status="failed", cause=f"recording: {message}")
+                writer.writer.close(status="failed", cause=RECORDING_FAILED + message)
             except Exception:
                 pass
         try:

@@ -56,6 +56,9 @@ def test_a_full_disk_keeps_the_steps_written_before_and_says_so_in_one_line(tiny
     if finalized:
         assert run.returncode == store_view.meta["exit_status"] == 0 and "ranks: 1 failed" in run.stderr
         assert rank.status == "failed" and "No space left on device" in rank.cause
+        # the writer may fail after the rank ended (it holds steps until then: --hold-mb), so the
+        # launcher says it, whether or not the rank heard of it
+        assert f"tracekit record: rank 0: recording failed: {rank.cause.removeprefix('recording: ')}" in run.stderr
 
     # what was written reads back whole: show, and a diff of the store with itself (in this process,
     # click's CliRunner: a `tracekit` process cost ~0.5 CPU-s each; an exception would be exit code 1)
