@@ -12,7 +12,9 @@ nothing is dropped.
 While the rank trains, the writer leaves up to `hold_bytes` (--hold-mb) of sealed entries in the
 spool and stores only what is beyond that; the rest it stores once the rank is done, when the cores
 are the writer's (spool_writer.py says why). A rank that needs room the held entries take, or a
-flush, says `drain`: the writer then stores every entry sealed so far.
+flush, says `drain`: the writer then stores every entry sealed so far. So does a rank whose spool's
+filesystem is running short (SPOOL_ROOM_ENTRIES): the ranks of a machine share its /dev/shm, and
+each one checked for room for its queue alone when it started.
 """
 
 from __future__ import annotations
@@ -61,7 +63,20 @@ def _writer_env() -> dict[str, str]:
 # in flight, and reused pages cost about half as much to fill as fresh tmpfs pages.
 KEEP_FREE_SLABS = 1
 KEEP_FREE_SHARE = 4
+# Held entries are stored at once when the spool's filesystem has room for fewer than this many more
+# entries of the size just sealed: a full spool would end the rank's recording (ENOSPC), where
+# storing them frees their room.
+SPOOL_ROOM_ENTRIES = 4
 SLAB_PREFIX = "slab-"  # a slab's own name in the spool: no entry name (spool.entry_seq), so the writer ignores it
+
+
+def spool_room(folder: str) -> int:
+    """Bytes still free on the filesystem of the spool folder `folder` (for an unprivileged writer)."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
 
 
 class Slab:
@@ -137,6 +152,7 @@ class Handoff:
 
     def __init__(self, store: str, rank: int, attrs: dict, max_bytes: int, nice: int = 0, hold_bytes: int = 0):
         self.max_bytes = max_bytes
+        self.hold_bytes = hold_bytes
         if not os.environ.get(ENV_SPOOL):  # no launcher (it sets ENV_SPOOL and clears what dead recordings left)
             spool_gc.collect()
         # The writer's lock is taken with the folder and inherited, so neither `tracekit record` nor a
@@ -308,6 +324,8 @@ class Handoff:
         self.peak_pending = max(self.peak_pending, sum(self._pending.values()))
         self._note_spooled()
         self._notify()
+        if self.hold_bytes and spool_room(self.spool) < SPOOL_ROOM_ENTRIES * size:
+            self._drain()
 
     def put(self, step: int, tensors: list[tuple[str, TensorData]], complete: bool, extra: dict | None = None) -> None:
         """Hand over a finished entry; durable when this returns."""

@@ -4,6 +4,7 @@ or needs the room they take (tracekit/writer/spool_writer.py, handoff.py)."""
 
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -25,6 +26,12 @@ def _step(value: float):
     return [("parameters", TensorData("w", "float32", (MB // 4,), np.full(MB // 4, value, np.float32)))]
 
 
+def _heard(handoff: Handoff, line: str, bound_s: float = 60) -> bool:
+    """Whether the writer said `line` within bound_s (a guard against a hang, not a sync: it says it
+    once it has stored the entry, or never)."""
+    return handoff._read_until(lambda heard: heard == line, until=time.monotonic() + bound_s)
+
+
 def _store(tmp_path) -> str:
     store = str(tmp_path / "s")
     create_store(store, {})
@@ -37,7 +44,7 @@ def test_the_writer_stores_only_the_steps_beyond_the_hold_until_the_rank_flushes
     for step in (1, 2, 3):
         handoff.put(step, _step(step), complete=True)
     # the writer's word for the oldest entry; it stores nothing more until the rank speaks again
-    handoff._read_until(lambda line: line == "done 1")
+    assert _heard(handoff, "done 1")
     assert open_store(store).rank(0).completed_steps == [1]
     assert len(entries(handoff.spool, final=False)) == 2  # steps 2 and 3 wait in the spool
     handoff.flush()  # `drain`: every sealed step, held ones included
@@ -102,3 +109,21 @@ def test_the_hold_is_checked_defaults_to_half_the_queue_and_travels_to_the_ranks
     assert RecordConfig.from_env(RecordConfig(store="s", hold_mb=7).to_env()).hold_bytes == 7 * MB
     assert RecordConfig.from_env(RecordConfig(store="s", queue_mb=10).to_env()).hold_bytes == 5 * MB
 
+
+
+def test_held_steps_are_stored_when_the_spools_filesystem_runs_short(tmp_path, monkeypatch):
+    """The ranks of a machine share its /dev/shm: a rank whose spool has room for fewer than a few
+    more entries asks its writer for the held ones, whose room storing frees."""
+    from tracekit.writer import handoff as handoff_module
+
+    store = _store(tmp_path)
+    handoff = Handoff(store, 0, ATTRS, 8 * MB, hold_bytes=8 * MB)  # would hold all of them
+    room = {"bytes": 1 << 40}
+    monkeypatch.setattr(handoff_module, "spool_room", lambda folder: room["bytes"])
+    handoff.put(1, _step(1), complete=True)
+    room["bytes"] = 3 * MB  # less than SPOOL_ROOM_ENTRIES entries of a little over 1 MiB
+    handoff.put(2, _step(2), complete=True)
+    assert _heard(handoff, "done 2")  # both stored, in order, though within the hold
+    assert open_store(store).rank(0).completed_steps == [1, 2]
+    handoff.close("finished")
+    assert open_store(store).rank(0).completed_steps == [1, 2]
