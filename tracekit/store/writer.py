@@ -535,16 +535,47 @@ class RankWriter:
         if not tensors:
             return
         self._still_ours(step)
-        shards = [t.shard for t in tensors]
-        if not self.format.hashed and any(sh is not None for sh in shards):
+        kw = self._kind_writer(kind, tensors)
+        if not self.format.hashed:
+            kw.append(step, tensors)
+        else:
+            kw.append(step, tensors, [t.shard for t in tensors])
+
+    @io.compact_metadata
+    def write_steps(self, steps: Sequence[tuple[int, dict[str, Sequence[TensorData]], bool]]) -> None:
+        """Several steps in order, each (step, {kind: tensors}, complete): what write() of each kind and
+        complete_step() of each complete step store, with each kind's metadata documents written once
+        for all of them instead of once a step (_ObjectKindWriter.append_rows: each rewrite is a new
+        file; the writer process stores the steps it held back this way). The steps count once listed
+        complete, after every kind's rows: a crash midway leaves none of them complete."""
+        if not steps:
+            return
+        self._still_ours(steps[-1][0])
+        rows: dict[str, list[tuple[int, Sequence[TensorData]]]] = {}
+        for step, kinds, _ in steps:
+            for kind, tensors in kinds.items():
+                if tensors:
+                    rows.setdefault(kind, []).append((step, tensors))
+        for kind, kind_rows in rows.items():
+            kw = self._kind_writer(kind, *(tensors for _, tensors in kind_rows))
+            if self.format.hashed:
+                kw.append_rows(kind_rows)
+            else:
+                for step, tensors in kind_rows:
+                    kw.append(step, tensors)
+        done = [step for step, _, complete in steps if complete]
+        if done:
+            self.completed.extend(done)
+            self.group_meta.update_attrs({"completed_steps": self.completed})
+
+    def _kind_writer(self, kind: str, *rows: Sequence[TensorData]):
+        """The writer of `kind` (made at its first rows), once the rows' tensors suit the store's format."""
+        if not self.format.hashed and any(t.shard is not None for tensors in rows for t in tensors):
             raise StoreError(f"{self.path}: store format 1 holds whole tensors only, not the shards of {kind}")
         kw = self.kinds.get(kind)
         if kw is None:
             kw = self.kinds[kind] = _new_kind_writer(self.group, kind, self.format, self.io_root, self.full, self.rank)
-        if not self.format.hashed:
-            kw.append(step, tensors)
-        else:
-            kw.append(step, tensors, shards)
+        return kw
 
     @io.compact_metadata
     def complete_step(self, step: int) -> None:

@@ -92,6 +92,9 @@ from tracekit.store.traces import TraceWriter  # noqa: E402
 
 ENV_WRITE_MBPS = "TRACEKIT_WRITE_MBPS"  # cap the write rate (a shared filesystem; slow-disk tests)
 STOPPED_CAUSE = "its writer process was stopped at --flush-timeout"
+# Plain steps stored together at most: their metadata documents are written once for all of them,
+# and their spool entries stay mapped until then (at the end of training, the held steps).
+BATCH_ENTRIES = 16
 
 
 class _Writer:
@@ -185,15 +188,42 @@ class _Writer:
             return found
         return found[:_beyond_hold(self.spool, found, self.hold_bytes)]
 
-    def _write(self, seq: int, name: str) -> None:
-        path = os.path.join(self.spool, name)
-        t0 = time.monotonic()
-        entry = read_entry(path)
+    def _store_next(self, listed: list[tuple[int, str]]) -> int:
+        """Store the first entries of `listed` (in order) and say how many: a run of plain steps at once
+        (up to BATCH_ENTRIES: the held ones, at the end; RankWriter.write_steps writes each kind's
+        metadata once for all of them), or one entry of attributes or of a trace alone."""
+        batch_max = 1 if self.bytes_per_s else BATCH_ENTRIES  # a capped rate paces entry by entry
+        batch: list = []  # (seq, name, entry)
         try:
-            size = os.path.getsize(path)
+            for seq, name in listed[:batch_max]:
+                entry = read_entry(os.path.join(self.spool, name))
+                if entry.extra.get("attrs") or entry.extra.get("trace") is not None:
+                    if batch:  # after the plain steps before it
+                        entry.close()
+                        break
+                    batch.append((seq, name, entry))
+                    break
+                batch.append((seq, name, entry))
+        except BaseException:
+            for _, _, entry in batch:
+                entry.close()
+            raise
+        self._store(batch)
+        return len(batch)
+
+    def _store(self, batch: list) -> None:
+        """Store the entries of `batch` (closing them), unlink their names, say `done` for each."""
+        t0 = time.monotonic()
+        size = 0
+        try:
+            for _, name, _ in batch:
+                size += os.path.getsize(os.path.join(self.spool, name))
+            entry = batch[0][2]
             trace = entry.extra.get("trace")
             if entry.extra.get("attrs"):  # rank metadata learnt while training (the precision context)
                 self.writer.update_attrs(**entry.extra["attrs"])
+                if entry.complete:
+                    self.writer.complete_step(entry.step)
             elif trace is not None:
                 if self.traces is None:
                     self.traces = TraceWriter(self.writer.zarr_group())
@@ -201,19 +231,21 @@ class _Writer:
                 if events == TRACE_EVENTS_MARSHAL:  # decoded here, off the training thread (Handoff.put_trace)
                     events = marshal.loads(entry.kinds[TRACE_EVENTS][0].data.tobytes())
                 self.traces.write_step(trace["level"], entry.step, events, entry.kinds.get("trace", []))
-            else:
-                for kind, tensors in entry.kinds.items():
-                    self.writer.write(entry.step, kind, tensors)
-            if entry.complete:
-                self.writer.complete_step(entry.step)
+                if entry.complete:
+                    self.writer.complete_step(entry.step)
+            else:  # plain steps (an entry of attributes or of a trace is a batch of its own)
+                self.writer.write_steps([(e.step, e.kinds, e.complete) for _, _, e in batch])
         finally:
-            entry.close()
-        os.unlink(path)
+            for _, _, e in batch:
+                e.close()
+        for _, name, _ in batch:
+            os.unlink(os.path.join(self.spool, name))
         if self.bytes_per_s:  # a capped rate: wait out the rest of this entry's time (a SIGTERM cuts it short)
             until = t0 + size / self.bytes_per_s
             while not self.stopped and time.monotonic() < until:
                 time.sleep(max(0.0, min(0.05, until - time.monotonic())))  # the clock moved on since the test
-        self.say(f"done {seq}")
+        for seq, _, _ in batch:
+            self.say(f"done {seq}")
 
     def run(self) -> int:
         self.say("ready")
@@ -222,10 +254,9 @@ class _Writer:
             if final:  # nobody left to yield the cores to
                 priority.restore(self.nice_before)
             heard = False
-            for seq, name in self._entries(final):
-                if self.stopped:
-                    break
-                self._write(seq, name)
+            listed = self._entries(final)
+            while listed and not self.stopped:
+                listed = listed[self._store_next(listed):]
                 if not self._rank_done:  # a rank that closed or died mid-batch: drain the rest at full priority
                     heard |= self._wait_for_rank(block=False)
                     if self._rank_done:
