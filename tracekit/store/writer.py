@@ -241,7 +241,7 @@ class _ObjectKindWriter:
         self._store_rows([self._prepare_row(step, tensors, shards, self.steps)])
 
     def append_rows(self, rows: Sequence[tuple[int, Sequence[TensorData]]]) -> None:
-        """Several steps' rows at once (finalize's derived loss: store/derived_loss.py): each row's
+        """Several steps' rows at once (finalize's derived loss: store/derived_loss.py; RankWriter.write_steps): each row's
         objects, then one resize of each index array and one listing of the steps, where append
         rewrites four metadata documents per row. The rows are the ones append would write."""
         pending = list(self.steps)

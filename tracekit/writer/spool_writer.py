@@ -2,7 +2,8 @@
 
 Started by the rank's Recorder (subprocess, never fork; in a session of its own, so signals sent
 to the job's process group or terminal do not reach it). It owns the rank's group in the store
-(the store writer API: RankWriter). It writes sealed entries in order as they come; when the rank
+(the store writer API: RankWriter). It writes sealed entries in order (a run of plain steps in one
+batch: RankWriter.write_steps); when the rank
 closes, or dies in any way (exception, signal, SIGKILL, os._exit, the OOM killer), it writes what
 is left, the open step's capture included, and exits; the status is the one the rank closed
 with, or, if it never closed, `running` until the launcher's finalization says killed or died. At most the step
