@@ -241,14 +241,23 @@ class _ObjectKindWriter:
         self._store_rows([self._prepare_row(step, tensors, shards, self.steps)])
 
     def append_rows(self, rows: Sequence[tuple[int, Sequence[TensorData]]]) -> None:
-        """Several steps' rows at once (finalize's derived loss: store/derived_loss.py; RankWriter.write_steps): each row's
+        """Several steps' rows at once (finalize's derived loss: store/derived_loss.py): each row's
         objects, then one resize of each index array and one listing of the steps, where append
         rewrites four metadata documents per row. The rows are the ones append would write."""
         pending = list(self.steps)
         prepared = []
         for step, tensors in rows:
-            prepared.append(self._prepare_row(step, tensors, [t.shard for t in tensors], pending))
+            prepared.append(self.prepare_row(step, tensors, pending))
             pending.append(step)
+        self.store_rows(prepared)
+
+    def prepare_row(self, step: int, tensors: Sequence[TensorData], steps: list[int]):
+        """A row's objects written, after the rows of `steps` (the kind's steps and those prepared
+        before it); its index row for store_rows()."""
+        return self._prepare_row(step, tensors, [t.shard for t in tensors], steps)
+
+    def store_rows(self, prepared: list) -> None:
+        """The index rows of prepared steps (prepare_row), then their steps listed."""
         if prepared:
             self._store_rows(prepared)
 
@@ -545,28 +554,37 @@ class RankWriter:
     def write_steps(self, steps: Sequence[tuple[int, dict[str, Sequence[TensorData]], bool]]) -> None:
         """Several steps in order, each (step, {kind: tensors}, complete): what write() of each kind and
         complete_step() of each complete step store, with each kind's metadata documents written once
-        for all of them instead of once a step (_ObjectKindWriter.append_rows: each rewrite is a new
-        file; the writer process stores the steps it held back this way). The steps count once listed
-        complete, after every kind's rows: a crash midway leaves none of them complete."""
+        for all of them instead of once a step (each rewrite is a new file; the writer process stores
+        the steps it held back this way). Each step's objects are written in turn, then each kind's
+        index rows at once, then the complete steps listed. A step that fails (its tensors changed, a
+        full disk) ends it as it would step by step: the steps before it are stored and listed
+        complete, then the error is raised."""
         if not steps:
             return
         self._still_ours(steps[-1][0])
-        rows: dict[str, list[tuple[int, Sequence[TensorData]]]] = {}
-        for step, kinds, _ in steps:
-            for kind, tensors in kinds.items():
-                if tensors:
-                    rows.setdefault(kind, []).append((step, tensors))
-        for kind, kind_rows in rows.items():
-            kw = self._kind_writer(kind, *(tensors for _, tensors in kind_rows))
-            if self.format.hashed:
-                kw.append_rows(kind_rows)
-            else:
-                for step, tensors in kind_rows:
-                    kw.append(step, tensors)
-        done = [step for step, _, complete in steps if complete]
-        if done:
-            self.completed.extend(done)
-            self.group_meta.update_attrs({"completed_steps": self.completed})
+        prepared: dict[str, list] = {}  # kind -> its rows prepared (objects written), to store together
+        listed: dict[str, list[int]] = {}  # kind -> its steps, with the prepared ones
+        done: list[int] = []
+        try:
+            for step, kinds, complete in steps:
+                for kind, tensors in kinds.items():
+                    if not tensors:
+                        continue
+                    kw = self._kind_writer(kind, tensors)
+                    if not self.format.hashed:  # format 1: one row at a time, its own way
+                        kw.append(step, tensors)
+                        continue
+                    pending = listed.setdefault(kind, list(kw.steps))
+                    prepared.setdefault(kind, []).append(kw.prepare_row(step, tensors, pending))
+                    pending.append(step)
+                if complete:
+                    done.append(step)
+        finally:  # the rows prepared, a failed step's first kinds included (as a rank dying mid-step leaves them)
+            for kind, rows in prepared.items():
+                self.kinds[kind].store_rows(rows)
+            if done:
+                self.completed.extend(done)
+                self.group_meta.update_attrs({"completed_steps": self.completed})
 
     def _kind_writer(self, kind: str, *rows: Sequence[TensorData]):
         """The writer of `kind` (made at its first rows), once the rows' tensors suit the store's format."""

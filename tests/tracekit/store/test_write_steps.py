@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from tracekit import open_store
+from tracekit import StoreError, open_store
 from tracekit.store import RankWriter, TensorData, create_store
 from tracekit.store.format import FORMAT_VERSION
 from tests.files import folder_bytes
@@ -62,3 +62,20 @@ def test_write_steps_stores_what_step_by_step_writes_store(tmp_path, version):
     assert view.completed_steps == [1, 2, 3, 4]  # step 5 was written, never completed
     assert view.steps("parameters") == [0, 1, 2, 3, 4]  # (step 5's row is there, not listed: not complete)
     assert float(view.read("loss", 4, "loss")) == np.float32(0.25)
+
+
+@pytest.mark.parametrize("version", sorted({1, 2, FORMAT_VERSION}))
+def test_a_step_that_fails_in_a_batch_keeps_the_steps_before_it(tmp_path, version):
+    """As step by step: the steps before the failing one are stored and complete, then the error."""
+    path = str(tmp_path / "s")
+    create_store(path, {"command": ["test"]}, format_version=version)
+    writer = RankWriter(path, 0, {"coords": {"rank": 0, "world_size": 1}})
+    steps = _steps(5)
+    bad = steps[3][1]["gradients"][0]
+    steps[3][1]["gradients"] = [TensorData("big", "float32", (32, 64), bad.data[:32])]  # its shape changed
+    with pytest.raises(StoreError, match="tensors changed between steps"):
+        writer.write_steps(steps)
+    writer.close(status="failed")
+    view = open_store(path).rank(0)
+    assert view.completed_steps == [1, 2]
+    assert view.steps("gradients") == [1, 2] and float(view.read("loss", 2, "loss")) == np.float32(0.5)
