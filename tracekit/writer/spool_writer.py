@@ -3,10 +3,10 @@
 Started by the rank's Recorder (subprocess, never fork; in a session of its own, so signals sent
 to the job's process group or terminal do not reach it). It owns the rank's group in the store
 (the store writer API: RankWriter). It writes sealed entries in order (a run of plain steps in one
-batch: RankWriter.write_steps); when the rank
-closes, or dies in any way (exception, signal, SIGKILL, os._exit, the OOM killer), it writes what
-is left, the open step's capture included, and exits; the status is the one the rank closed
-with, or, if it never closed, `running` until the launcher's finalization says killed or died. At most the step
+batch: RankWriter.write_steps); when the rank closes, or dies in any way (exception, signal,
+SIGKILL, os._exit, the OOM killer), it writes what is left, the open step's capture included, and
+exits; the status is the one the rank closed with, or, if it never closed, `running` until the
+launcher's finalization says killed or died. At most the step
 the rank was capturing when it died (its .part file) is lost.
 
 While the rank trains, it leaves up to --hold-bytes of sealed entries in the spool, storing only the
@@ -221,21 +221,20 @@ class _Writer:
                 size += os.path.getsize(os.path.join(self.spool, name))
             entry = batch[0][2]
             trace = entry.extra.get("trace")
-            if entry.extra.get("attrs"):  # rank metadata learnt while training (the precision context)
-                self.writer.update_attrs(**entry.extra["attrs"])
-                if entry.complete:
-                    self.writer.complete_step(entry.step)
-            elif trace is not None:
-                if self.traces is None:
-                    self.traces = TraceWriter(self.writer.zarr_group())
-                events = trace["events"]
-                if events == TRACE_EVENTS_MARSHAL:  # decoded here, off the training thread (Handoff.put_trace)
-                    events = marshal.loads(entry.kinds[TRACE_EVENTS][0].data.tobytes())
-                self.traces.write_step(trace["level"], entry.step, events, entry.kinds.get("trace", []))
-                if entry.complete:
-                    self.writer.complete_step(entry.step)
-            else:  # plain steps (an entry of attributes or of a trace is a batch of its own)
+            if not entry.extra.get("attrs") and trace is None:  # plain steps
                 self.writer.write_steps([(e.step, e.kinds, e.complete) for _, _, e in batch])
+            else:  # an entry of attributes or of a trace: a batch of its own
+                if entry.extra.get("attrs"):  # rank metadata learnt while training (the precision context)
+                    self.writer.update_attrs(**entry.extra["attrs"])
+                else:
+                    if self.traces is None:
+                        self.traces = TraceWriter(self.writer.zarr_group())
+                    events = trace["events"]
+                    if events == TRACE_EVENTS_MARSHAL:  # decoded here, off the training thread (Handoff.put_trace)
+                        events = marshal.loads(entry.kinds[TRACE_EVENTS][0].data.tobytes())
+                    self.traces.write_step(trace["level"], entry.step, events, entry.kinds.get("trace", []))
+                if entry.complete:
+                    self.writer.complete_step(entry.step)
         finally:
             for _, _, e in batch:
                 e.close()
