@@ -582,13 +582,11 @@ class RankWriter:
         finally:  # the rows prepared, a failed step's first kinds included (as a rank dying mid-step leaves them)
             for kind, rows in prepared.items():
                 self.kinds[kind].store_rows(rows)
-            if done:
-                self.completed.extend(done)
-                self.group_meta.update_attrs({"completed_steps": self.completed})
+            self._list_complete(done)
 
-    def _kind_writer(self, kind: str, *rows: Sequence[TensorData]):
-        """The writer of `kind` (made at its first rows), once the rows' tensors suit the store's format."""
-        if not self.format.hashed and any(t.shard is not None for tensors in rows for t in tensors):
+    def _kind_writer(self, kind: str, tensors: Sequence[TensorData]):
+        """The writer of `kind` (made at its first row), once the row's tensors suit the store's format."""
+        if not self.format.hashed and any(t.shard is not None for t in tensors):
             raise StoreError(f"{self.path}: store format 1 holds whole tensors only, not the shards of {kind}")
         kw = self.kinds.get(kind)
         if kw is None:
@@ -598,8 +596,13 @@ class RankWriter:
     @io.compact_metadata
     def complete_step(self, step: int) -> None:
         """Mark a step complete: all of its kinds are written."""
-        self.completed.append(step)
-        self.group_meta.update_attrs({"completed_steps": self.completed})
+        self._list_complete([step])
+
+    def _list_complete(self, steps: list[int]) -> None:
+        """List `steps` (all their kinds written) after the steps already complete: one document written."""
+        if steps:
+            self.completed.extend(steps)
+            self.group_meta.update_attrs({"completed_steps": self.completed})
 
     @io.compact_metadata
     def update_attrs(self, **fields) -> None:

@@ -35,7 +35,8 @@ import tracekit
 from tracekit.errors import TracekitError
 from tracekit.writer import spool_gc
 from tracekit.writer.spool import TRACE_EVENTS, TRACE_EVENTS_MARSHAL, write_entry
-from tracekit.writer.spool_names import ATTRS, ENV_SPOOL, LOCK, PART, PROV, STEP, entry_name, note_ended, spool_root
+from tracekit.writer.spool_names import (ATTRS, ENV_SPOOL, LOCK, PART, PROV, STEP, entry_name, note_ended, spool_room,
+                                         spool_root)
 from tracekit.store import TensorData
 from tracekit.store.location import canonical, child_env
 
@@ -68,15 +69,6 @@ KEEP_FREE_SHARE = 4
 # storing them frees their room.
 SPOOL_ROOM_ENTRIES = 4
 SLAB_PREFIX = "slab-"  # a slab's own name in the spool: no entry name (spool.entry_seq), so the writer ignores it
-
-
-def spool_room(folder: str) -> int:
-    """Bytes still free on the filesystem of the spool folder `folder` (for an unprivileged writer)."""
-    try:
-        st = os.statvfs(folder)
-    except OSError:
-        return 0
-    return st.f_bavail * st.f_frsize
 
 
 class Slab:

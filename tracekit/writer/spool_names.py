@@ -23,13 +23,18 @@ def spool_root(need_bytes: int) -> str:
     chosen = os.environ.get(ENV_SPOOL)
     if chosen:
         return chosen
-    try:
-        st = os.statvfs(SHM)
-        if os.access(SHM, os.W_OK) and st.f_bavail * st.f_frsize >= need_bytes:
-            return SHM
-    except OSError:
-        pass
+    if os.access(SHM, os.W_OK) and spool_room(SHM) >= need_bytes:
+        return SHM
     return tempfile.gettempdir()
+
+
+def spool_room(folder: str) -> int:
+    """Bytes still free on the filesystem of `folder` for an unprivileged writer (0 if it cannot be asked)."""
+    try:
+        st = os.statvfs(folder)
+    except OSError:
+        return 0
+    return st.f_bavail * st.f_frsize
 
 
 def entry_name(seq: int, suffix: str) -> str:
