@@ -253,8 +253,8 @@ class ZeroCode:
             # Under `tracekit record` the rank does not wait for its writer: the launcher waits for
             # every writer before it finalizes, and bounds that wait by --flush-timeout from the
             # rank's end (launcher.wait_for_writers). The writer stores the steps it held back
-            # (--hold-mb) while this process and the job's launcher tear down, which leave the
-            # cores mostly idle (~0.8 s for TorchTitan's debug model on 2 cores).
+            # (--hold-mb) while this process and the job's launcher tear down, which leave a third
+            # to a half of the cores idle (0.5-0.8 s for TorchTitan's debug model on 2 cores).
             self._guarded(self.recorder.close, status, cause, self.launcher_pid is None)
         except KeyboardInterrupt:
             # A SIGINT during the exit flush, wherever it lands (even inside close(), before the

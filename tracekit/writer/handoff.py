@@ -10,8 +10,8 @@ When the disk is slower than training, the training thread waits in `put`/`seal`
 nothing is dropped.
 
 While the rank trains, the writer leaves up to `hold_bytes` (--hold-mb) of sealed entries in the
-spool and stores only what is beyond that; the rest it stores once the rank is done, when the cores
-are the writer's (spool_writer.py says why). A rank that needs room the held entries take, or a
+spool and stores only what is beyond that; the rest it stores once the rank is done, when it no
+longer takes cores from training (spool_writer.py says why). A rank that needs room the held entries take, or a
 flush, says `drain`: the writer then stores every entry sealed so far. So does a rank whose spool's
 filesystem is running short (SPOOL_ROOM_ENTRIES): the ranks of a machine share its /dev/shm, and
 each one checked for room for its queue alone when it started.

@@ -12,8 +12,8 @@ the rank was capturing when it died (its .part file) is lost.
 While the rank trains, it leaves up to --hold-bytes of sealed entries in the spool, storing only the
 oldest beyond that, and stores the rest once the rank is done: storing competes with training for
 the cores even at nice 19 (a waking rank waits for the writer's slice; on TorchTitan's debug model
-with 2 ranks on 2 cores, the steps took 1.2-1.4x), while the rank's teardown leaves them mostly
-idle (docs/RELIABILITY.md, "The writer holds steps while the rank trains").
+with 2 ranks on 2 cores, the steps took 1.2-1.4x), while the job's teardown leaves a third to a
+half of them idle (docs/RELIABILITY.md, "The writer holds steps while the rank trains").
 
 Talks to the rank over two pipes. Rank -> writer (our stdin): "sealed" after each hand-off,
 "drain" when the rank needs the room held entries take (or flushes): store every entry sealed so
