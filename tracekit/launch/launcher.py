@@ -230,9 +230,13 @@ def _pidfd(pid: int) -> int | None:
 STOP_GRACE_S = 30.0
 MIN_GRACE_S = 5.0
 KILL_WAIT_S = 5.0
+# How often a writer's lock is tried while the launcher waits for it: the job's end waits on this
+# (a 50 ms poll was 25 ms late on average there); a try is one flock call.
+LOCK_POLL_S = 0.005
 KILLED_CAUSE = "its writer process did not stop within {grace:g} s of --flush-timeout and was killed"
 LEFT_CAUSE = "its writer process outlived SIGKILL at --flush-timeout (stuck in the kernel?)"
-# A writer that ends in any way of its own removes its spool folder (spool_writer.main's `finally`); one
+# A writer that ends in any way of its own removes its spool folder (spool_writer.main's `finally`; one
+# that stored everything frees its lock first, so its folder may still be there, without entries); one
 # whose folder is still there with entries in it ended without that: killed, or crashed in its start-up
 ENDED_CAUSE = "its writer process ended without storing them (killed, or crashed as it started)"
 
@@ -389,4 +393,4 @@ def _wait_lock(path: str, deadline: float | None) -> bool:
             except BlockingIOError:
                 if deadline is not None and time.monotonic() >= deadline:
                     return False
-                time.sleep(0.05)  # flock has no timeout; a short poll bounds the wait
+                time.sleep(LOCK_POLL_S)  # flock has no timeout; a short poll bounds the wait

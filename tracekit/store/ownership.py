@@ -202,7 +202,7 @@ class JobClaim:
             if time.monotonic() >= deadline:
                 os.close(fd)
                 return False
-            time.sleep(0.1)
+            time.sleep(0.01)  # the launcher's finalize waits on this (writers release it as they close)
 
     def release(self) -> None:
         for attr in ("_fd", "_writers_fd"):

@@ -370,7 +370,13 @@ def main(argv=None) -> int:
             pass
         return 1
     finally:
-        shutil.rmtree(args.spool, ignore_errors=True)  # the entries are written, or can never be
+        # The entries are written, or can never be. With none left, the lock goes first: the launcher
+        # waits on it to finalize, and freeing the rank's spool files (its slabs: ~370 MB a rank on
+        # the TorchTitan bench, 50-80 ms here) need not delay that. With some left, they go first:
+        # the launcher lists what a free lock leaves in the spool as this rank's unwritten steps.
+        if not spooled_steps(args.spool):
+            lock.close()
+        shutil.rmtree(args.spool, ignore_errors=True)
         lock.close()
 
 

@@ -110,3 +110,71 @@ def test_a_writer_stopped_while_it_starts_lists_every_spooled_step_as_unwritten(
     assert rank.completed_steps == []  # stopped before it stored anything
     assert rank.attrs["unwritten_steps"] == [1, 2]
     assert rank.attrs["unwritten_cause"] == STOPPED_CAUSE
+
+
+# Wraps shutil.rmtree in the writer process: says, for each spool folder it removes, whether the
+# folder's lock was free then (a second open of it takes the lock at once unless the writer holds it).
+PROBE_SPOOL_LOCK = """
+import fcntl, os, shutil
+_rmtree = shutil.rmtree
+def _probe(path, *args, **kwargs):
+    lock = os.path.join(path, "writer.lock")
+    if os.path.exists(lock):
+        fd = os.open(lock, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            free = True
+        except BlockingIOError:
+            free = False
+        finally:
+            os.close(fd)
+        with open(os.environ["TK_TEST_LOCK_STATE"], "a") as f:
+            f.write(f"{free}\\n")
+    return _rmtree(path, *args, **kwargs)
+shutil.rmtree = _probe
+"""
+
+
+def _probed_handoff(tmp_path, monkeypatch, hold_bytes: int):
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(PROBE_SPOOL_LOCK)
+    state = tmp_path / "lock_state"
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(hook), REPO]))
+    monkeypatch.setenv("TK_TEST_LOCK_STATE", str(state))
+    store = str(tmp_path / "s")
+    create_store(store, {})
+    handoff = Handoff(store, 0, {"coords": {"rank": 0}}, 8 << 20, hold_bytes=hold_bytes)
+    for step in (1, 2):
+        handoff.put(step, [("parameters", TensorData("w", "float32", (4,), np.full(4, step, np.float32)))],
+                    complete=True)
+    return store, handoff, state
+
+
+def test_a_writer_that_stored_everything_frees_its_lock_before_it_removes_its_spool(tmp_path, monkeypatch):
+    """The launcher finalizes once every writer's lock is free; freeing a rank's spool files (hundreds
+    of MB of slabs on TorchTitan) need not delay that when nothing is left in the spool."""
+    store, handoff, state = _probed_handoff(tmp_path, monkeypatch, hold_bytes=0)
+    try:
+        handoff.close("finished")
+    finally:
+        _reap(handoff._proc)
+    assert open_store(store).rank(0).completed_steps == [1, 2]
+    assert state.read_text().split() == ["True"]
+
+
+def test_a_writer_stopped_with_steps_left_removes_its_spool_before_it_frees_its_lock(tmp_path, monkeypatch):
+    """A free lock over a spool that still holds entries would read, to the launcher, as the rank's
+    unwritten steps in a writer that ended without storing them; the writer stopped with steps left
+    therefore frees its lock only once its spool is gone."""
+    store, handoff, state = _probed_handoff(tmp_path, monkeypatch, hold_bytes=8 << 20)  # both steps held
+    proc = handoff._proc
+    try:
+        handoff._wait_ready()
+        os.kill(proc.pid, signal.SIGTERM)  # stopped while it holds steps 1-2 for the rank's end
+        assert proc.wait(timeout=BOUND_S) == 0
+    finally:
+        _reap(proc)
+    rank = open_store(store).rank(0)
+    assert rank.attrs["unwritten_steps"] == [1, 2]
+    assert state.read_text().split() == ["False"]
