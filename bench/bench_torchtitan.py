@@ -9,6 +9,11 @@ side by side in one run, on CPU/gloo through samples/torchtitan/train.py; prints
   step (tps)      TorchTitan's own step timing: each step line's tokens per second per device
                   (`tps`, timed by TorchTitan around the step), as seconds per step
                   (tokens per step / tps), median over the steps after 1
+  CPU             CPU seconds (user + system) of the command and every process it started, the
+                  writer processes that outlive their ranks included (Linux: the bench adopts
+                  orphaned descendants, PR_SET_CHILD_SUBREAPER, and waits for them); on a machine
+                  whose cores the job keeps busy, the whole command's extra wall time is about
+                  the extra CPU over the number of cores
 
 Runs are interleaved, plain then recorded, --repeats times (ABAB...), after one warm-up run, so
 that the machine's drift hits both. Per figure: the median of each side and its range (min-max),
@@ -22,8 +27,10 @@ pairwise ratios' range says how far to trust the medians.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import os
 import re
+import resource
 import shutil
 import statistics
 import subprocess
@@ -38,7 +45,8 @@ from workdir import own_folder, remove_own  # noqa: E402  (this folder's)
 RUNNER = os.path.join(ROOT, "samples", "torchtitan", "train.py")
 STAMP = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})"
 SEQ_LEN, LOCAL_BATCH = 64, 2  # the bench's shapes: tokens per step per device = their product
-FIGURES = ("whole command", "steps", "steps after 1", "step (tps)")
+FIGURES = ("whole command", "steps", "steps after 1", "step (tps)", "CPU")
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def stamp(text: str) -> float:
@@ -60,14 +68,35 @@ def log_times(log: str, tokens: int) -> tuple[float, float, float]:
     return last - stamp(start.group(1)), last - first, statistics.median(per_step)
 
 
-def run(cmd: list[str], cwd: str) -> tuple[float, str]:
+def adopt_orphans() -> bool:
+    """Become the reaper of our descendants' orphans (Linux), so that a writer process that outlives
+    its rank is waited for here and its CPU time counted; False where that is not possible."""
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)  # the descendants waited for so far
+    return usage.ru_utime + usage.ru_stime
+
+
+def run(cmd: list[str], cwd: str) -> tuple[float, float, str]:
+    """(wall seconds, CPU seconds of it and its descendants, output) of one run of `cmd`."""
+    cpu = children_cpu()
     began = time.perf_counter()
     result = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True,
                             env={**os.environ, "OMP_NUM_THREADS": "1"})
     wall = time.perf_counter() - began
+    while True:  # the orphans adopted meanwhile (writer processes), once they end
+        try:
+            os.wait()
+        except ChildProcessError:
+            break
     if result.returncode != 0:
         raise SystemExit(f"error: exit {result.returncode}: {' '.join(cmd)}\n{result.stderr[-3000:]}")
-    return wall, result.stdout + result.stderr
+    return wall, children_cpu() - cpu, result.stdout + result.stderr
 
 
 def main() -> None:
@@ -86,12 +115,13 @@ def main() -> None:
     store = os.path.join(work, "store")
     record = ["tracekit", "record", "--force", "-o", store, "--"]
     runs: dict[str, list[list[float]]] = {"plain": [], "recorded": []}  # per run: one value per FIGURES
+    counted = adopt_orphans()
     try:
         run(train, work)  # warm-up: assets, inductor cache for the mask builder, page cache
         for _ in range(args.repeats):
             for label, prefix in (("plain", []), ("recorded", record)):
-                wall, log = run(prefix + train, work)
-                runs[label].append([wall, *log_times(log, SEQ_LEN * LOCAL_BATCH)])
+                wall, cpu, log = run(prefix + train, work)
+                runs[label].append([wall, *log_times(log, SEQ_LEN * LOCAL_BATCH), cpu])
                 shutil.rmtree(store, ignore_errors=True)
     finally:
         remove_own(work)
@@ -99,6 +129,9 @@ def main() -> None:
           f"pairs: median (min-max)")
     print(f"{'':14s} {'plain':>24s} {'recorded':>24s} {'ratio':>6s}  {'pairwise ratios':>18s}")
     for i, name in enumerate(FIGURES):
+        if name == "CPU" and not counted:
+            print("CPU            not counted: this system cannot adopt orphaned processes (a rank's writer outlives it)")
+            continue
         plain, recorded = [r[i] for r in runs["plain"]], [r[i] for r in runs["recorded"]]
         pairs = [b / a for a, b in zip(plain, recorded)]
         scale, unit = (1e3, "ms") if name == "step (tps)" else (1, "s")

@@ -4,6 +4,7 @@ are not there."""
 
 import os
 import select
+import signal
 import threading
 
 import pytest
@@ -60,6 +61,8 @@ def test_a_forked_child_gets_a_pool_of_its_own(tmp_path, on_disk):
     os.close(write_fd)
     try:
         ready, _, _ = select.select([read_fd], [], [], 60)
+        if not ready:
+            os.kill(pid, signal.SIGKILL)  # a child stuck on its parent's pool: end it, then fail
         assert ready, "the forked child's concurrently() did not finish within 60 s (queued to its parent's threads)"
         assert os.read(read_fd, 16) == b"ok"
     finally:
