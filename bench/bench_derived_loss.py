@@ -31,7 +31,9 @@ sys.path.insert(0, ROOT)
 from tracekit.store import RankWriter, TensorData, create_store  # noqa: E402
 import tracekit.store.finalize as finalize  # noqa: E402
 import tracekit.store.writer as writer  # noqa: E402
+from tracekit.store import io  # noqa: E402
 from tracekit.store.format import ROOT_KEY, rank_group_name  # noqa: E402
+from tracekit.store.formats import READERS  # noqa: E402
 from tracekit.store.global_loss import derivation_attrs  # noqa: E402
 from tracekit.store.location import resolve  # noqa: E402
 
@@ -54,9 +56,10 @@ def per_row_add_kind(store_path, rank, kind, rows, storage_options=None):
     location = resolve(store_path, storage_options)
     root = zarr.open_group(location.zarr_store(), mode="r+", use_consolidated=False)
     group = root[rank_group_name(rank)]
-    kind_writer = writer._new_kind_writer(group, kind, root.attrs[ROOT_KEY]["format_version"], location.path, (), rank)
+    fmt = READERS[root.attrs[ROOT_KEY]["format_version"]]
+    kind_writer = writer._new_kind_writer(group, kind, fmt, io.byte_store(location), (), rank)
     for step, tensors in rows:
-        kind_writer.append(step, tensors, [t.shard for t in tensors])
+        kind_writer.append(step, tensors)
 
 
 def zarr_remove_kind(store_path, rank, kind, storage_options=None):

@@ -27,6 +27,7 @@ import select
 import shutil
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -139,6 +140,65 @@ class Slab:
             pass
 
 
+# Pages of a tmpfs file cost the rank about as much to allocate as to fill: pwrite() into a fresh
+# 37 MB slab took 14.3-14.9 ms here, into the same file with its pages allocated 6.8-8.7 ms
+# (posix_fallocate: 8.2-8.6 ms; docs/RELIABILITY.md, "... and a spare slab"). While the writer
+# holds the rank's steps (--hold-mb), no slab comes back to be reused and every step fills a fresh
+# one; so once a step had to make a fresh slab, a thread of the rank's at nice 19 allocates the
+# next one's pages (SpareSlab) while the rank trains (the training threads come first). A spare
+# exists only while it fits in the queue cap beside what is spooled, and the spool's filesystem
+# refusing one (full, or no fallocate) ends spares for the rank.
+SPARE_NICE = 19
+
+
+class SpareSlab:
+    """A Slab whose pages a background thread allocates (posix_fallocate), for the next fresh slab."""
+
+    def __init__(self, path: str, size: int):
+        self.slab: Slab | None = None
+        self.failed = False
+        self._thread = threading.Thread(target=self._make, args=(path, size), name="tracekit-spare-slab", daemon=True)
+        self._thread.start()
+
+    def _make(self, path: str, size: int) -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), SPARE_NICE)  # this thread only (Linux)
+        except (AttributeError, OSError):
+            pass
+        slab = None
+        try:
+            slab = Slab(path, size)
+            os.posix_fallocate(slab.fd, 0, size)
+        except (AttributeError, OSError):  # ENOSPC, a file system without fallocate
+            if slab is not None:
+                slab.discard()
+            self.failed = True
+            return
+        self.slab = slab
+
+    def ready(self, wait: bool = False) -> bool:
+        if wait:
+            self._thread.join()
+        return not self._thread.is_alive()
+
+    def take(self, size: int) -> Slab | None:
+        """A ready spare's slab cut to `size`; None (and the spare removed) when it failed or is smaller."""
+        slab, self.slab = self.slab, None
+        if slab is not None and slab.size < size:
+            slab.discard()
+            return None
+        if slab is not None:
+            slab.resize(size)  # fresh either way: filled with pwrite(), into pages already allocated
+        return slab
+
+    def discard(self, wait: bool = True) -> None:
+        if wait:
+            self._thread.join()
+        if self.slab is not None:
+            self.slab.discard()
+            self.slab = None
+
+
 class Handoff:
     """One rank's spool and its writer process."""
 
@@ -164,6 +224,9 @@ class Handoff:
         self._slab_of: dict[int, Slab] = {}  # entries handed over as slabs: seq -> slab, until written
         self._free_slabs: list[Slab] = []  # slabs whose entries the writer has written and unlinked
         self._slabs_made = 0
+        self._spare: SpareSlab | None = None  # the next fresh slab, its pages being allocated
+        self._spares = True  # off once the spool's filesystem refused one
+        self._pid = os.getpid()  # a forked child leaves the spare to its parent
         try:
             with open(os.path.join(self.spool, ATTRS), "w") as f:
                 json.dump(attrs, f)
@@ -369,8 +432,28 @@ class Handoff:
             slab.fresh = False  # its pages are there: overwritten through the mapping (unless resized)
             slab.resize(size)
             return slab
+        slab, spare = None, self._spare
+        if spare is not None and spare.ready():  # one still in the making is left for the next slab
+            self._spare = None
+            slab = spare.take(size)
+            self._spares = not spare.failed
+        if slab is None:
+            self._slabs_made += 1
+            slab = Slab(os.path.join(self.spool, f"{SLAB_PREFIX}{self._slabs_made}"), size)
+        self._prepare_spare(size, budget)
+        return slab
+
+    def _prepare_spare(self, size: int, budget: int | None) -> None:
+        """Start allocating the next fresh slab (see SpareSlab), unless one is on its way, the queue
+        cap has no room for it beside what is spooled, this slab, and kept slabs, or spares are off."""
+        if not self._spares or self._spare is not None or self._close_sent or os.getpid() != self._pid:
+            return
+        spooled = (sum(self._pending.values()) + (self._prov[1] if self._prov else 0)
+                   + sum(sl.size for sl in self._free_slabs))
+        if spooled + 2 * size > (self.max_bytes if budget is None else budget):
+            return
         self._slabs_made += 1
-        return Slab(os.path.join(self.spool, f"{SLAB_PREFIX}{self._slabs_made}"), size)
+        self._spare = SpareSlab(os.path.join(self.spool, f"{SLAB_PREFIX}{self._slabs_made}"), size)
 
     def release(self, slab: Slab) -> None:
         """Give back a slab that was not handed over."""
@@ -436,6 +519,9 @@ class Handoff:
         if self._close_sent:
             return
         self._ended_at = time.monotonic()
+        # before the writer hears of the end: it removes the spool folder once done, and a spare
+        # still being made could land in it meanwhile and keep the folder from going
+        self._drop_spare()
         note_ended(self.spool, status, (attrs or {}).get("cause"))  # for the launcher, should the writer not answer
         # Marked sent only once written: a signal handler that runs before the write (its abandon()
         # calls here too) sends its own word instead of finding it done; one that runs after finds
@@ -481,6 +567,13 @@ class Handoff:
             slab.discard()
         self._free_slabs.clear()
         self._slab_of.clear()
+        self._drop_spare()
+
+    def _drop_spare(self) -> None:
+        """Remove the spare slab (waiting for its thread: a file it makes later would outlive us)."""
+        spare, self._spare = self._spare, None
+        if spare is not None and os.getpid() == self._pid:
+            spare.discard()
 
     def forget_in_child(self) -> None:
         """In a forked child: let go of the pipes, so the writer still sees the rank's death. The fds are

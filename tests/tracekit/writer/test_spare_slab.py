@@ -1,0 +1,89 @@
+"""The next fresh slab's pages are allocated ahead by a thread of the rank's (tracekit/writer/
+handoff.py, SpareSlab): while the writer holds the steps, no slab comes back to be reused, and
+pwrite() into pages already there costs the rank about half of what a fresh file costs."""
+
+import errno
+import os
+
+from tracekit.store import create_store
+from tracekit.writer import handoff as handoff_module
+from tracekit.writer.handoff import SLAB_PREFIX, Handoff
+
+MB = 1 << 20
+ATTRS = {"coords": {"rank": 0}}
+
+
+def _handoff(tmp_path, max_bytes: int = 8 * MB) -> Handoff:
+    store = str(tmp_path / "s")
+    create_store(store, {})
+    return Handoff(store, 0, ATTRS, max_bytes, hold_bytes=max_bytes)
+
+
+def _slab_files(handoff: Handoff) -> list[str]:
+    return sorted(f for f in os.listdir(handoff.spool) if f.startswith(SLAB_PREFIX))
+
+
+def _allocated(path: str) -> int:
+    return os.stat(path).st_blocks * 512
+
+
+def test_a_fresh_slab_starts_the_next_ones_pages_and_the_next_fresh_slab_takes_them(tmp_path):
+    handoff = _handoff(tmp_path)
+    try:
+        first = handoff.slab(MB)
+        assert first.fresh and _allocated(first.path) == 0  # made as before: its pages come with its pwrite()s
+        handoff._spare.ready(wait=True)
+        spare_files = [f for f in _slab_files(handoff) if os.path.join(handoff.spool, f) != first.path]
+        assert len(spare_files) == 1
+        second = handoff.slab(MB)  # no slab came back: the spare is taken, its pages already there
+        assert second.path == os.path.join(handoff.spool, spare_files[0])
+        assert second.fresh and second.size == MB and _allocated(second.path) >= MB
+        payload = bytes(range(256)) * (MB // 256)
+        second.write_at(0, payload)
+        with open(second.path, "rb") as f:
+            assert f.read() == payload
+        handoff._spare.ready(wait=True)  # and the one after it is on its way
+        assert len(_slab_files(handoff)) == 3
+    finally:
+        handoff.close("finished")
+
+
+def test_no_spare_is_made_without_room_for_it_in_the_queue_cap(tmp_path):
+    handoff = _handoff(tmp_path, max_bytes=int(1.5 * MB))  # one slab fits, not two
+    try:
+        handoff.slab(MB)
+        assert handoff._spare is None
+        assert len(_slab_files(handoff)) == 1
+    finally:
+        handoff.close("finished")
+
+
+def test_a_spool_that_refuses_the_pages_ends_spares_and_slabs_go_on(tmp_path, monkeypatch):
+    def full(fd, offset, length):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(handoff_module.os, "posix_fallocate", full)
+    handoff = _handoff(tmp_path)
+    try:
+        first = handoff.slab(MB)
+        handoff._spare.ready(wait=True)
+        assert _slab_files(handoff) == [os.path.basename(first.path)]  # the refused spare left no file
+        second = handoff.slab(MB)  # made as before
+        assert second.fresh and second.path != first.path
+        assert handoff._spare is None  # and no more are tried
+        assert len(_slab_files(handoff)) == 2
+    finally:
+        handoff.close("finished")
+
+
+def test_the_spare_is_removed_before_the_writer_hears_of_the_end(tmp_path):
+    """A zero-code rank does not wait for its writer: it sends its close word and goes. The spare
+    goes first, so the writer's removal of the spool folder never races a spare landing in it."""
+    handoff = _handoff(tmp_path)
+    handoff.slab(MB)
+    spare = handoff._spare
+    handoff.send_close("finished")
+    assert handoff._spare is None and spare.ready() and spare.slab is None
+    assert len(_slab_files(handoff)) <= 1  # the slab in use, never the spare
+    handoff.close("finished")
+    assert not os.path.exists(handoff.spool)
