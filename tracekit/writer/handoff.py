@@ -426,6 +426,8 @@ class Handoff:
             while self._read(block=False):  # hear of entries written since, to reuse their slabs
                 pass
         if self._free_slabs:
+            if self._spare is not None and self._spare.ready():  # slabs come back now: a spare only holds memory
+                self._drop_spare()
             free = self._free_slabs
             i = next((k for k, sl in enumerate(free) if sl.size == size), len(free) - 1)
             slab = free.pop(i)

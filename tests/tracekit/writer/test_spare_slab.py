@@ -87,3 +87,19 @@ def test_the_spare_is_removed_before_the_writer_hears_of_the_end(tmp_path):
     assert len(_slab_files(handoff)) <= 1  # the slab in use, never the spare
     handoff.close("finished")
     assert not os.path.exists(handoff.spool)
+
+
+def test_a_spare_goes_once_slabs_come_back_for_reuse(tmp_path):
+    """Once the writer stores as the rank trains (past the hold, or no hold), slabs come back and are
+    reused: a spare made before would only hold memory."""
+    handoff = _handoff(tmp_path)
+    try:
+        first = handoff.slab(MB)
+        handoff._spare.ready(wait=True)
+        spare_path = handoff._spare.slab.path
+        handoff.release(first)  # back for reuse, as a stored entry's slab comes back
+        again = handoff.slab(MB)
+        assert again is first and not again.fresh  # reused through its mapping
+        assert handoff._spare is None and not os.path.exists(spare_path)
+    finally:
+        handoff.close("finished")
