@@ -191,9 +191,8 @@ class SpareSlab:
             slab.resize(size)  # fresh either way: filled with pwrite(), into pages already allocated
         return slab
 
-    def discard(self, wait: bool = True) -> None:
-        if wait:
-            self._thread.join()
+    def discard(self) -> None:
+        self._thread.join()  # a file its thread made after this would be left behind
         if self.slab is not None:
             self.slab.discard()
             self.slab = None
