@@ -449,8 +449,7 @@ class Handoff:
         cap has no room for it beside what is spooled, this slab, and kept slabs, or spares are off."""
         if not self._spares or self._spare is not None or self._close_sent or os.getpid() != self._pid:
             return
-        spooled = (sum(self._pending.values()) + (self._prov[1] if self._prov else 0)
-                   + sum(sl.size for sl in self._free_slabs))
+        spooled = self._spooled_bytes() + sum(sl.size for sl in self._free_slabs)
         if spooled + 2 * size > (self.max_bytes if budget is None else budget):
             return
         self._slabs_made += 1
@@ -493,8 +492,12 @@ class Handoff:
         self._prov = (seq, slab.size)
         self._note_spooled()
 
+    def _spooled_bytes(self) -> int:
+        """Bytes of entries in the spool: the sealed ones waiting and the open step's capture."""
+        return sum(self._pending.values()) + (self._prov[1] if self._prov else 0)
+
     def _note_spooled(self) -> None:
-        self.peak_spooled = max(self.peak_spooled, sum(self._pending.values()) + (self._prov[1] if self._prov else 0))
+        self.peak_spooled = max(self.peak_spooled, self._spooled_bytes())
 
     def seal(self) -> None:
         """The open step is over: its last capture is final."""
