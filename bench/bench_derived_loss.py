@@ -29,6 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from tracekit.store import RankWriter, TensorData, create_store  # noqa: E402
+from figures import spread  # noqa: E402  (this folder's)
 import tracekit.store.finalize as finalize  # noqa: E402
 import tracekit.store.writer as writer  # noqa: E402
 from tracekit.store import io  # noqa: E402
@@ -98,7 +99,7 @@ def main() -> None:
         print(f"finalize of {args.ranks} ranks x {args.steps} steps, median of {args.repeats} (range):")
         for label, ts in times.items():
             extra = "" if label == "without" else f", {(med[label] - med['without']) / rows * 1e3:.2f} ms per rank-step"
-            print(f"  {label:8} {med[label]:6.3f} s ({min(ts):.3f}-{max(ts):.3f}){extra}")
+            print(f"  {label:8} {spread(ts, ' s')}{extra}")
         print(f"  per row / bulk: {med['per row'] / med['bulk']:.1f}x")
     finally:
         shutil.rmtree(work, ignore_errors=True)

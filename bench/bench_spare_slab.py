@@ -30,6 +30,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from tracekit.store import create_store  # noqa: E402
+from figures import spread  # noqa: E402  (this folder's)
 from tracekit.writer.handoff import Handoff  # noqa: E402
 
 PIECES = 45  # the TorchTitan debug model's parameter pieces per kind on a rank
@@ -97,7 +98,7 @@ def main() -> None:
     med = {}
     for label, (walls, cpus, per_step) in results.items():
         med[label] = statistics.median(walls)
-        print(f"  {label:8} training thread {med[label] * 1e3:6.2f} ms wall ({min(walls) * 1e3:.2f}-{max(walls) * 1e3:.2f}), "
+        print(f"  {label:8} training thread {spread(walls, ' ms wall', 2, scale=1e3)}, "
               f"{statistics.median(cpus) * 1e3:6.2f} ms CPU; process CPU a step {statistics.median(per_step) * 1e3:6.1f} ms")
     print(f"  training thread, without / spare: {med['without'] / med['spare']:.2f}x")
 

@@ -31,6 +31,7 @@ import torch  # noqa: E402
 
 from tracekit.recorders.recorder import Recorder  # noqa: E402
 from tracekit.store import create_store, finalize_store  # noqa: E402
+from figures import spread  # noqa: E402  (this folder's)
 
 PHASES = ("start-up", "step 1", "step", "close", "finalize")
 
@@ -90,7 +91,7 @@ def main() -> None:
     print(f"{'':10s} {args.few:>6d} tensors {'':10s} {args.many:>6d} tensors {'':10s} ratio")
     for phase in PHASES:
         few, many = ([r[phase] for r in results[n]] for n in (args.few, args.many))
-        cell = lambda xs: f"{statistics.median(xs):7.3f}s ({min(xs):.3f}-{max(xs):.3f})"  # noqa: E731
+        cell = lambda xs: spread(xs, "s", 3, 7)  # noqa: E731
         print(f"{phase:10s} {cell(few):>26s} {cell(many):>26s} {statistics.median(many) / statistics.median(few):6.1f}x")
 
 

@@ -41,6 +41,7 @@ from datetime import datetime
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from workdir import own_folder, remove_own  # noqa: E402  (this folder's)
+from figures import spread  # noqa: E402  (this folder's)
 
 RUNNER = os.path.join(ROOT, "samples", "torchtitan", "train.py")
 STAMP = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})"
@@ -135,8 +136,7 @@ def main() -> None:
         plain, recorded = [r[i] for r in runs["plain"]], [r[i] for r in runs["recorded"]]
         pairs = [b / a for a, b in zip(plain, recorded)]
         scale, unit = (1e3, "ms") if name == "step (tps)" else (1, "s")
-        cell = lambda xs: (f"{statistics.median(xs) * scale:7.2f}{unit} ({min(xs) * scale:.2f}-"  # noqa: E731
-                           f"{max(xs) * scale:.2f})")
+        cell = lambda xs: spread(xs, unit, 2, 7, scale)  # noqa: E731
         print(f"{name:14s} {cell(plain):>24s} {cell(recorded):>24s} "
               f"{statistics.median(recorded) / statistics.median(plain):6.2f}  "
               f"{statistics.median(pairs):5.2f} ({min(pairs):.2f}-{max(pairs):.2f})")

@@ -16,6 +16,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
     ("bench_derived_loss.py", ["--ranks", "2", "--steps", "3", "--repeats", "1"], "per row / bulk:"),
     ("bench_spare_slab.py", ["--mb", "1", "--steps", "3", "--repeats", "1", "--train-ms", "1"],
      "training thread, without / spare:"),
+    ("bench_object_queue.py", ["--entries", "2", "--repeats", "2", "--width", "64"], "wall, in line / queued:"),
 ])
 def test_the_bench_runs_and_prints_its_figures(bench, args, last, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}

@@ -26,7 +26,7 @@ class LocalBytes:
     conditional_create = True  # O_EXCL: a new file or an error
     listing = True
     read_hints = True  # the kernel can be asked to read ahead (posix_fadvise)
-    batch_writes = False  # each object is written as soon as it is made, while its bytes are in the CPU's cache
+    batch_writes = False  # each object is written as soon as it is made (from a thread: store/object_queue.py)
 
     def __init__(self, folder: str):
         self.folder = folder

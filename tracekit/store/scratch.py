@@ -1,4 +1,5 @@
-"""Work buffers each thread reuses: a fresh large numpy array costs page faults on every use."""
+"""Work buffers: each thread's own, reused (a fresh large numpy array costs page faults on every use),
+and page-aligned ones for O_DIRECT writes."""
 
 from __future__ import annotations
 
@@ -18,16 +19,12 @@ def thread_buffer(name: str, n: int, dtype) -> np.ndarray:
     return buf
 
 
-def aligned_buffer(name: str, n: int) -> np.ndarray:
-    """This thread's page-aligned byte buffer `name` of at least n bytes (grown when too small): a
-    memory-mapped one, whose address O_DIRECT writes can take (tracekit/store/io.py, Direct)."""
+def page_aligned(n: int) -> np.ndarray:
+    """A new page-aligned byte buffer of n bytes: a memory-mapped one, whose address O_DIRECT
+    writes can take (tracekit/store/io.py, Direct)."""
     import mmap
 
-    bufs = _local.__dict__.setdefault("aligned", {})
-    buf = bufs.get(name)
-    if buf is None or len(buf) < n:
-        buf = bufs[name] = np.frombuffer(mmap.mmap(-1, max(n, mmap.PAGESIZE)), dtype=np.uint8)
-    return buf
+    return np.frombuffer(mmap.mmap(-1, max(n, mmap.PAGESIZE)), dtype=np.uint8)[:n]
 
 
 class Buffers:

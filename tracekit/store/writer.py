@@ -10,6 +10,7 @@ dtype, shaped (row, element). docs/FORMAT.md describes both.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -38,9 +39,9 @@ from tracekit.store.location import resolve
 from tracekit.store.local_root import OBJECTS_NOTE, create_local_store, new_root_meta, now_iso
 from tracekit.store.meta import STEPS, KindMeta, TensorInfo, index_of
 from tracekit.store.nodemeta import NodeMeta
+from tracekit.store.object_queue import queue_for
 from tracekit.store.ownership import LOCK_ENTRIES
 from tracekit.store.packs import PackSpec, groups, pack_key
-from tracekit.store.scratch import aligned_buffer
 from tracekit.store.shards import Shard, full_shape
 from tracekit.store.summaries import INF, N_FIELDS, NAN, DigestCache, row_identity, row_width, seal
 from tracekit.store.summaries import finite as summary_finite
@@ -212,6 +213,8 @@ class _ObjectKindWriter:
         self.objects_written = 0  # new objects; the rest were already in the store (dedup)
         self.present: set[str] = set()  # object keys this writer knows are stored (asked once)
         self.direct = self.root.direct_writes()  # large objects around the page cache (io.Direct)
+        # a local store's objects go to the disk from a thread while the next tensors are hashed
+        self.queue = None if self.root.batch_writes else queue_for(self.root)
         self._digests = DigestCache()  # per tensor: a frozen one is hashed, and its summary reused
         self._small_summaries = RowSummaries()  # the same for the small ones, summarized together
 
@@ -238,7 +241,10 @@ class _ObjectKindWriter:
 
     def append(self, step: int, tensors: Sequence[TensorData], shards=None) -> None:
         """shards: per tensor, None (the whole tensor) or the Shard its data is (tracekit/store/shards.py)."""
-        self._store_rows([self._prepare_row(step, tensors, shards, self.steps)])
+        with self.settling():
+            row = self._prepare_row(step, tensors, shards, self.steps)
+        self._store_rows([row])
+        self._raise_failed_write()
 
     def append_rows(self, rows: Sequence[tuple[int, Sequence[TensorData]]]) -> None:
         """Several steps' rows at once (finalize's derived loss: store/derived_loss.py): each row's
@@ -246,10 +252,23 @@ class _ObjectKindWriter:
         rewrites four metadata documents per row. The rows are the ones append would write."""
         pending = list(self.steps)
         prepared = []
-        for step, tensors in rows:
-            prepared.append(self.prepare_row(step, tensors, pending))
-            pending.append(step)
+        with self.settling():
+            for step, tensors in rows:
+                prepared.append(self.prepare_row(step, tensors, pending))
+                pending.append(step)
         self.store_rows(prepared)
+        self._raise_failed_write()
+
+    @contextlib.contextmanager
+    def settling(self):
+        """On an error, wait for the object writes in flight before it goes on: the caller may then
+        unmap the bytes they read (a spool entry)."""
+        try:
+            yield
+        except BaseException:
+            if self.queue is not None:
+                self.queue.settle()
+            raise
 
     def prepare_row(self, step: int, tensors: Sequence[TensorData], steps: list[int]):
         """A row's objects written, after the rows of `steps` (the kind's steps and those prepared
@@ -257,12 +276,18 @@ class _ObjectKindWriter:
         return self._prepare_row(step, tensors, [t.shard for t in tensors], steps)
 
     def store_rows(self, prepared: list) -> None:
-        """The index rows of prepared steps (prepare_row), then their steps listed."""
+        """The index rows of prepared steps (prepare_row), then their steps listed; only those whose
+        objects are all stored (a failed object write: the queue's `error`, for the caller to raise)."""
         if prepared:
             self._store_rows(prepared)
 
+    def _raise_failed_write(self) -> None:
+        if self.queue is not None and self.queue.error is not None:
+            raise self.queue.error
+
     def _prepare_row(self, step: int, tensors: Sequence[TensorData], shards, steps: list[int]):
-        """Write one row's objects; return (step, hashes, finiteness, sealed summaries) for its index row."""
+        """Write one row's objects (locally: hand them to the queue); return (step, hashes, finiteness,
+        sealed summaries, ticket) for its index row."""
         shards = shards or [None] * len(tensors)
         _check_next_step(self.kind, steps, step)
         # the row's tensors as given, compared with the first row's: the full check (full shapes) only when they differ
@@ -280,8 +305,8 @@ class _ObjectKindWriter:
         row_digests: list[bytes] = []
         small: list[tuple[int, bytes, np.ndarray, str]] = []  # (position, hash, data, dtype) of the small tensors
         previous = self._previous
-        # locally each object is written as soon as it is hashed and summarized, while its bytes are
-        # still in the CPU's cache (after the loop they would be copied from memory once more)
+        # locally each object goes to the queue's thread as soon as it is hashed and summarized
+        # (object_queue.py), and is written while the next tensors are hashed
         local = not self.root.batch_writes
         # The loop runs for every tensor of every step (600 per step for a 10M-parameter FSDP rank):
         # what does not change between steps is looked up, not recomputed.
@@ -314,8 +339,7 @@ class _ObjectKindWriter:
                 members[i] = (digest, view)
             elif entry.keeps_bytes:  # else summary and hash only (--full)
                 if local:
-                    self.objects_written += io.write_objects(self.root, [(object_key(digest), [view])], self.present,
-                                                               self.direct)
+                    self._put(object_key(digest), [view])
                 else:
                     objects.append((object_key(digest), [view]))
         if small:  # one batched pass per dtype instead of a summary's overhead per tensor
@@ -335,10 +359,26 @@ class _ObjectKindWriter:
         if objects:
             self.objects_written += io.write_objects(self.root, objects, self.present)
         bound = b"" if self.sealed_to is None else row_identity(self.sealed_to, self.kind, step) + digests.tobytes() + finite.tobytes()
-        return step, digests, finite, seal(summaries, bound)
+        # the ticket: the object writes the row needs (its own, and any earlier one it names)
+        return step, digests, finite, seal(summaries, bound), (self.queue.ticket if self.queue is not None else 0)
+
+    def _put(self, key: str, parts: list, in_buffer: bool = False) -> None:
+        """A local object written (from the queue's thread) unless this writer knows it is stored."""
+        if key in self.present:
+            return
+        self.queue.put(key, parts, self.direct, in_buffer, self._count)
+        self.present.add(key)
+
+    def _count(self, new: int) -> None:
+        self.objects_written += new
 
     def _store_rows(self, prepared: list) -> None:
-        """The index rows of prepared steps, after the rows already stored; then list their steps."""
+        """The index rows of prepared steps, after the rows already stored; then list their steps.
+        Only the rows whose objects are all stored: none after a failed object write."""
+        if self.queue is not None and self.queue.settle() is not None:
+            prepared = [p for p in prepared if self.queue.stored(p[4])]  # (tickets grow: a prefix)
+            if not prepared:
+                return
         first = len(self.steps)
         chunks = []  # (array, row, values)
         for a, arr in enumerate((self.hash_array, self.finite_array, self.summary_array)):
@@ -365,12 +405,12 @@ class _ObjectKindWriter:
         if not local:
             objects.append((key, [b"".join(v for _, v in members)]))
             return
-        buf = aligned_buffer("pack", total)
+        buf = self.queue.buffer(total)
         pos = 0
         for _, v in members:
             buf[pos:pos + len(v)] = np.frombuffer(v, dtype=np.uint8)
             pos += len(v)
-        self.objects_written += io.write_objects(self.root, [(key, [memoryview(buf[:total])])], self.present, self.direct)
+        self._put(key, [memoryview(buf)], in_buffer=True)
 
 
 class _KindWriter:
@@ -558,13 +598,15 @@ class RankWriter:
         the steps it held back this way). Each step's objects are written in turn, then each kind's
         index rows at once, then the complete steps listed. A step that fails (its tensors changed, a
         full disk) ends it as it would step by step: the steps before it are stored and listed
-        complete, then the error is raised."""
+        complete, then the error is raised. No object write is in flight once it returns."""
         if not steps:
             return
         self._still_ours(steps[-1][0])
         prepared: dict[str, list] = {}  # kind -> its rows prepared (objects written), to store together
         listed: dict[str, list[int]] = {}  # kind -> its steps, with the prepared ones
         done: list[int] = []
+        queue = queue_for(self.io_root) if self.format.hashed and not self.io_root.batch_writes else None
+        tickets: dict[int, int] = {}  # step -> the object writes its rows need (object_queue.py)
         try:
             for step, kinds, complete in steps:
                 for kind, tensors in kinds.items():
@@ -579,10 +621,16 @@ class RankWriter:
                     pending.append(step)
                 if complete:
                     done.append(step)
+                tickets[step] = queue.ticket if queue is not None else 0
         finally:  # the rows prepared, a failed step's first kinds included (as a rank dying mid-step leaves them)
+            # (no object write in flight once this returns: the caller may unmap the bytes)
+            failed = queue is not None and queue.settle() is not None
             for kind, rows in prepared.items():
                 self.kinds[kind].store_rows(rows)
-            self._list_complete(done)
+            # a step past a failed object write is not complete: some of its rows are not stored
+            self._list_complete([s for s in done if not failed or queue.stored(tickets[s])])
+            if failed:
+                raise queue.error
 
     def _kind_writer(self, kind: str, tensors: Sequence[TensorData]):
         """The writer of `kind` (made at its first row), once the row's tensors suit the store's format."""

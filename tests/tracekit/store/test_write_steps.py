@@ -1,6 +1,7 @@
 """RankWriter.write_steps: several steps at once (the writer process stores the steps it held back so)
 leave the store byte for byte as write() and complete_step() step by step do, in every format."""
 
+import errno
 import json
 
 import numpy as np
@@ -79,3 +80,38 @@ def test_a_step_that_fails_in_a_batch_keeps_the_steps_before_it(tmp_path, versio
     view = open_store(path).rank(0)
     assert view.completed_steps == [1, 2]
     assert view.steps("gradients") == [1, 2] and float(view.read("loss", 2, "loss")) == np.float32(0.5)
+
+
+@pytest.mark.parametrize("version", sorted({2, 3, FORMAT_VERSION}))
+def test_a_full_disk_mid_batch_keeps_the_steps_before_it_and_no_row_names_a_missing_object(tmp_path, monkeypatch, version):
+    """An object write that fails (from the object queue's thread): the steps before its step are
+    stored and complete, the store verifies, and the error is raised once no write is in flight."""
+    from tracekit.store.local_bytes import LocalBytes
+    from tracekit.store.verify import verify_store
+
+    path = str(tmp_path / "s")
+    create_store(path, {"command": ["test"]}, format_version=version)
+    writer = RankWriter(path, 0, {"coords": {"rank": 0, "world_size": 1}})
+    step_3_gradients = np.full((64, 64), 3, np.float32).tobytes()
+    real = LocalBytes.write_objects
+    calls = {"started": 0, "ended": 0}
+
+    def write_objects(self, items, direct=None):
+        calls["started"] += 1
+        try:
+            if any(b"".join(bytes(p) for p in parts) == step_3_gradients for _, parts in items):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(self, items, direct)
+        finally:
+            calls["ended"] += 1
+
+    monkeypatch.setattr(LocalBytes, "write_objects", write_objects)
+    with pytest.raises(OSError, match="No space left"):
+        writer.write_steps(_steps(5))
+    assert calls["started"] == calls["ended"]
+    writer.close(status="failed")
+    view = open_store(path).rank(0)
+    assert view.completed_steps == [1, 2]
+    assert 3 not in view.steps("gradients")
+    assert float(view.read("gradients", 2, "big")[0, 0]) == 2.0
+    assert verify_store(path).ok
