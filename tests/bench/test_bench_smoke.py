@@ -17,6 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
     ("bench_spare_slab.py", ["--mb", "1", "--steps", "3", "--repeats", "1", "--train-ms", "1"],
      "training thread, without / spare:"),
     ("bench_object_queue.py", ["--entries", "2", "--repeats", "2", "--width", "64"], "wall, in line / queued:"),
+    ("bench_fresh_memory.py", ["--mb", "4", "--block-mb", "1"], "first write"),
 ])
 def test_the_bench_runs_and_prints_its_figures(bench, args, last, tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "TMPDIR": str(tmp_path)}

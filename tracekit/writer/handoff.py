@@ -23,6 +23,7 @@ import json
 import marshal
 import mmap
 import os
+import queue
 import select
 import shutil
 import subprocess
@@ -145,41 +146,73 @@ class Slab:
 # (posix_fallocate: 8.2-8.6 ms; docs/RELIABILITY.md, "... and a spare slab"). While the writer
 # holds the rank's steps (--hold-mb), no slab comes back to be reused and every step fills a fresh
 # one; so once a step had to make a fresh slab, a thread of the rank's at nice 19 allocates the
-# next one's pages (SpareSlab) while the rank trains (the training threads come first). A spare
+# next one's pages (SpareSlab, made by SpareMaker) while the rank trains (the training threads come first). A spare
 # exists only while it fits in the queue cap beside what is spooled, and the spool's filesystem
 # refusing one (full, or no fallocate) ends spares for the rank.
 SPARE_NICE = 19
 
 
-class SpareSlab:
-    """A Slab whose pages a background thread allocates (posix_fallocate), for the next fresh slab."""
+class SpareMaker:
+    """The rank's one thread that makes spare slabs, at SPARE_NICE, started with the first spare.
 
-    def __init__(self, path: str, size: int):
-        self.slab: Slab | None = None
-        self.failed = False
-        self._thread = threading.Thread(target=self._make, args=(path, size), name="tracekit-spare-slab", daemon=True)
-        self._thread.start()
+    A thread per spare cost the training thread a wait at each one: Thread.start() returns only once
+    the new thread runs, and with both cores busy training that took ~2.6 ms a step per rank
+    (py-spy, TorchTitan's debug model, 2 ranks on 2 cores; docs/RELIABILITY.md, "Memory the host
+    backs at first touch"). A request to this thread is a queue put, which waits for nothing."""
 
-    def _make(self, path: str, size: int) -> None:
+    def __init__(self):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def submit(self, spare: "SpareSlab") -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="tracekit-spare-slab", daemon=True)
+            self._thread.start()
+        self._jobs.put(spare)
+
+    def stop(self) -> None:
+        """End the thread once the spares asked for are made (it takes no more)."""
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread = None
+
+    def _run(self) -> None:
         try:
             os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), SPARE_NICE)  # this thread only (Linux)
         except (AttributeError, OSError):
             pass
+        while (spare := self._jobs.get()) is not None:
+            spare.make()
+
+
+class SpareSlab:
+    """A Slab whose pages the rank's SpareMaker thread allocates (posix_fallocate), for the next fresh slab."""
+
+    def __init__(self, path: str, size: int, maker: "SpareMaker"):
+        self.path, self.size = path, size
+        self.slab: Slab | None = None
+        self.failed = False
+        self._done = threading.Event()
+        maker.submit(self)
+
+    def make(self) -> None:
+        """Allocate the slab's pages (on the maker's thread)."""
         slab = None
         try:
-            slab = Slab(path, size)
-            os.posix_fallocate(slab.fd, 0, size)
-        except (AttributeError, OSError):  # ENOSPC, a file system without fallocate
+            slab = Slab(self.path, self.size)
+            os.posix_fallocate(slab.fd, 0, self.size)
+            self.slab = slab
+        except Exception:  # ENOSPC, a file system without fallocate; anything else ends spares too
             if slab is not None:
                 slab.discard()
             self.failed = True
-            return
-        self.slab = slab
+        finally:
+            self._done.set()
 
     def ready(self, wait: bool = False) -> bool:
         if wait:
-            self._thread.join()
-        return not self._thread.is_alive()
+            self._done.wait()
+        return self._done.is_set()
 
     def take(self, size: int) -> Slab | None:
         """A ready spare's slab cut to `size`; None (and the spare removed) when it failed or is smaller."""
@@ -192,7 +225,7 @@ class SpareSlab:
         return slab
 
     def discard(self) -> None:
-        self._thread.join()  # a file its thread made after this would be left behind
+        self._done.wait()  # a file the maker made after this would be left behind
         if self.slab is not None:
             self.slab.discard()
             self.slab = None
@@ -225,6 +258,7 @@ class Handoff:
         self._slabs_made = 0
         self._spare: SpareSlab | None = None  # the next fresh slab, its pages being allocated
         self._spares = True  # off once the spool's filesystem refused one
+        self._spare_maker = SpareMaker()
         self._pid = os.getpid()  # a forked child leaves the spare to its parent
         try:
             with open(os.path.join(self.spool, ATTRS), "w") as f:
@@ -453,7 +487,7 @@ class Handoff:
         if spooled + 2 * size > (self.max_bytes if budget is None else budget):
             return
         self._slabs_made += 1
-        self._spare = SpareSlab(os.path.join(self.spool, f"{SLAB_PREFIX}{self._slabs_made}"), size)
+        self._spare = SpareSlab(os.path.join(self.spool, f"{SLAB_PREFIX}{self._slabs_made}"), size, self._spare_maker)
 
     def release(self, slab: Slab) -> None:
         """Give back a slab that was not handed over."""
@@ -526,6 +560,8 @@ class Handoff:
         # before the writer hears of the end: it removes the spool folder once done, and a spare
         # still being made could land in it meanwhile and keep the folder from going
         self._drop_spare()
+        if os.getpid() == self._pid:  # (a forked child has no maker thread of its own)
+            self._spare_maker.stop()
         note_ended(self.spool, status, (attrs or {}).get("cause"))  # for the launcher, should the writer not answer
         # Marked sent only once written: a signal handler that runs before the write (its abandon()
         # calls here too) sends its own word instead of finding it done; one that runs after finds
@@ -574,7 +610,7 @@ class Handoff:
         self._drop_spare()
 
     def _drop_spare(self) -> None:
-        """Remove the spare slab (waiting for its thread: a file it makes later would outlive us)."""
+        """Remove the spare slab (waiting for the maker to finish it: a file it makes later would outlive us)."""
         spare, self._spare = self._spare, None
         if spare is not None and os.getpid() == self._pid:
             spare.discard()

@@ -103,3 +103,27 @@ def test_a_spare_goes_once_slabs_come_back_for_reuse(tmp_path):
         assert handoff._spare is None and not os.path.exists(spare_path)
     finally:
         handoff.close("finished")
+
+
+def test_one_thread_makes_every_spare_and_ends_with_the_rank(tmp_path, monkeypatch):
+    """Thread.start() waits until the new thread runs: a thread per spare cost the training thread
+    that wait at every step. One maker thread, started with the first spare, makes them all."""
+    started = []
+
+    class CountedThread(handoff_module.threading.Thread):
+        def start(self):
+            started.append(self)
+            super().start()
+
+    monkeypatch.setattr(handoff_module.threading, "Thread", CountedThread)
+    handoff = _handoff(tmp_path, max_bytes=16 * MB)
+    handoff.slab(MB)
+    for _ in range(4):  # each fresh slab takes the spare and asks for the next one
+        handoff._spare.ready(wait=True)
+        assert handoff._spare.slab is not None
+        handoff.slab(MB)
+    assert len(started) == 1 and started[0].is_alive()
+    handoff.send_close("finished")
+    started[0].join(timeout=60)
+    assert not started[0].is_alive()  # told to end with the rank's close word
+    handoff.close("finished")
