@@ -145,10 +145,10 @@ class Slab:
 # 37 MB slab took 14.3-14.9 ms here, into the same file with its pages allocated 6.8-8.7 ms
 # (posix_fallocate: 8.2-8.6 ms; docs/RELIABILITY.md, "... and a spare slab"). While the writer
 # holds the rank's steps (--hold-mb), no slab comes back to be reused and every step fills a fresh
-# one; so once a step had to make a fresh slab, a thread of the rank's at nice 19 allocates the
-# next one's pages (SpareSlab, made by SpareMaker) while the rank trains (the training threads come first). A spare
-# exists only while it fits in the queue cap beside what is spooled, and the spool's filesystem
-# refusing one (full, or no fallocate) ends spares for the rank.
+# one; so once a step had to make a fresh slab, a thread of the rank's at nice 19 (SpareMaker)
+# allocates the next one's pages (SpareSlab) while the rank trains (the training threads come
+# first). A spare exists only while it fits in the queue cap beside what is spooled, and the
+# spool's filesystem refusing one (full, or no fallocate) ends spares for the rank.
 SPARE_NICE = 19
 
 
@@ -156,22 +156,39 @@ class SpareMaker:
     """The rank's one thread that makes spare slabs, at SPARE_NICE, started with the first spare.
 
     A thread per spare cost the training thread a wait at each one: Thread.start() returns only once
-    the new thread runs, and with both cores busy training that took ~2.6 ms a step per rank
-    (py-spy, TorchTitan's debug model, 2 ranks on 2 cores; docs/RELIABILITY.md, "Memory the host
-    backs at first touch"). A request to this thread is a queue put, which waits for nothing."""
+    the new thread runs, which with both cores training came to ~1.5 ms a step per rank (py-spy,
+    TorchTitan's debug model, 2 ranks on 2 cores; docs/RELIABILITY.md, "Memory the host backs at
+    first touch"). A request to this thread is a queue put, which waits for nothing.
+
+    stop() (from the close word, which a signal handler may send while the training thread is in
+    submit()) ends the thread only after every spare submitted: one queued behind the end would
+    never be made, and whoever discards it would wait for it forever."""
 
     def __init__(self):
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()  # put() is safe from a signal handler
         self._thread: threading.Thread | None = None
+        self._submitting = False
+        self._stop_asked = False
 
     def submit(self, spare: "SpareSlab") -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="tracekit-spare-slab", daemon=True)
-            self._thread.start()
-        self._jobs.put(spare)
+        self._submitting = True
+        try:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="tracekit-spare-slab", daemon=True)
+                self._thread.start()
+            self._jobs.put(spare)
+        finally:
+            self._submitting = False
+            if self._stop_asked:  # a handler asked while we were here: end behind this spare
+                self._end()
 
     def stop(self) -> None:
-        """End the thread once the spares asked for are made (it takes no more)."""
+        """End the thread once the spares submitted are made."""
+        self._stop_asked = True
+        if not self._submitting:
+            self._end()
+
+    def _end(self) -> None:
         if self._thread is not None:
             self._jobs.put(None)
             self._thread = None

@@ -127,3 +127,29 @@ def test_one_thread_makes_every_spare_and_ends_with_the_rank(tmp_path, monkeypat
     started[0].join(timeout=60)
     assert not started[0].is_alive()  # told to end with the rank's close word
     handoff.close("finished")
+
+
+def test_a_close_word_sent_while_a_spare_is_asked_for_still_gets_that_spare_made(tmp_path):
+    """A signal handler sends the close word (SpareMaker.stop) wherever it lands, even inside
+    submit(), before the spare is queued. The maker must end behind that spare: queued after the
+    end, it would never be made, and discarding it would wait forever."""
+    maker = handoff_module.SpareMaker()
+    jobs, fired = maker._jobs, []
+
+    class HandlerLandsBeforeThePut:
+        def put(self, item):
+            if item is not None and not fired:
+                fired.append(True)
+                maker.stop()
+            jobs.put(item)
+
+        def get(self):
+            return jobs.get()
+
+    maker._jobs = HandlerLandsBeforeThePut()
+    spare = handoff_module.SpareSlab(str(tmp_path / "spare"), MB, maker)
+    assert spare._done.wait(timeout=10), "the spare was never made"
+    assert spare.slab is not None and not spare.failed
+    spare.discard()
+    assert not os.path.exists(str(tmp_path / "spare"))
+    assert maker._thread is None  # and the maker was told to end, behind it
