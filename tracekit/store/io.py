@@ -177,20 +177,26 @@ def concurrently(fn, items: list, folder: str) -> None:
         future.result()
 
 
-_POOL: dict = {}  # pid -> this process's pool (a forked child has none of its parent's threads)
+_POOLS: dict = {}  # thread name prefix -> (pid, pool): a forked child has none of its parent's threads
+
+
+def process_pool(prefix: str, workers: int):
+    """This process's thread pool of `workers` threads named `prefix`, made at its first use and kept
+    (in a forked child, made anew)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pid, pool = _POOLS.get(prefix, (None, None))
+    if pid != os.getpid():
+        pool = ThreadPoolExecutor(workers, thread_name_prefix=prefix)
+        _POOLS[prefix] = (os.getpid(), pool)
+    return pool
 
 
 def _pool():
     """The process's pool for `concurrently`, made at its first use and kept: a writer process calls
     it for each kind of each batch of steps, and a pool made per call started up to 16 threads each
     time (~140 thread starts per writer process over the TorchTitan bench's 10 steps)."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    pool = _POOL.get(os.getpid())
-    if pool is None:
-        _POOL.clear()
-        pool = _POOL[os.getpid()] = ThreadPoolExecutor(POOL_WORKERS, thread_name_prefix="tracekit-io")
-    return pool
+    return process_pool("tracekit-io", POOL_WORKERS)
 
 
 def remove_folder(path: str) -> None:

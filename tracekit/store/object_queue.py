@@ -21,27 +21,23 @@ The rules that keep a store whole:
 from __future__ import annotations
 
 import collections
-import os
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from tracekit.store.io import process_pool
 from tracekit.store.scratch import page_aligned
 
 # Writes in flight at most. Each pack in flight holds a buffer of up to packs.MAX (16 MB), so a
 # writer keeps DEPTH + 1 of them. Storing held entries, 2 were about as fast as 4, and 1 gained little.
 DEPTH = 2
-_THREAD: dict = {}  # pid -> this process's write thread (a forked child has none of its parent's threads)
 _QUEUES: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _executor() -> ThreadPoolExecutor:
-    pool = _THREAD.get(os.getpid())
-    if pool is None:
-        _THREAD.clear()
-        pool = _THREAD[os.getpid()] = ThreadPoolExecutor(1, thread_name_prefix="tracekit-objects")
-    return pool
+    """The process's one write thread (one: the writes of a queue go in order)."""
+    return process_pool("tracekit-objects", 1)
 
 
 def queue_for(byte_store) -> "ObjectQueue":
