@@ -73,13 +73,23 @@ def line(first: list[float], again: list[float]) -> str:
             f"cold blocks {cold} of {len(first)}")
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mb", type=int, default=3072)
-    p.add_argument("--block-mb", type=int, default=32)
+    p.add_argument("--mb", type=_positive, default=3072)
+    p.add_argument("--block-mb", type=_positive, default=32)
     p.add_argument("--dir", default=None, help="where the probe's files go (default: /dev/shm, else the temp folder)")
     args = p.parse_args()
-    first, again = probe(args.mb, args.block_mb, args.dir)
+    try:
+        first, again = probe(args.mb, args.block_mb, args.dir)
+    except OSError as e:  # no room for --mb, or --dir not writable: one line, the files already removed
+        raise SystemExit(f"error: {e}") from None
     print(f"fresh memory, {len(first)} blocks of {args.block_mb} MB in {args.dir or default_folder()}:")
     print("  " + line(first, again))
 
