@@ -50,7 +50,7 @@ def _chunk_keys(location):
     store = location.zarr_store(read_only=True)
 
     async def listing():
-        return [k async for k in store.list() if "/c/" in k or (k.startswith("objects/") and not k.endswith("zarr.json"))]
+        return [k async for k in store.list() if "/c/" in k or k.rsplit("/", 1)[-1].startswith("c.") or (k.startswith("objects/") and not k.endswith("zarr.json"))]
 
     keys = sync(listing())
     return [(k, sync(store.getsize(k))) for k in keys]

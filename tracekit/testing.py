@@ -82,6 +82,6 @@ def write_store(path, data: Mapping[int, Mapping[int, Mapping[str, Mapping[str, 
     return path
 
 
-# Where one recorded tensor's bytes lie in a local format 2-4 store, for tests that damage them on
-# purpose: the store's own answer, offered here beside the other test helpers.
-from tracekit.store.places import tensor_bytes  # noqa: E402,F401
+# Where one recorded tensor's bytes, or an index row's chunk file, lie in a local store, for tests
+# that damage them on purpose: the store's own answer, offered here beside the other test helpers.
+from tracekit.store.places import index_chunk, tensor_bytes  # noqa: E402,F401

@@ -18,7 +18,7 @@ def test_full_into_a_bucket_keeps_bytes_of_matching_tensors_only(s3):
         full_runs.train(model, opt, rec, 2, grads)
     full_runs.check_store(url, grads)
     view = open_store(url).rank(0)
-    assert open_store(url).format_version == 5  # summaries and --full: format 2 and later
+    assert open_store(url).format_version == 6  # summaries and --full: format 2 and later
     # the objects of the kept tensors, or the packs they lie in (format 3)
     kept = {located(view, k, s, t.name).key.split("/", 1)[1].replace("/", "") for k in ("parameters", "loss")
             for s in view.steps(k) for t in view.tensors(k)}

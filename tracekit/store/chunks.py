@@ -73,7 +73,9 @@ def listed_chunks(array) -> frozenset[str] | None:
     cols = -(-array.shape[1] // max(1, array.chunks[1]))
     if rows * cols > LIST_CHUNKS_UP_TO:
         return None
-    prefix = f"{array.path}/c/" if array.path else "c/"
+    # the keys' common start: "c/" for zarr's default keys, "c." with the separator "." (format 6)
+    prefix = array.metadata.encode_chunk_key((0, 0))[:2]
+    prefix = f"{array.path}/{prefix}" if array.path else prefix
 
     async def keys():
         return frozenset([k async for k in array.store.list_prefix(prefix)])
@@ -110,25 +112,52 @@ def check_size_claims(array: zarr.Array, listed_rows: int, extents: Iterable[tup
     if root is None or array.compressors or array.shards is not None or rows == 0 or width == 0:
         return None  # only plain local chunk files have a size that can be checked here
     per_row = -(-width // array.chunks[1])
-    base = os.path.join(os.fspath(root), array.path, "c")
+    folder = os.path.join(os.fspath(root), array.path)
     try:
-        row_dirs = len(os.listdir(base))
-        row0 = os.listdir(os.path.join(base, "0")) if os.path.isdir(os.path.join(base, "0")) else []
+        files = _chunk_files(folder, array.metadata.encode_chunk_key((0, 0))[1:2])
     except OSError:
         return None  # missing chunks are reported, with their names, when read
+    if files is None:
+        return None  # keys of another shape than zarr's default: checked when read
+    with_files = {r for r, _ in files}
+    row0 = sum(1 for r, c in files if r == 0 and c >= 0)
     # A claim is a lie when the files it implies at its far end do not exist and too few exist at all;
     # a chunk missing in the middle is left to the missing-chunk rule, which names the file.
     # (A crash between resizing and writing a row leaves the last row without files.)
-    if rows > row_dirs + 1 and not os.path.isdir(os.path.join(base, str(rows - 2))):
-        return f"claims {rows} rows but has chunk files for {row_dirs}"
-    if row0 and per_row > len(row0) and not os.path.exists(os.path.join(base, "0", str(per_row - 1))):
-        return f"claims {per_row} chunks per row but row 0 has {len(row0)} chunk files"
-    first = os.path.join(base, "0", "0")
-    if os.path.isfile(first):
+    if rows > len(with_files) + 1 and rows - 2 not in with_files:
+        return f"claims {rows} rows but has chunk files for {len(with_files)}"
+    if row0 and per_row > row0 and (0, per_row - 1) not in files:
+        return f"claims {per_row} chunks per row but row 0 has {row0} chunk files"
+    if (0, 0) in files:
+        first = os.path.join(folder, array.metadata.encode_chunk_key((0, 0)))
         expected = array.chunks[1] * array.dtype.itemsize
-        if os.path.getsize(first) != expected:
-            return f"claims chunks of {expected} bytes but chunk c/0/0 holds {os.path.getsize(first)}"
+        if os.path.isfile(first) and os.path.getsize(first) != expected:
+            key = array.metadata.encode_chunk_key((0, 0))
+            return f"claims chunks of {expected} bytes but chunk {key} holds {os.path.getsize(first)}"
     return None
+
+
+def _chunk_files(folder: str, sep: str) -> set[tuple[int, int]] | None:
+    """The (row, col) of every chunk file of a local 2-d array at zarr's default keys (`c/<row>/<col>`,
+    or `c.<row>.<col>` with the separator "."): one listing of the array's folder for flat keys, of
+    `c/` and of its row 0 for "/" keys (whose other rows count, as folders, without their files).
+    None for another separator. OSError when the folder cannot be listed."""
+    if sep == ".":
+        out = set()
+        for name in os.listdir(folder):
+            parts = name.split(".")
+            if len(parts) == 3 and parts[0] == "c" and parts[1].isdigit() and parts[2].isdigit():
+                out.add((int(parts[1]), int(parts[2])))
+        return out
+    if sep != "/":
+        return None
+    base = os.path.join(folder, "c")
+    rows = [int(d) for d in os.listdir(base) if d.isdigit()]
+    out = {(r, -1) for r in rows if r != 0}  # a row folder stands for its row (its files are not listed)
+    if os.path.isdir(os.path.join(base, "0")):
+        out |= {(0, int(c)) for c in os.listdir(os.path.join(base, "0")) if c.isdigit()}
+        out.add((0, -1))
+    return out
 
 
 def irregular_metadata(group: zarr.Group, children: Iterable[str] | None = None, depth: int = 0) -> str | None:

@@ -81,7 +81,7 @@ def role_of(parts: list[str]) -> str:
             return DOC_KINDS
         if len(parts) == 4 and name == ZARR_JSON:
             return DOC_ARRAYS
-        if len(parts) >= 5 and parts[3] == "c":
+        if (len(parts) >= 5 and parts[3] == "c") or (len(parts) == 4 and name.startswith("c.")):  # "/" or "." keys
             return f"{ROWS}/{parts[2]}"
     return OTHER
 

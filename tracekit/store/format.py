@@ -3,6 +3,11 @@
 Only tracekit/store uses these: everything else reads and writes through the store's API.
 """
 
+# 6: format 5 with each index row's chunk files at flat keys, `c.<row>.<col>` (zarr's default
+# chunk key encoding with the separator "."), not `c/<row>/<col>`: a folder per row was a third of
+# the files and folders a step made (15 of ~42 a rank-step on TorchTitan's 5 kinds), each costing
+# the disk as much as a file (formats/v6.py). A version of its own: a format-5 reader lists an
+# object store's chunks under `c/` and would call every row missing.
 # 5: format 4 with each kind's tensor index as one JSON text (meta.encode_index): zarr's
 # consolidation deep-copied a list of entries element by element, so finalize grew with the tensor
 # count (formats/v5.py). A version of its own: a format-4 reader would call the text damage.
@@ -14,7 +19,7 @@ Only tracekit/store uses these: everything else reads and writes through the sto
 # packed together (store/packs.py). 2: content-addressed objects + per-(rank, kind) index rows of
 # hashes. 1: packed arrays.
 # What each version reads and writes as is its module of tracekit/store/formats/ (formats.READERS).
-FORMAT_VERSION = 5  # what new stores are written as
+FORMAT_VERSION = 6  # what new stores are written as
 # Root group attribute under which all tracekit metadata lives; a zarr group without it is foreign.
 ROOT_KEY = "tracekit"
 RANK_PREFIX = "rank_"

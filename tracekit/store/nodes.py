@@ -50,7 +50,8 @@ class LocalGroup:
 @dataclass(frozen=True)
 class LocalArray:
     """A row array of a local store, made here: what the writer asks of a zarr array (path, shape
-    at creation, chunks, dtype), and where its chunk files go (zarr's default keys, `c/<row>/<col>`)."""
+    at creation, chunks, dtype), and where its chunk files go (zarr's default keys: `c/<row>/<col>`,
+    or `c.<row>.<col>` with the separator "." of format 6)."""
 
     root: str
     path: str
@@ -64,7 +65,8 @@ class LocalArray:
         return io.local_path(self.root, f"{self.path}/{ZARR_JSON}")
 
     def chunk_key(self, row: int, col: int) -> str:
-        return f"{self.path}/c/{row}/{col}"
+        sep = self.doc["chunk_key_encoding"]["configuration"]["separator"]
+        return f"{self.path}/c{sep}{row}{sep}{col}"
 
 
 def holds(parent, name: str) -> bool:
@@ -85,21 +87,23 @@ def child_group(parent, name: str, attributes: dict | None = None):
     return LocalGroup(parent.root, path, doc)
 
 
-def row_array(group, name: str, width: int, chunk: int, dtype):
+def row_array(group, name: str, width: int, chunk: int, dtype, separator: str = "/"):
     """A new array `name` of 0 rows of `width` elements in `group`: chunks of one row and `chunk`
     elements, raw little-endian elements (no compression), fill value 0, each chunk written even
-    when all zeros (so a missing chunk always means damage; zarr skips them by default)."""
+    when all zeros (so a missing chunk always means damage; zarr skips them by default), at zarr's
+    default chunk keys with `separator` ("/": a folder per row; ".": format 6's flat keys)."""
     dtype = np.dtype(dtype)
     if not isinstance(group, LocalGroup):
         return io.child_array(group, name, shape=(0, width), chunks=(1, chunk), dtype=dtype,
                               dimension_names=("step", f"{name}_element"), compressors=None, fill_value=0,
+                              chunk_key_encoding={"name": "default", "separator": separator},
                               config={"write_empty_chunks": True})
     path = _child(group, name)
     doc = {
         "shape": [0, width],
         "data_type": dtype.name,
         "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [1, chunk]}},
-        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": separator}},
         "fill_value": _zero(dtype),
         # zarr names the byte order only where there is one
         "codecs": [{"name": "bytes", "configuration": {"endian": "little"}} if dtype.itemsize > 1 else {"name": "bytes"}],

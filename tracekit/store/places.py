@@ -1,10 +1,12 @@
-"""Where a recorded tensor's bytes lie, for tools that look at files (and tests that damage them
-on purpose): the store's answer, so that no one else works it out from rows, packs or objects."""
+"""Where a recorded tensor's bytes and its index rows lie, for tools that look at files (and tests
+that damage them on purpose): the store's answer, so that no one else works it out from rows,
+packs, objects or chunk keys."""
 
 from __future__ import annotations
 
 import os
 
+from tracekit.store.format import RANK_PREFIX
 from tracekit.store.packs import Located
 
 
@@ -24,3 +26,15 @@ def tensor_bytes(store, rank: int, kind: str, step: int, name: str) -> tuple[str
     loc = located(view, kind, step, name)
     length = loc.length if loc.length is not None else view.tensor(kind, name).stored_nbytes
     return os.path.join(os.fspath(store), *loc.key.split("/")), loc.base, length
+
+
+def index_chunk(store, rank: int, kind: str, array: str, row: int, col: int = 0) -> str:
+    """The chunk file of row `row` (column `col`) of one of a local store's row arrays (`hash`,
+    `finite`, `summary`, or format 1's packed `float32`, ...): zarr's default chunk key, with the
+    separator the array's own metadata names (`c/<row>/<col>`; format 6 `c.<row>.<col>`)."""
+    import json
+
+    folder = os.path.join(os.fspath(store), f"{RANK_PREFIX}{rank}", kind, array)
+    with open(os.path.join(folder, "zarr.json"), "rb") as f:
+        sep = json.load(f)["chunk_key_encoding"]["configuration"]["separator"]
+    return os.path.join(folder, *f"c{sep}{row}{sep}{col}".split("/"))

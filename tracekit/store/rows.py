@@ -54,7 +54,12 @@ def _direct_folder(arr) -> str | None:
 
 
 class MissingChunk(Exception):
-    """A chunk file of a row is absent (or no regular file: a FIFO, a folder): (row, col)."""
+    """A chunk file of a row is absent (or no regular file: a FIFO, a folder): (row, col, its key
+    within the array's folder, as `c/<row>/<col>` or format 6's `c.<row>.<col>`)."""
+
+    @property
+    def key(self) -> str:
+        return self.args[2]
 
 
 class RowFiles:
@@ -87,14 +92,15 @@ class RowFiles:
         raw = memoryview(out).cast("B")
         sep, item = self.sep, self.dtype.itemsize
         for c in chunk_cols(0, self.shape[1], self.width):
-            path = f"{self.folder}/c{sep}{row}{sep}{c}"  # (POSIX only: _direct_folder needs preadv)
+            key = f"c{sep}{row}{sep}{c}"
+            path = f"{self.folder}/{key}"  # (POSIX only: _direct_folder needs preadv)
             try:
                 fd, st = io.open_regular(path)
             except (FileNotFoundError, io.NotRegular):  # (not a regular file: as exists() says of it)
-                raise MissingChunk(row, c) from None
+                raise MissingChunk(row, c, key) from None
             try:
                 if st.st_size != self.chunk_bytes:  # chunks are written whole (the last one zero-padded)
-                    raise StoreError(f"chunk file c/{row}/{c} holds {st.st_size} bytes, not {self.chunk_bytes}")
+                    raise StoreError(f"chunk file {key} holds {st.st_size} bytes, not {self.chunk_bytes}")
                 start = c * self.width
                 n = min(self.width, self.shape[1] - start)
                 if os.preadv(fd, [raw[start * item:(start + n) * item]], 0) != n * item:

@@ -181,9 +181,9 @@ def _check_next_step(kind: str, steps: list[int], step: int) -> None:
         raise StoreError(f"{kind} of step {step} written after step {steps[-1]}; a kind's steps are written in increasing order")
 
 
-def _row_array(group, name: str, width: int, dtype):
-    """A row array of `group` (a zarr Group or a LocalGroup: nodes.row_array)."""
-    return nodes.row_array(group, name, width, _chunk_elements(width, np.dtype(dtype).itemsize), dtype)
+def _row_array(group, name: str, width: int, dtype, separator: str = "/"):
+    """A row array of `group` (a zarr Group or a LocalGroup: nodes.row_array); `separator`: of its chunk keys."""
+    return nodes.row_array(group, name, width, _chunk_elements(width, np.dtype(dtype).itemsize), dtype, separator)
 
 
 class _ObjectKindWriter:
@@ -191,12 +191,15 @@ class _ObjectKindWriter:
     keeps; store/keep.py), then one index row per step: hashes, finiteness flags and summaries."""
 
     def __init__(self, group: zarr.Group | nodes.LocalGroup, kind: str, store_root, full: Sequence[str] = (),
-                 packs: PackSpec | None = None, sealed_to: int | None = None, index_text: bool = False):
+                 packs: PackSpec | None = None, sealed_to: int | None = None, index_text: bool = False,
+                 separator: str = "/"):
         """store_root: where tracekit/store/io.py writes objects (a folder, a URL's Location, or their ByteStore);
         packs: how small tensors are packed (format 3, store/packs.py), None: each its own object;
         sealed_to: the rank each row is sealed to (format 4, summaries.row_identity), None: unsealed;
-        index_text: the tensor index is written as one JSON text (format 5, meta.encode_index)."""
+        index_text: the tensor index is written as one JSON text (format 5, meta.encode_index);
+        separator: of the index rows' chunk keys ("." in format 6: no folder per row)."""
         self.group = group
+        self.separator = separator
         self.index_text = index_text
         self.sealed_to = sealed_to
         self.packs = packs
@@ -222,9 +225,10 @@ class _ObjectKindWriter:
         index, _ = index_of((t.name, t.dtype, full_shape(t.shape, sh)) for t, sh in zip(tensors, shards))
         index = [replace(e, shard=sh, keeps_bytes=keeps_bytes(self.full, self.kind, e.name)) for e, sh in zip(index, shards)]
         n = len(index)
-        self.hash_array = _row_array(self.group, HASH_ARRAY, HASH_BYTES * n, np.uint8)
-        self.finite_array = _row_array(self.group, FINITE_ARRAY, n, np.uint8)
-        self.summary_array = _row_array(self.group, SUMMARY_ARRAY, row_width(n), np.float64)
+        sep = self.separator
+        self.hash_array = _row_array(self.group, HASH_ARRAY, HASH_BYTES * n, np.uint8, sep)
+        self.finite_array = _row_array(self.group, FINITE_ARRAY, n, np.uint8, sep)
+        self.summary_array = _row_array(self.group, SUMMARY_ARRAY, row_width(n), np.float64, sep)
         self.array_meta = {a.path: NodeMeta(a) for a in (self.hash_array, self.finite_array, self.summary_array)}
         self.index = index
         # per tensor, what every step repeats: the identity its hash covers, and its shard's size

@@ -203,8 +203,10 @@ STORES = {
     "v4_summaries_scale": lambda: {**_ddp(scale=(2, 1.25)), "full": SUMMARIES_ONLY},
     "v4_traced": lambda: {**_ddp(), "traces": traces(2)},
     "v4_traced_events": lambda: {**_ddp(one_rank=(1, 3)), "traces": traces(2, bump=1)},
-    # The "v4_" stores are written in the current format (5 since the index text); this one in 4.
+    # The "v4_" stores are written in the current format (5 since the index text, 6 since flat chunk
+    # keys); these in 4 and 5.
     "f4_ddp": lambda: _ddp(4),
+    "f5_ddp": lambda: _ddp(5),
 }
 
 # name -> (ref store, cand store, diff options). A PASS pair compares two format versions of the
@@ -231,7 +233,8 @@ PAIRS = {
     "v2_oracle_shift": ("v4_ddp", "v4_ddp_shift", ["--oracle", "v2_ddp"]),  # oracle: a store name
     "v4_bf16_outputs_pass": ("v4_ddp", "v4_ddp_bf16_outputs", []),
     "v4_damaged_object_exit2": ("v4_ddp", "v4_ddp_shift_damaged", []),
-    "v4_vs_v5_ddp_pass": ("f4_ddp", "v4_ddp", ["--all-tensors"]),
+    "v4_vs_v5_ddp_pass": ("f4_ddp", "f5_ddp", ["--all-tensors"]),
+    "v5_vs_v6_ddp_pass": ("f5_ddp", "v4_ddp", ["--all-tensors"]),
 }
 
 

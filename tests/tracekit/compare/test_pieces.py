@@ -11,6 +11,7 @@ import tracekit
 from tracekit.compare.metrics import compare_arrays
 from tracekit.store import RankWriter, TensorData, create_store
 from tracekit.store.shards import Shard
+from tracekit.testing import index_chunk
 
 RANKS = 2
 
@@ -171,7 +172,7 @@ def test_streamed_objects_are_checked_before_their_metrics_count(tmp_path, lie, 
     r, c = _write(str(tmp_path / "r"), ref, layout), _write(str(tmp_path / "c"), _cand(ref), layout)
     view = open_store(r).rank(1)
     if lie == "finite flag":
-        chunk = os.path.join(r, "rank_1", "parameters", FINITE_ARRAY, "c", "0", "0")
+        chunk = index_chunk(r, 1, "parameters", FINITE_ARRAY, 0)
         raw = bytearray(open(chunk, "rb").read())
         raw[view.position("parameters", "w")] = 1  # "all finite"
         open(chunk, "wb").write(bytes(raw))

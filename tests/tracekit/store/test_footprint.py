@@ -123,6 +123,7 @@ def test_metadata_grows_per_rank_and_step_only_by_its_index_rows_and_step_number
     ("rank_2/gradients/zarr.json", fpm.DOC_KINDS),
     ("rank_2/gradients/summary/zarr.json", fpm.DOC_ARRAYS),
     ("rank_2/gradients/summary/c/7/0", "rows/summary"),
+    ("rank_2/gradients/summary/c.7.0", "rows/summary"),  # format 6's flat keys
     ("rank_2/gradients/float32/c/7/3", "rows/float32"),  # format 1's packed rows
     ("rank_2/traces/ops/zarr.json", fpm.TRACES),
     ("rank_2/traces/ops/step_3/events/c/0", fpm.TRACES),

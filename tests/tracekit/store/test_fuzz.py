@@ -62,8 +62,10 @@ def _meta_files(store):
 
 
 def _chunk_files(store):
-    """Files holding data: chunk files of zarr arrays, and (format 2) the content-addressed objects."""
-    return [f for f in _files(store) if "/c/" in f or (f.startswith("objects/") and not f.endswith("zarr.json"))]
+    """Files holding data: chunk files of zarr arrays (`c/<row>/<col>`, or format 6's `c.<row>.<col>`),
+    and (format 2) the content-addressed objects."""
+    return [f for f in _files(store) if "/c/" in f or os.path.basename(f).startswith("c.")
+            or (f.startswith("objects/") and not f.endswith("zarr.json"))]
 
 
 def _leaves(doc, path=()):

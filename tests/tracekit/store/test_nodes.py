@@ -36,16 +36,18 @@ def _both(tmp_path):
     return via_zarr, nodes.LocalGroup(str(tmp_path / "direct"), "", None)
 
 
+@pytest.mark.parametrize("sep", ["/", "."])
 @pytest.mark.parametrize("dtype", STORAGE_DTYPES)
-def test_a_row_array_is_the_bytes_zarr_writes_for_every_stored_dtype(tmp_path, dtype):
+def test_a_row_array_is_the_bytes_zarr_writes_for_every_stored_dtype(tmp_path, dtype, sep):
     """Widths of one element, a few, and more than one chunk holds (the chunk narrower than the row),
-    as writer._row_array makes them; and a row's chunk files where zarr's keys put them."""
+    as writer._row_array makes them; and a row's chunk files where zarr's keys put them, with either
+    separator of zarr's default chunk keys ("/" to format 5, "." in format 6)."""
     via_zarr, direct = _both(tmp_path)
     itemsize = np.dtype(dtype).itemsize
     for width in (1, 7, MAX_CHUNK_BYTES // itemsize + 3):
         name = f"a{width}"
-        made = io.compact_metadata(writer._row_array)(via_zarr, name, width, dtype)
-        local = writer._row_array(direct, name, width, dtype)
+        made = io.compact_metadata(writer._row_array)(via_zarr, name, width, dtype, sep)
+        local = writer._row_array(direct, name, width, dtype, sep)
         assert isinstance(local, nodes.LocalArray) and not isinstance(made, nodes.LocalArray)
         assert _raw(tmp_path / "direct" / name) == _raw(tmp_path / "zarr" / name), (dtype, width)
         assert local.doc == json.loads(_raw(tmp_path / "zarr" / name))  # what NodeMeta takes over
@@ -54,11 +56,12 @@ def test_a_row_array_is_the_bytes_zarr_writes_for_every_stored_dtype(tmp_path, d
     width = 7
     row = np.arange(width).astype(dtype)
     for group, folder in ((via_zarr, "zarr"), (direct, "direct")):
-        arr = group[f"a{width}"] if folder == "zarr" else writer._row_array(direct, "b", width, dtype)
+        arr = group[f"a{width}"] if folder == "zarr" else writer._row_array(direct, "b", width, dtype, sep)
         io.compact_metadata(writer.NodeMeta(arr).resize)((1, width))
         writer._write_row_chunks(arr, 0, [row])
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "direct" / "b"), mode="r")[0], row)
-    with open(tmp_path / "direct" / "b" / "c" / "0" / "0", "rb") as a, open(tmp_path / "zarr" / f"a{width}" / "c" / "0" / "0", "rb") as b:
+    key = os.path.join(*f"c{sep}0{sep}0".split("/"))
+    with open(tmp_path / "direct" / "b" / key, "rb") as a, open(tmp_path / "zarr" / f"a{width}" / key, "rb") as b:
         assert a.read() == b.read()
 
 

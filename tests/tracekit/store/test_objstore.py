@@ -326,11 +326,14 @@ def test_any_fsspec_url_holds_format_2_memory(tmp_path):
     write_store(url, _data(0))
     local = write_store(tmp_path / "local", _data(0))
     store = open_store(url)
-    assert store.format_version == 5  # the current format: packs (3), sealed rows (4), index text (5)
+    assert store.format_version == 6  # the current format: packs (3), sealed rows (4), index text (5), flat keys (6)
     assert tracekit.diff(url, local, exact=True).passed
     np.testing.assert_array_equal(store.rank(1).read("gradients", 3, "w"), _data(0)[1][3]["gradients"]["w"])
     assert verify_store(url).ok
     fs = fsspec.filesystem("memory")
+    # format 6: each index row's chunk at a flat key (`hash/c.<row>.0`), listed and read as such
+    rows = [k for k in fs.find(url.removeprefix("memory://")) if "/hash/" in k and not k.endswith("zarr.json")]
+    assert rows and all(k.rsplit("/hash/", 1)[1].startswith("c.") for k in rows), rows
     loc = located(store.rank(0), "gradients", 1, "b")
     path = f"{url.removeprefix('memory://')}/{loc.key}"
     good = bytearray(fs.cat_file(path))

@@ -10,14 +10,15 @@ import zarr
 from tracekit import open_store
 from tracekit.errors import StoreError
 from tracekit.store.rows import RowFiles
-from tracekit.testing import write_store
+from tracekit.testing import index_chunk, write_store
 
 from tests.builders import small_run_data
 
 
-@pytest.fixture
-def store(tmp_path):
-    return write_store(tmp_path / "s", small_run_data(), format_version=3)
+@pytest.fixture(params=[3, 6])
+def store(tmp_path, request):
+    """Format 3 (a folder per row, `c/<row>/0`) and format 6 (flat keys, `c.<row>.0`)."""
+    return write_store(tmp_path / "s", small_run_data(), format_version=request.param)
 
 
 def test_rows_read_as_files_are_the_rows_zarr_reads(store):
@@ -31,16 +32,17 @@ def test_rows_read_as_files_are_the_rows_zarr_reads(store):
 
 
 def _hash_chunk(store, row):
-    return os.path.join(store, "rank_0", "parameters", "hash", "c", str(row), "0")
+    return index_chunk(store, 0, "parameters", "hash", row)
 
 
 @pytest.mark.parametrize("damage, message", [
-    ("deleted", "chunk c/1/0 of its hash index is missing"),
-    ("fifo", "chunk c/1/0 of its hash index is missing"),
-    ("short", "unreadable hash index .StoreError: chunk file c/1/0 holds 3 bytes"),
+    ("deleted", "chunk {key} of its hash index is missing"),
+    ("fifo", "chunk {key} of its hash index is missing"),
+    ("short", "unreadable hash index .StoreError: chunk file {key} holds 3 bytes"),
 ])
 def test_a_damaged_index_chunk_is_one_line_naming_it(store, damage, message):
     path = _hash_chunk(store, 1)
+    message = message.format(key="c/1/0" if path.endswith(os.path.join("c", "1", "0")) else r"c\.1\.0")
     os.unlink(path)
     if damage == "fifo":
         if not hasattr(os, "mkfifo"):

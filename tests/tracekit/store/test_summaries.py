@@ -18,7 +18,7 @@ from tracekit.compare import diff
 from tracekit.compare.by_summary import compare_summaries
 from tracekit.errors import StoreError, UsageError
 from tracekit.store import open_store
-from tracekit.testing import tensor_bytes
+from tracekit.testing import index_chunk, tensor_bytes
 from tracekit.store.format import object_key
 from tracekit.store.keep import keeps_bytes, parse_full
 from tracekit.store.hashing import identity, tensor_hash
@@ -241,7 +241,7 @@ def test_a_damaged_summary_is_a_damaged_store_not_a_verdict(stores, tmp_path):
 
     cand = tmp_path / "cand"
     shutil.copytree(stores["ref"], cand)
-    chunk = cand / "rank_0" / "gradients" / "summary" / "c" / "1" / "0"
+    chunk = Path(index_chunk(cand, 0, "gradients", "summary", 1))
     raw = bytearray(chunk.read_bytes())
     raw[8] ^= 0x01  # one bit of gradient w's max at step 2
     chunk.write_bytes(bytes(raw))

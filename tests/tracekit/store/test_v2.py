@@ -12,7 +12,7 @@ from tracekit import StoreError, open_store
 from tracekit.cli.main import main
 from tracekit.store.format import FINITE_ARRAY, HASH_ARRAY
 from tracekit.store.verify import verify_store
-from tracekit.testing import tensor_bytes, write_store
+from tracekit.testing import index_chunk, tensor_bytes, write_store
 
 
 def _w(step, rank=0, drift=0.0):
@@ -106,7 +106,7 @@ def _copy_from_other_step(path):
 
 def _swap_index_entries(path):
     """Swap the hash entries of w and v (same size) in rank 1's step-2 index row."""
-    chunk = os.path.join(path, "rank_1", "gradients", HASH_ARRAY, "c", "1", "0")
+    chunk = index_chunk(path, 1, "gradients", HASH_ARRAY, 1)
     raw = bytearray(open(chunk, "rb").read())
     raw[0:16], raw[16:32] = raw[16:32], raw[0:16]
     open(chunk, "wb").write(bytes(raw))
@@ -187,7 +187,7 @@ def test_verify_names_each_problem_on_one_line(tmp_path, damage):
 @pytest.mark.parametrize("version", [2, 3])
 def test_verify_reports_a_missing_index_chunk_and_v1_missing_chunks(tmp_path, version):
     path = _run(str(tmp_path / "s"), ranks=1, steps=2, version=version)
-    os.remove(os.path.join(path, "rank_0", "loss", HASH_ARRAY, "c", "0", "0"))
+    os.remove(index_chunk(path, 0, "loss", HASH_ARRAY, 0))
     result = verify_store(path)
     # format 3: a packed row is found through the previous row's hashes too, so step 2 is reported as well
     assert [(p.rank, p.kind, p.step) for p in result.problems] == [(0, "loss", 1)] + ([(0, "loss", 2)] if version == 3 else [])
@@ -195,7 +195,7 @@ def test_verify_reports_a_missing_index_chunk_and_v1_missing_chunks(tmp_path, ve
 
     v1 = _run(str(tmp_path / "v1"), ranks=1, steps=2, version=1)
     assert verify_store(v1).ok
-    os.remove(os.path.join(v1, "rank_0", "gradients", "float32", "c", "1", "0"))
+    os.remove(index_chunk(v1, 0, "gradients", "float32", 1))
     (p,) = verify_store(v1).problems
     assert (p.rank, p.kind, p.step) == (0, "gradients", 2) and "missing" in p.what
 
@@ -278,7 +278,7 @@ def test_a_damaged_index_of_one_kind_is_reported_once_under_that_kind(tmp_path):
 
 
 def _set_finite_flag(path, rank, kind, row, position, value):
-    chunk = os.path.join(path, f"rank_{rank}", kind, FINITE_ARRAY, "c", str(row), "0")
+    chunk = index_chunk(path, rank, kind, FINITE_ARRAY, row)
     raw = bytearray(open(chunk, "rb").read())
     raw[position] = value
     open(chunk, "wb").write(bytes(raw))
@@ -369,17 +369,17 @@ def test_kind_metadata_roundtrips_and_matches_the_schema(tmp_path):
     from tracekit.store.meta import KindMeta, decode_index
 
     schema, index = part(load("store-metadata"), "kind"), part(load("store-metadata"), "index")
-    for version in (1, 2, 3, 5):
+    for version in (1, 2, 3, 5, 6):
         path = _run(str(tmp_path / f"v{version}"), ranks=1, steps=2, version=version)
         attrs = json.load(open(os.path.join(path, "rank_0", "gradients", "zarr.json")))["attributes"]
         jsonschema.validate(attrs, schema)
-        text = version == 5  # format 5: the index is one JSON text, its entries those of the formats before
+        text = version >= 5  # format 5 on: the index is one JSON text, its entries those of the formats before
         assert isinstance(attrs["tensors"], str) == text
         jsonschema.validate(decode_index(attrs["tensors"]) if text else attrs["tensors"], index)
         meta = KindMeta.from_attrs(attrs, text)
         assert meta.to_attrs(text) == attrs and meta.steps == [1, 2] and [t.name for t in meta.tensors] == ["w", "v", "frozen"]
         assert (meta.hash is None) == (version == 1)
-        assert (meta.packs is not None) == (version in (3, 5))
+        assert (meta.packs is not None) == (version >= 3)
     with pytest.raises(TypeError, match="JSON text"):
         KindMeta.from_attrs({**attrs, "tensors": decode_index(attrs["tensors"])}, True)  # a list where text belongs
     with pytest.raises(ValueError):

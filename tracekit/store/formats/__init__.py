@@ -10,8 +10,9 @@ from tracekit.store.formats.v2 import Objects
 from tracekit.store.formats.v3 import PackedObjects
 from tracekit.store.formats.v4 import SealedRows
 from tracekit.store.formats.v5 import IndexText
+from tracekit.store.formats.v6 import FlatChunks
 
-READERS: dict[int, FormatReader] = {r.version: r for r in (PackedArrays(), Objects(), PackedObjects(), SealedRows(), IndexText())}
+READERS: dict[int, FormatReader] = {r.version: r for r in (PackedArrays(), Objects(), PackedObjects(), SealedRows(), IndexText(), FlatChunks())}
 NEWEST = max(READERS)
 
 

@@ -23,6 +23,9 @@ class FormatReader(Protocol):
     sealed_rows: bool
     # The kind's tensor index attribute is one JSON text (meta.encode_index), not a list of entries.
     index_text: bool
+    # What separates the parts of an index row's chunk key: "/" (`c/<row>/<col>`, a folder per row)
+    # or "." (`c.<row>.<col>`, format 6). Readers follow each array's own metadata; writers use this.
+    chunk_separator: str
 
     def check_addresses(self, infos) -> object | None:
         """The first index entry whose address the format does not allow, else None."""

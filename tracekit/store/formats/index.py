@@ -104,10 +104,10 @@ class HashedIndex:
                 listed = self._once(self._chunk_lists, (kind, name), lambda: listed_chunks(arr))
                 missing = first_missing_chunk(arr, [row], chunk_cols(0, width, arr.chunks[1]), listed)
                 if missing is not None:
-                    raise MissingChunk(*missing)
+                    raise MissingChunk(*missing, arr.metadata.encode_chunk_key(missing))
                 values = np.asarray(arr[row])
         except MissingChunk as m:
-            raise StoreError(f"damaged store: {where()}: chunk c/{m.args[0]}/{m.args[1]} of its {name} index is missing") from None
+            raise StoreError(f"damaged store: {where()}: chunk {m.key} of its {name} index is missing") from None
         except Exception as e:
             raise StoreError(f"damaged store: {where()}: unreadable {name} index ({e.__class__.__name__}: {e})") from None
         with self._lock:

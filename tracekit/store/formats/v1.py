@@ -17,6 +17,7 @@ class PackedArrays:
     hashed = False
     sealed_rows = False
     index_text = False
+    chunk_separator = "/"
 
     def check_addresses(self, infos):
         return None  # addresses are real places in the packed arrays: any in-bounds one is valid

@@ -19,6 +19,7 @@ class Objects:
     hashed = True
     sealed_rows = False
     index_text = False
+    chunk_separator = "/"
 
     def check_addresses(self, infos):
         # addresses are virtual (tensors live in objects): they follow from the names, dtypes and
@@ -54,7 +55,7 @@ class Objects:
         from tracekit.store.writer import _ObjectKindWriter
 
         return _ObjectKindWriter(group, kind, io_root, full, self.pack_spec(), rank if self.sealed_rows else None,
-                                 self.index_text)
+                                 self.index_text, self.chunk_separator)
 
     def read_span(self, view, kind: str, step: int, info, start: int, stop: int) -> np.ndarray:
         raise TypeError("format 2 saves every tensor as pieces: read them (fetch)")
