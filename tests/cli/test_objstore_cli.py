@@ -43,7 +43,7 @@ def test_verify_finds_a_corrupted_object_in_a_bucket_store(s3):
     from tracekit.testing import write_store
 
     url = write_store(s3.url("ref"), _bucket_run())
-    assert open_store(url).format_version == 5  # the current format
+    assert open_store(url).format_version == 6  # the current format
     code, out = cli("verify", url)
     assert code == 0 and out.startswith("verify: OK"), out
     loc = located(open_store(url).rank(1), "gradients", 2, "w")  # its own object, or its range of a pack

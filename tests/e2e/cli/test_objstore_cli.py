@@ -75,7 +75,7 @@ def test_fsdp_recorded_into_a_bucket_keeps_pieces_and_equals_the_recording_on_di
     remote, disk = open_store(url), open_store(local)
     assert remote.ranks == [0, 1] and remote.finished and remote.meta["exit_status"] == 0
     assert all(remote.rank(r).completed_steps == [1, 2, 3] for r in remote.ranks)
-    assert remote.format_version == disk.format_version == 5  # the current format
+    assert remote.format_version == disk.format_version == 6  # the current format
     pieces = [t for t in remote.rank(0).tensors("parameters") if t.shard is not None]
     assert pieces, "fsdp parameters should be recorded as each rank's pieces"
     outputs = [recorded.stdout, recorded.stderr]

@@ -48,3 +48,19 @@ def test_a_true_claim_passes_and_each_lie_is_named(tmp_path, sep):
 @pytest.mark.parametrize("sep", ["/", "."])
 def test_a_step_list_longer_than_the_rows_is_named(tmp_path, sep):
     assert check_size_claims(_array(tmp_path, sep), 4, []) == "lists 4 rows but holds 3"
+
+
+def test_a_new_store_makes_no_folder_per_row(tmp_path):
+    """Format 6: every index row of every kind is a flat chunk file beside its array's zarr.json;
+    a folder per row (`c/<row>/`) was a third of what a step made on the disk."""
+    from tracekit.store.format import FINITE_ARRAY, HASH_ARRAY, SUMMARY_ARRAY
+    from tracekit.testing import index_chunk, write_store
+
+    steps = {s: {"gradients": {"w": np.full(3, s, np.float32)}, "loss": {"loss": np.float32(s)}} for s in (1, 2, 3)}
+    store = write_store(tmp_path / "s", {0: steps, 1: steps})
+    for rank in (0, 1):
+        for kind in ("gradients", "loss"):
+            for array in (HASH_ARRAY, FINITE_ARRAY, SUMMARY_ARRAY):
+                folder = os.path.join(store, f"rank_{rank}", kind, array)
+                assert sorted(os.listdir(folder)) == ["c.0.0", "c.1.0", "c.2.0", "zarr.json"], folder
+                assert index_chunk(store, rank, kind, array, 2) == os.path.join(folder, "c.2.0")
