@@ -16,12 +16,18 @@ side by side in one run, on CPU/gloo through samples/torchtitan/train.py; prints
                   the extra CPU over the number of cores
 
 Runs are interleaved, plain then recorded, --repeats times (ABAB...), after one warm-up run, so
-that the machine's drift hits both. Per figure: the median of each side and its range (min-max),
+that the machine's drift hits both. The machine's state moves these figures more than most changes
+do (docs/RELIABILITY.md, "What the recording's cost is made of on a cold machine"), so the bench
+also prints what creating a file costs in its folder before and after the runs (the store's writers
+create ~27 files a rank-step; here that cost moved from 0.02 to 0.9 ms with the disk's state and the
+folder's place), and with --probe-memory MB how much of that much fresh memory was cold before the
+runs (bench_fresh_memory.py; a host that backs a VM's memory at first touch makes held steps cost more). Per figure: the median of each side and its range (min-max),
 the ratio of the medians, and the median and range of the pairwise ratios (each recorded run
 against the plain run just before it, seconds apart). On a machine others load meanwhile, the
 pairwise ratios' range says how far to trust the medians.
 
-    python bench/bench_torchtitan.py [--ranks 2] [--steps 10] [--repeats 2] [--dir DIR] [-- TORCHTITAN FLAGS]
+    python bench/bench_torchtitan.py [--ranks 2] [--steps 10] [--repeats 2] [--dir DIR] [--probe-memory MB]
+                                     [-- TORCHTITAN FLAGS]
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from workdir import own_folder, remove_own  # noqa: E402  (this folder's)
 from figures import spread  # noqa: E402  (this folder's)
+from bench_record import create_cost  # noqa: E402  (this folder's: what creating a file costs in a folder)
 
 RUNNER = os.path.join(ROOT, "samples", "torchtitan", "train.py")
 STAMP = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})"
@@ -106,6 +113,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--dir", default=None, help="where the bench makes its folder (default: the temp folder)")
+    parser.add_argument("--probe-memory", type=int, default=0, metavar="MB",
+                        help="before the runs, write this many MB of fresh memory and say how much was cold (0: no probe)")
     parser.add_argument("flags", nargs="*", help="more TorchTitan flags, after --")
     args = parser.parse_args()
     work = own_folder(args.dir, "tracekit-bench-torchtitan")
@@ -117,13 +126,20 @@ def main() -> None:
     record = ["tracekit", "record", "--force", "-o", store, "--"]
     runs: dict[str, list[list[float]]] = {"plain": [], "recorded": []}  # per run: one value per FIGURES
     counted = adopt_orphans()
+    memory = None
+    if args.probe_memory > 0:
+        import bench_fresh_memory  # noqa: E402  (this folder's)
+
+        memory = bench_fresh_memory.line(*bench_fresh_memory.probe(args.probe_memory))
     try:
+        create_before = create_cost(work)
         run(train, work)  # warm-up: assets, inductor cache for the mask builder, page cache
         for _ in range(args.repeats):
             for label, prefix in (("plain", []), ("recorded", record)):
                 wall, cpu, log = run(prefix + train, work)
                 runs[label].append([wall, *log_times(log, SEQ_LEN * LOCAL_BATCH), cpu])
                 shutil.rmtree(store, ignore_errors=True)
+        create_after = create_cost(work)
     finally:
         remove_own(work)
     print(f"TorchTitan llama3 debug model, {args.ranks} ranks, {args.steps} steps, {args.repeats} interleaved "
@@ -140,6 +156,10 @@ def main() -> None:
         print(f"{name:14s} {cell(plain):>24s} {cell(recorded):>24s} "
               f"{statistics.median(recorded) / statistics.median(plain):6.2f}  "
               f"{statistics.median(pairs):5.2f} ({min(pairs):.2f}-{max(pairs):.2f})")
+    print(f"machine: creating a file in the bench's folder {create_before * 1e6:.0f} us before the runs, "
+          f"{create_after * 1e6:.0f} us after")
+    if memory is not None:
+        print(f"machine: fresh memory before the runs ({args.probe_memory} MB): {memory}")
 
 
 if __name__ == "__main__":
