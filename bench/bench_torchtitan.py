@@ -21,9 +21,10 @@ do (docs/RELIABILITY.md, "What the recording's cost is made of on a cold machine
 also prints what creating a file costs in its folder before and after the runs (the store's writers
 create ~27 files a rank-step; here that cost moved from 0.02 to 0.9 ms with the disk's state and the
 folder's place), and with --probe-memory MB how much of that much fresh memory was cold before the
-runs (bench_fresh_memory.py; a host that backs a VM's memory at first touch makes held steps cost more). Per figure: the median of each side and its range (min-max),
-the ratio of the medians, and the median and range of the pairwise ratios (each recorded run
-against the plain run just before it, seconds apart). On a machine others load meanwhile, the
+runs (bench_fresh_memory.py; a host that backs a VM's memory at first touch makes held steps cost
+more). Per figure: the median of each side and its range (min-max), the ratio of the medians,
+and the median and range of the pairwise ratios (each recorded run against the plain run just
+before it, seconds apart). On a machine others load meanwhile, the
 pairwise ratios' range says how far to trust the medians.
 
     python bench/bench_torchtitan.py [--ranks 2] [--steps 10] [--repeats 2] [--dir DIR] [--probe-memory MB]

@@ -16,7 +16,8 @@ if TYPE_CHECKING:  # not at import: training ranks import the writer (and this) 
 
 
 def chunk_key(array: zarr.Array, row: int, col: int) -> str:
-    """The key of chunk (row, col) of an array, relative to the store root (default `c/<row>/<col>` keys)."""
+    """The key of chunk (row, col) of an array, relative to the store root (zarr's default keys:
+    `c/<row>/<col>`, or format 6's `c.<row>.<col>`, as the array's metadata says)."""
     return f"{array.store_path.path}/{array.metadata.encode_chunk_key((row, col))}"
 
 
@@ -112,52 +113,50 @@ def check_size_claims(array: zarr.Array, listed_rows: int, extents: Iterable[tup
     if root is None or array.compressors or array.shards is not None or rows == 0 or width == 0:
         return None  # only plain local chunk files have a size that can be checked here
     per_row = -(-width // array.chunks[1])
-    folder = os.path.join(os.fspath(root), array.path)
+    first_key = array.metadata.encode_chunk_key((0, 0))
     try:
-        files = _chunk_files(folder, array.metadata.encode_chunk_key((0, 0))[1:2])
+        listing = _chunk_listing(os.path.join(os.fspath(root), array.path), first_key[1:2])
     except OSError:
         return None  # missing chunks are reported, with their names, when read
-    if files is None:
+    if listing is None:
         return None  # keys of another shape than zarr's default: checked when read
-    with_files = {r for r, _ in files}
-    row0 = sum(1 for r, c in files if r == 0 and c >= 0)
+    with_files, row0_cols = listing
     # A claim is a lie when the files it implies at its far end do not exist and too few exist at all;
     # a chunk missing in the middle is left to the missing-chunk rule, which names the file.
     # (A crash between resizing and writing a row leaves the last row without files.)
     if rows > len(with_files) + 1 and rows - 2 not in with_files:
         return f"claims {rows} rows but has chunk files for {len(with_files)}"
-    if row0 and per_row > row0 and (0, per_row - 1) not in files:
-        return f"claims {per_row} chunks per row but row 0 has {row0} chunk files"
-    if (0, 0) in files:
-        first = os.path.join(folder, array.metadata.encode_chunk_key((0, 0)))
+    if row0_cols and per_row > len(row0_cols) and per_row - 1 not in row0_cols:
+        return f"claims {per_row} chunks per row but row 0 has {len(row0_cols)} chunk files"
+    first = chunk_path(array, 0, 0)
+    if 0 in row0_cols and os.path.isfile(first):
         expected = array.chunks[1] * array.dtype.itemsize
-        if os.path.isfile(first) and os.path.getsize(first) != expected:
-            key = array.metadata.encode_chunk_key((0, 0))
-            return f"claims chunks of {expected} bytes but chunk {key} holds {os.path.getsize(first)}"
+        if os.path.getsize(first) != expected:
+            return f"claims chunks of {expected} bytes but chunk {first_key} holds {os.path.getsize(first)}"
     return None
 
 
-def _chunk_files(folder: str, sep: str) -> set[tuple[int, int]] | None:
-    """The (row, col) of every chunk file of a local 2-d array at zarr's default keys (`c/<row>/<col>`,
-    or `c.<row>.<col>` with the separator "."): one listing of the array's folder for flat keys, of
-    `c/` and of its row 0 for "/" keys (whose other rows count, as folders, without their files).
-    None for another separator. OSError when the folder cannot be listed."""
+def _chunk_listing(folder: str, sep: str) -> tuple[set[int], set[int]] | None:
+    """(the rows that have chunk files, the columns of row 0's) of a local 2-d array at zarr's default
+    keys: for `c.<row>.<col>` (separator ".") one listing of the array's folder; for `c/<row>/<col>`
+    one of `c/` (a row's folder stands for its files) and one of `c/0/`. None for another separator;
+    OSError when the folder cannot be listed."""
     if sep == ".":
-        out = set()
+        rows, row0_cols = set(), set()
         for name in os.listdir(folder):
             parts = name.split(".")
             if len(parts) == 3 and parts[0] == "c" and parts[1].isdigit() and parts[2].isdigit():
-                out.add((int(parts[1]), int(parts[2])))
-        return out
+                row = int(parts[1])
+                rows.add(row)
+                if row == 0:
+                    row0_cols.add(int(parts[2]))
+        return rows, row0_cols
     if sep != "/":
         return None
     base = os.path.join(folder, "c")
-    rows = [int(d) for d in os.listdir(base) if d.isdigit()]
-    out = {(r, -1) for r in rows if r != 0}  # a row folder stands for its row (its files are not listed)
-    if os.path.isdir(os.path.join(base, "0")):
-        out |= {(0, int(c)) for c in os.listdir(os.path.join(base, "0")) if c.isdigit()}
-        out.add((0, -1))
-    return out
+    rows = {int(d) for d in os.listdir(base) if d.isdigit()}
+    row0 = os.path.join(base, "0")
+    return rows, ({int(c) for c in os.listdir(row0) if c.isdigit()} if os.path.isdir(row0) else set())
 
 
 def irregular_metadata(group: zarr.Group, children: Iterable[str] | None = None, depth: int = 0) -> str | None:

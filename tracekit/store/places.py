@@ -30,11 +30,11 @@ def tensor_bytes(store, rank: int, kind: str, step: int, name: str) -> tuple[str
 
 def index_chunk(store, rank: int, kind: str, array: str, row: int, col: int = 0) -> str:
     """The chunk file of row `row` (column `col`) of one of a local store's row arrays (`hash`,
-    `finite`, `summary`, or format 1's packed `float32`, ...): zarr's default chunk key, with the
-    separator the array's own metadata names (`c/<row>/<col>`; format 6 `c.<row>.<col>`)."""
-    import json
+    `finite`, `summary`, or format 1's packed `float32`, ...), at the key the array's own metadata
+    gives it (`c/<row>/<col>`; format 6 `c.<row>.<col>`)."""
+    import zarr
 
-    folder = os.path.join(os.fspath(store), f"{RANK_PREFIX}{rank}", kind, array)
-    with open(os.path.join(folder, "zarr.json"), "rb") as f:
-        sep = json.load(f)["chunk_key_encoding"]["configuration"]["separator"]
-    return os.path.join(folder, *f"c{sep}{row}{sep}{col}".split("/"))
+    from tracekit.store.chunks import chunk_path
+
+    arr = zarr.open_array(store=os.fspath(store), path=f"{RANK_PREFIX}{rank}/{kind}/{array}", mode="r")
+    return chunk_path(arr, row, col)
