@@ -173,12 +173,33 @@ def test_nothing_recorded_is_a_clear_failure(tmp_path, command, why):
 def test_a_writer_that_fails_as_it_starts_is_named_and_the_end_line_points_to_it(tmp_path):
     """The rank's writer process exits as it starts: the rank says so, and the closing error, which
     cannot tell it from a command that never recorded, points to that line instead of only asking
-    whether the command ran a training script."""
+    whether the command ran a training script. No step is taken, so the rank hears of the failure
+    when it closes, in one line (a hand-off may hear of it first: the next test)."""
     store = str(tmp_path / "s")
-    result = run_cli("record", "-o", store, "--", sys.executable, TINY, "--steps", "2",
+    result = run_cli("record", "-o", store, "--", sys.executable, TINY, "--steps", "0",
                      env={"PYTHONPATH": faulty_writer_pythonpath(tmp_path / "fail", "exit")})
     assert result.returncode == 2, result.stderr
     assert "tracekit: the writer process exited at start" in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"Error: nothing was recorded in {store}: no rank started recording")
+    assert "writer process failed as it started says why above" in last, last
+
+
+def test_an_explicit_recorder_that_hears_of_its_dead_writer_mid_run_raises_and_the_end_line_points_to_it(tmp_path):
+    """The explicit Recorder reports a writer that failed at start at the next hand-off or flush
+    after it did (docs/RELIABILITY.md): here a flush before step 1, which waits for the writer.
+    WriterFailed ends the script (its exit status is the command's), and the launcher's end line
+    still points to the cause."""
+    store = str(tmp_path / "s")
+    go_on = tmp_path / "go_on"
+    go_on.touch()  # the pause ends at once: a flush that did not raise would print "paused" and train on
+    result = run_cli("record", "-o", store, "--", sys.executable, TINY, "--steps", "2", "--pause-at", "1",
+                     "--pause-file", str(go_on),
+                     env={"PYTHONPATH": faulty_writer_pythonpath(tmp_path / "fail", "exit")})
+    assert result.returncode == 1, result.stderr
+    assert "WriterFailed: the writer process exited at start" in result.stderr, result.stderr
+    assert "rank=0 paused" not in result.stdout
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith(f"Error: nothing was recorded in {store}: no rank started recording")
     assert "writer process failed as it started says why above" in last, last
