@@ -22,7 +22,10 @@ also prints what creating a file costs in its folder before and after the runs (
 create ~27 files a rank-step; here that cost moved from 0.02 to 0.9 ms with the disk's state and the
 folder's place), and with --probe-memory MB how much of that much fresh memory was cold before the
 runs (bench_fresh_memory.py; a host that backs a VM's memory at first touch makes held steps cost
-more). Per figure: the median of each side and its range (min-max), the ratio of the medians,
+more). It names the folder's file system: an ext4 without a journal (this VM's disk) makes file
+creation slow for a minute after many deletions. Last, it says whether the writers could hold every
+step until training ended (--hold-mb; then the steps' figures are the best case, and a longer run,
+--steps 40, shows the steady state). Per figure: the median of each side and its range (min-max), the ratio of the medians,
 and the median and range of the pairwise ratios (each recorded run against the plain run just
 before it, seconds apart). On a machine others load meanwhile, the
 pairwise ratios' range says how far to trust the medians.
@@ -49,7 +52,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from workdir import own_folder, remove_own  # noqa: E402  (this folder's)
 from figures import spread  # noqa: E402  (this folder's)
-from bench_record import create_cost  # noqa: E402  (this folder's: what creating a file costs in a folder)
+from bench_record import create_cost, folder_filesystem  # noqa: E402  (this folder's: a folder's file system, what creating a file costs there)
 
 RUNNER = os.path.join(ROOT, "samples", "torchtitan", "train.py")
 STAMP = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})"
@@ -75,6 +78,28 @@ def log_times(log: str, tokens: int) -> tuple[float, float, float]:
         rank0.setdefault(int(step), int(tps.replace(",", "")))
     per_step = [tokens / tps for step, tps in rank0.items() if step > 1 and tps > 0]
     return last - stamp(start.group(1)), last - first, statistics.median(per_step)
+
+
+UNITS = {"B": 2 ** -20, "KiB": 2 ** -10, "MiB": 1, "GiB": 2 ** 10, "TiB": 2 ** 20}
+
+
+def store_size_mib(log: str) -> float | None:
+    """The store's size in MiB that `tracekit record`'s last line gives ("730.5 MiB in ...", "2.9 GiB in ...")."""
+    found = re.findall(r"([\d.]+) (B|KiB|MiB|GiB|TiB) in ", log)
+    return float(found[-1][0]) * UNITS[found[-1][1]] if found else None
+
+
+def held_line(stored_mib: float, ranks: int, steps: int) -> str:
+    """Whether the writers could hold every step until training ended (the default --hold-mb, half
+    the queue cap): then they store nothing during the steps, and the steps' figures are the
+    recording's best case; a longer run (--steps 40 here) shows the steady state past the hold."""
+    from tracekit.launch.config import DEFAULT_QUEUE_MB  # no torch, no zarr
+
+    hold = DEFAULT_QUEUE_MB // 2
+    per_rank = stored_mib / ranks
+    said = ("every step held until training ended (the steps' best case)" if per_rank <= hold else
+            f"past the hold after about {int(hold / (per_rank / steps))} steps: the writers stored during the later steps")
+    return f"store: {stored_mib:.1f} MiB, {per_rank:.0f} MiB a rank against a hold of {hold} MiB a rank: {said}"
 
 
 def adopt_orphans() -> bool:
@@ -126,6 +151,7 @@ def main() -> None:
     store = os.path.join(work, "store")
     record = ["tracekit", "record", "--force", "-o", store, "--"]
     runs: dict[str, list[list[float]]] = {"plain": [], "recorded": []}  # per run: one value per FIGURES
+    stored_mib = None  # the store's size, from the last recorded run's record line
     counted = adopt_orphans()
     memory = None
     if args.probe_memory > 0:
@@ -133,12 +159,15 @@ def main() -> None:
 
         memory = bench_fresh_memory.line(*bench_fresh_memory.probe(args.probe_memory))
     try:
+        filesystem = folder_filesystem(work)
         create_before = create_cost(work)
         run(train, work)  # warm-up: assets, inductor cache for the mask builder, page cache
         for _ in range(args.repeats):
             for label, prefix in (("plain", []), ("recorded", record)):
                 wall, cpu, log = run(prefix + train, work)
                 runs[label].append([wall, *log_times(log, SEQ_LEN * LOCAL_BATCH), cpu])
+                if label == "recorded":
+                    stored_mib = store_size_mib(log)
                 shutil.rmtree(store, ignore_errors=True)
         create_after = create_cost(work)
     finally:
@@ -158,9 +187,11 @@ def main() -> None:
               f"{statistics.median(recorded) / statistics.median(plain):6.2f}  "
               f"{statistics.median(pairs):5.2f} ({min(pairs):.2f}-{max(pairs):.2f})")
     print(f"machine: creating a file in the bench's folder {create_before * 1e6:.0f} us before the runs, "
-          f"{create_after * 1e6:.0f} us after")
+          f"{create_after * 1e6:.0f} us after; its file system: {filesystem}")
     if memory is not None:
         print(f"machine: fresh memory before the runs ({args.probe_memory} MB): {memory}")
+    if stored_mib is not None:
+        print(held_line(stored_mib, args.ranks, args.steps))
 
 
 if __name__ == "__main__":
