@@ -9,8 +9,9 @@ exits; the status is the one the rank closed with, or, if it never closed, `runn
 launcher's finalization says killed or died. At most the step
 the rank was capturing when it died (its .part file) is lost.
 
-While the rank trains, it leaves up to --hold-bytes of sealed entries in the spool, storing only the
-oldest beyond that, and stores the rest once the rank is done: storing competes with training for
+While the rank trains, it leaves up to --hold-bytes of sealed entries in the spool; once more wait,
+it stores the oldest of them in one batch, down to half the hold (_past_hold), and stores the rest
+once the rank is done: storing competes with training for
 the cores even at nice 19 (a waking rank waits for the writer's slice; on TorchTitan's debug model
 with 2 ranks on 2 cores, the steps took 1.2-1.4x), while the job's teardown leaves a third to a
 half of them idle (docs/RELIABILITY.md, "The writer holds steps while the rank trains").
@@ -187,12 +188,12 @@ class _Writer:
     # ---- the spool -----------------------------------------------------------------------------
     def _entries(self, final: bool) -> list[tuple[int, str]]:
         """The entries to store now, oldest first: all of them once the rank is done or asked for them
-        (drain); while it trains, only the oldest beyond the hold."""
+        (drain); while it trains, only the oldest once more than the hold waits (_past_hold)."""
         found = entries(self.spool, final)
         if final or self.drain or not self.hold_bytes:
             self.drain = False
             return found
-        return found[:_beyond_hold(self.spool, found, self.hold_bytes)]
+        return found[:_past_hold(self.spool, found, self.hold_bytes)]
 
     def _store_next(self, listed: list[tuple[int, str]]) -> int:
         """Store the first entries of `listed` (in order) and say how many: a run of plain steps at once
@@ -290,8 +291,19 @@ class _Writer:
         return 0
 
 
-def _beyond_hold(spool: str, found: list[tuple[int, str]], hold_bytes: int) -> int:
-    """How many of the oldest entries in `found` to store so that the others hold at most `hold_bytes`."""
+# Past the hold, the oldest entries are stored until the others hold at most this share of it.
+# Storing a step at a time past the hold rewrote each kind's metadata documents for every step (~15
+# new files and as many freed, a rank-step of TorchTitan's debug model), where a batch writes them
+# once for all of its steps (RankWriter.write_steps); a hold of 512 MB and ~37 MB steps make batches
+# of ~7. On an ext4 without a journal each freed inode slows every file created near it for a
+# minute (docs/RELIABILITY.md, "Store format 5 on TorchTitan"), and a file on an object store is a request.
+LOW_WATER = 0.5
+
+
+def _past_hold(spool: str, found: list[tuple[int, str]], hold_bytes: int) -> int:
+    """How many of the oldest entries in `found` to store now: none while they hold at most
+    `hold_bytes`; once they hold more, enough of the oldest that the others hold at most
+    LOW_WATER of it."""
     sizes = []
     for _, name in found:
         try:
@@ -299,7 +311,9 @@ def _beyond_hold(spool: str, found: list[tuple[int, str]], hold_bytes: int) -> i
         except OSError:  # gone meanwhile: it holds nothing
             sizes.append(0)
     held, n = sum(sizes), 0
-    while n < len(sizes) and held > hold_bytes:
+    if held <= hold_bytes:
+        return 0
+    while n < len(sizes) and held > hold_bytes * LOW_WATER:
         held -= sizes[n]
         n += 1
     return n

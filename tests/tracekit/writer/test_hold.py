@@ -1,5 +1,5 @@
 """While its rank trains, the writer process leaves up to `hold_bytes` (--hold-mb) of sealed steps in
-the spool, storing only the oldest beyond that, and stores the rest when the rank is done, flushes,
+the spool; past that it stores the oldest, down to half of it, and it stores the rest when the rank is done, flushes,
 or needs the room they take (tracekit/writer/spool_writer.py, handoff.py)."""
 
 import os
@@ -15,7 +15,7 @@ from tracekit.launch.config import RecordConfig
 from tracekit.store import TensorData, create_store
 from tracekit.writer.handoff import Handoff
 from tracekit.writer.spool import entries
-from tracekit.writer.spool_writer import _beyond_hold
+from tracekit.writer.spool_writer import _past_hold
 
 MB = 1 << 20
 ATTRS = {"coords": {"rank": 0}}
@@ -43,10 +43,11 @@ def test_the_writer_stores_only_the_steps_beyond_the_hold_until_the_rank_flushes
     handoff = Handoff(store, 0, ATTRS, 8 * MB, hold_bytes=int(2.5 * MB))  # room for two entries, not three
     for step in (1, 2, 3):
         handoff.put(step, _step(step), complete=True)
-    # the writer's word for the oldest entry; it stores nothing more until the rank speaks again
-    assert _heard(handoff, "done 1")
-    assert open_store(store).rank(0).completed_steps == [1]
-    assert len(entries(handoff.spool, final=False)) == 2  # steps 2 and 3 wait in the spool
+    # past the hold, the writer stores the oldest down to half of it (1.25 MiB: one entry stays), in
+    # one batch; it stores nothing more until the rank speaks again
+    assert _heard(handoff, "done 2")
+    assert open_store(store).rank(0).completed_steps == [1, 2]
+    assert len(entries(handoff.spool, final=False)) == 1  # step 3 waits in the spool
     handoff.flush()  # `drain`: every sealed step, held ones included
     view = open_store(store).rank(0)
     assert view.completed_steps == [1, 2, 3]
@@ -88,17 +89,19 @@ def test_a_rank_that_needs_the_room_held_steps_take_gets_it(tmp_path):
     assert [float(view.read("parameters", s, "w")[0]) for s in range(1, 7)] == [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]
 
 
-def test_beyond_hold_counts_the_oldest_entries_whose_bytes_exceed_the_hold(tmp_path):
+def test_past_the_hold_the_oldest_entries_are_stored_down_to_half_of_it(tmp_path):
     sizes = {"a": 300, "b": 200, "c": 100}
     for name, size in sizes.items():
         (tmp_path / name).write_bytes(b"x" * size)
     found = [(1, "a"), (2, "b"), (3, "c")]
-    assert _beyond_hold(str(tmp_path), found, 600) == 0
-    assert _beyond_hold(str(tmp_path), found, 599) == 1  # the oldest goes: 300 bytes stay held
-    assert _beyond_hold(str(tmp_path), found, 300) == 1
-    assert _beyond_hold(str(tmp_path), found, 299) == 2
-    assert _beyond_hold(str(tmp_path), found, 0) == 3
-    assert _beyond_hold(str(tmp_path), [(0, "gone"), *found], 600) == 0  # an entry gone meanwhile holds nothing
+    assert _past_hold(str(tmp_path), found, 600) == 0  # 600 held: not past the hold
+    assert _past_hold(str(tmp_path), found, 599) == 2  # past it: down to 299 or less, 100 bytes stay held
+    assert _past_hold(str(tmp_path), found, 1000) == 0
+    assert _past_hold(str(tmp_path), found, 400) == 2  # down to 200
+    assert _past_hold(str(tmp_path), found, 200) == 2  # down to 100: the last one stays
+    assert _past_hold(str(tmp_path), found, 199) == 3  # down to 99.5: it goes too
+    assert _past_hold(str(tmp_path), found, 0) == 3
+    assert _past_hold(str(tmp_path), [(0, "gone"), *found], 600) == 0  # an entry gone meanwhile holds nothing
 
 
 def test_the_hold_is_checked_defaults_to_half_the_queue_and_travels_to_the_ranks():
