@@ -16,7 +16,12 @@ side by side in one run, on CPU/gloo through samples/torchtitan/train.py; prints
                   the extra CPU over the number of cores
 
 Runs are interleaved, plain then recorded, --repeats times (ABAB...), after one warm-up run, so
-that the machine's drift hits both. The machine's state moves these figures more than most changes
+that the machine's drift hits both. Each recorded run writes a new store, and the stores are removed
+only after the last run (~0.7 GB each at 10 steps, ~2.9 GB at 40): on this VM's ext4, which has no
+journal, a file created within a minute of many deletions costs up to ~40x more (the kernel skips
+each recently freed inode): a 40-step run's writers used 2.4-2.6 CPU-s writing into a new folder,
+and 4.7-6.0 writing over the previous run's store, which `--force` removes first (docs/RELIABILITY.md,
+"The disk under the store"). The machine's state moves these figures more than most changes
 do (docs/RELIABILITY.md, "What the recording's cost is made of on a cold machine"), so the bench
 also prints what creating a file costs in its folder before and after the runs (the store's writers
 create ~27 files a rank-step; here that cost moved from 0.02 to 0.9 ms with the disk's state and the
@@ -41,7 +46,6 @@ import ctypes
 import os
 import re
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
@@ -148,8 +152,12 @@ def main() -> None:
              "--config", "llama3_debugmodel", "--training.seq-len", str(SEQ_LEN), "--training.local-batch-size",
              str(LOCAL_BATCH), "--training.steps", str(args.steps), "--debug.seed", "0",
              "--assets", os.path.join(work, "assets"), *args.flags]
-    store = os.path.join(work, "store")
-    record = ["tracekit", "record", "--force", "-o", store, "--"]
+    # Each recorded run writes a store of its own, and all of them are removed with the bench's folder
+    # after the last run: on an ext4 without a journal, removing a store's files seconds before the
+    # next recorded run made that run's writers pay ~1 CPU-s more over 10 steps (see the doc above).
+
+    def record(i: int) -> list[str]:
+        return ["tracekit", "record", "-o", os.path.join(work, f"store-{i}"), "--"]
     runs: dict[str, list[list[float]]] = {"plain": [], "recorded": []}  # per run: one value per FIGURES
     stored_mib = None  # the store's size, from the last recorded run's record line
     counted = adopt_orphans()
@@ -162,13 +170,12 @@ def main() -> None:
         filesystem = folder_filesystem(work)
         create_before = create_cost(work)
         run(train, work)  # warm-up: assets, inductor cache for the mask builder, page cache
-        for _ in range(args.repeats):
-            for label, prefix in (("plain", []), ("recorded", record)):
+        for i in range(args.repeats):
+            for label, prefix in (("plain", []), ("recorded", record(i))):
                 wall, cpu, log = run(prefix + train, work)
                 runs[label].append([wall, *log_times(log, SEQ_LEN * LOCAL_BATCH), cpu])
                 if label == "recorded":
                     stored_mib = store_size_mib(log)
-                shutil.rmtree(store, ignore_errors=True)
         create_after = create_cost(work)
     finally:
         remove_own(work)

@@ -38,7 +38,7 @@ def _store(tmp_path) -> str:
     return store
 
 
-def test_the_writer_stores_only_the_steps_beyond_the_hold_until_the_rank_flushes(tmp_path):
+def test_past_the_hold_the_writer_stores_the_oldest_down_to_half_of_it_until_the_rank_flushes(tmp_path):
     store = _store(tmp_path)
     handoff = Handoff(store, 0, ATTRS, 8 * MB, hold_bytes=int(2.5 * MB))  # room for two entries, not three
     for step in (1, 2, 3):
