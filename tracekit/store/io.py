@@ -143,8 +143,14 @@ def direct_writes(root) -> Direct | None:
 def write_parts(root: str, key: str, parts: Iterable, pad_to: int | None = None) -> None:
     """Write the buffers one after another into `key` (zero-padded to `pad_to` bytes)."""
     path = local_path(root, key)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "wb") as f:
+    # The folder is made only when the open says it is missing: a makedirs per file (a writer's
+    # index rows, 15 a rank-step) is a mkdir each, which locks the folder even when it exists.
+    try:
+        f = open(path, "wb")
+    except FileNotFoundError:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        f = open(path, "wb")
+    with f:
         for p in parts:
             f.write(p)
         if pad_to is not None and f.tell() < pad_to:
