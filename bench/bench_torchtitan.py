@@ -24,15 +24,15 @@ and 4.7-6.0 writing over the previous run's store, which `--force` removes first
 "The disk under the store"). The machine's state moves these figures more than most changes
 do (docs/RELIABILITY.md, "What the recording's cost is made of on a cold machine"), so the bench
 also prints what creating a file costs in its folder before and after the runs (the store's writers
-create ~27 files a rank-step; here that cost moved from 0.02 to 0.9 ms with the disk's state and the
+create ~32 files a rank-step, temporary names included; here that cost moved from 0.02 to 0.9 ms with the disk's state and the
 folder's place), and with --probe-memory MB how much of that much fresh memory was cold before the
 runs (bench_fresh_memory.py; a host that backs a VM's memory at first touch makes held steps cost
 more). It names the folder's file system: an ext4 without a journal (this VM's disk) makes file
 creation slow for a minute after many deletions. Last, it says whether the writers could hold every
 step until training ended (--hold-mb; then the steps' figures are the best case, and a longer run,
---steps 40, shows the steady state). Per figure: the median of each side and its range (min-max), the ratio of the medians,
-and the median and range of the pairwise ratios (each recorded run against the plain run just
-before it, seconds apart). On a machine others load meanwhile, the
+--steps 40, shows the steady state). Per figure: the median of each side and its range (min-max),
+the ratio of the medians, and the median and range of the pairwise ratios (each recorded run
+against the plain run just before it, seconds apart). On a machine others load meanwhile, the
 pairwise ratios' range says how far to trust the medians.
 
     python bench/bench_torchtitan.py [--ranks 2] [--steps 10] [--repeats 2] [--dir DIR] [--probe-memory MB]
@@ -152,12 +152,13 @@ def main() -> None:
              "--config", "llama3_debugmodel", "--training.seq-len", str(SEQ_LEN), "--training.local-batch-size",
              str(LOCAL_BATCH), "--training.steps", str(args.steps), "--debug.seed", "0",
              "--assets", os.path.join(work, "assets"), *args.flags]
-    # Each recorded run writes a store of its own, and all of them are removed with the bench's folder
-    # after the last run: on an ext4 without a journal, removing a store's files seconds before the
-    # next recorded run made that run's writers pay ~1 CPU-s more over 10 steps (see the doc above).
 
     def record(i: int) -> list[str]:
+        # Each recorded run writes a store of its own, all removed with the bench's folder after the
+        # last run: on an ext4 without a journal, writing over a store removed seconds before took
+        # a 40-step run's writers about twice the CPU (see the doc above).
         return ["tracekit", "record", "-o", os.path.join(work, f"store-{i}"), "--"]
+
     runs: dict[str, list[list[float]]] = {"plain": [], "recorded": []}  # per run: one value per FIGURES
     stored_mib = None  # the store's size, from the last recorded run's record line
     counted = adopt_orphans()

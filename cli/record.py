@@ -91,8 +91,8 @@ def left_out_lines(done: dict) -> list[str]:
 @click.option("--hold-mb", default=None, type=click.IntRange(min=0), metavar="MB",
               help="Per rank, up to this many MB of handed-off steps wait in the spool while the rank trains; the "
                    "writer process stores them once training ends, when it no longer takes cores from the ranks "
-                   "(past it, the oldest are stored meanwhile, down to half of it, several steps at once). Default: half of --queue-mb; 0 stores each "
-                   "step as it comes. See docs/RELIABILITY.md.")
+                   "(past it, the oldest are stored meanwhile, down to half of it, several steps at once). "
+                   "Default: half of --queue-mb; 0 stores each step as it comes. See docs/RELIABILITY.md.")
 @click.option("--writer-nice", default=DEFAULT_WRITER_NICE, show_default=True, type=click.IntRange(0, MAX_NICE),
               help="Nice value of each rank's writer process while the rank trains: at 19 the kernel runs it mostly on cores "
                    "the training leaves idle, and the queue cap bounds what waits meanwhile; 0 runs it beside "

@@ -292,7 +292,7 @@ class _Writer:
 
 
 # Past the hold, the oldest entries are stored until the others hold at most this share of it.
-# Storing a step at a time past the hold rewrote each kind's metadata documents for every step (~15
+# Storing a step at a time past the hold rewrote each kind's metadata documents for every step (~14
 # new files and as many freed, a rank-step of TorchTitan's debug model), where a batch writes them
 # once for all of its steps (RankWriter.write_steps); a hold of 512 MB and ~37 MB steps make batches
 # of ~7. On an ext4 without a journal each freed inode slows every file created near it for a
