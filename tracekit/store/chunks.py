@@ -15,6 +15,12 @@ if TYPE_CHECKING:  # not at import: training ranks import the writer (and this) 
     import zarr
 
 
+def default_key(sep: str, row: int, col: int) -> str:
+    """Zarr's default key of chunk (row, col) within its array's folder, with separator `sep`:
+    `c/<row>/<col>`, or format 6's `c.<row>.<col>` (what encode_chunk_key gives, without zarr)."""
+    return f"c{sep}{row}{sep}{col}"
+
+
 def chunk_key(array: zarr.Array, row: int, col: int) -> str:
     """The key of chunk (row, col) of an array, relative to the store root (zarr's default keys:
     `c/<row>/<col>`, or format 6's `c.<row>.<col>`, as the array's metadata says)."""

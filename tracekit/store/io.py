@@ -19,7 +19,8 @@ from typing import Iterable
 from tracekit.store.bytestore import ByteStore, byte_store
 # what the rest of tracekit (and its tests) use of the local implementation, by their old address
 from tracekit.store.local_bytes import (DIRECT_FS, DIRECT_MIN, ENV_DIRECT, Direct, NotRegular, Reader,  # noqa: F401
-                                        _publish, _tmp_name, fs_type, local_path, open_regular, prefetch_fd)
+                                        _open_new, _publish, _tmp_name, fs_type, local_path, open_regular,
+                                        prefetch_fd)
 
 
 def compact_metadata(fn):
@@ -143,14 +144,11 @@ def direct_writes(root) -> Direct | None:
 def write_parts(root: str, key: str, parts: Iterable, pad_to: int | None = None) -> None:
     """Write the buffers one after another into `key` (zero-padded to `pad_to` bytes)."""
     path = local_path(root, key)
-    # The folder is made only when the open says it is missing: a makedirs per file (a writer's
-    # index rows, 15 a rank-step) is a mkdir each, which locks the folder even when it exists.
-    try:
-        f = open(path, "wb")
-    except FileNotFoundError:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        f = open(path, "wb")
-    with f:
+    # The folder is made only when the open says it is missing (_open_new, as for objects): a
+    # makedirs per file (a writer's index rows, 15 a rank-step) is a mkdir each, which locks the
+    # folder even when it exists. Mode 0o666, as open(path, "wb") makes files (less the umask).
+    fd = _open_new(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, os.path.dirname(path), 0o666)
+    with open(fd, "wb") as f:
         for p in parts:
             f.write(p)
         if pad_to is not None and f.tell() < pad_to:

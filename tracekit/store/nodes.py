@@ -25,6 +25,7 @@ import numpy as np
 
 from tracekit.errors import StoreError
 from tracekit.store import io
+from tracekit.store.chunks import default_key
 from tracekit.store.local_root import ZARR_JSON, encode, group_meta
 
 
@@ -65,8 +66,7 @@ class LocalArray:
         return io.local_path(self.root, f"{self.path}/{ZARR_JSON}")
 
     def chunk_key(self, row: int, col: int) -> str:
-        sep = self.doc["chunk_key_encoding"]["configuration"]["separator"]
-        return f"{self.path}/c{sep}{row}{sep}{col}"
+        return f"{self.path}/{default_key(self.doc['chunk_key_encoding']['configuration']['separator'], row, col)}"
 
 
 def holds(parent, name: str) -> bool:

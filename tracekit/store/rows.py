@@ -25,7 +25,7 @@ import numpy as np
 
 from tracekit.errors import StoreError
 from tracekit.store import io
-from tracekit.store.chunks import chunk_cols, chunk_key, first_missing_chunk
+from tracekit.store.chunks import chunk_cols, chunk_key, default_key, first_missing_chunk
 from tracekit.store.objects import ObjectRows
 
 
@@ -81,7 +81,7 @@ class RowFiles:
         if folder is None or len(arr.shape) != 2:
             return None
         sep = getattr(arr.metadata.chunk_key_encoding, "separator", None)
-        if sep is None or arr.metadata.encode_chunk_key((0, 0)) != f"c{sep}0{sep}0":  # not the keys built here
+        if sep is None or arr.metadata.encode_chunk_key((0, 0)) != default_key(sep, 0, 0):  # not the keys built here
             return None
         return cls(folder, tuple(arr.shape), arr.chunks[1], np.dtype(arr.dtype), sep)
 
@@ -92,7 +92,7 @@ class RowFiles:
         raw = memoryview(out).cast("B")
         sep, item = self.sep, self.dtype.itemsize
         for c in chunk_cols(0, self.shape[1], self.width):
-            key = f"c{sep}{row}{sep}{c}"
+            key = default_key(sep, row, c)
             path = f"{self.folder}/{key}"  # (POSIX only: _direct_folder needs preadv)
             try:
                 fd, st = io.open_regular(path)
