@@ -1,0 +1,132 @@
+"""samples/device_check.py in-process: how a check reports a failed command, commands shared
+between checks, its flags, and its wheel list against what the tests run with. The dry run of its
+checks under torchrun is tests/e2e/samples/test_device_check.py."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests import paths
+
+if paths.REPO not in sys.path:
+    sys.path.insert(0, paths.REPO)
+
+from samples import device_check  # noqa: E402
+
+TORCHRUN_ENDING = """\
+Traceback (most recent call last):
+  File "train.py", line 3, in <module>
+ImportError: cannot import name 'DataParallelMeshDims' from 'torch.distributed.fsdp'
+E1207 06:35:11 failed (exitcode: 1) local_rank: 0
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================
+"""
+
+
+def test_a_failure_is_told_by_its_error_not_by_torchruns_banner():
+    line = device_check._telling_line(TORCHRUN_ENDING, 1)
+    assert line == "ImportError: cannot import name 'DataParallelMeshDims' from 'torch.distributed.fsdp'"
+
+
+def test_a_ranks_exception_is_told_before_the_launchers_summary():
+    output = ("[rank0]: Traceback (most recent call last):\n"
+              "[rank0]: RuntimeError: The tensor has a non-zero number of elements\n"
+              "torch.distributed.elastic.multiprocessing.errors.ChildFailedError:\n"
+              "Error: nothing was recorded in titan-cpu: no rank started recording\n")
+    assert device_check._telling_line(output, 1) == "[rank0]: RuntimeError: The tensor has a non-zero number of elements"
+    assert device_check._telling_line("Error: /x is not a tracekit store\n", 2) == "Error: /x is not a tracekit store"
+
+
+def test_a_success_is_told_by_its_last_line():
+    assert device_check._telling_line("ImportError: printed, not raised\nPASS comparison ranks=1 steps=2\n\n", 0) == \
+        "PASS comparison ranks=1 steps=2"
+    assert device_check._telling_line("", 1) == ""
+
+
+def python(code: str) -> list[str]:
+    return [sys.executable, "-c", code]
+
+
+def test_a_failed_command_ends_its_check_and_every_check_that_shares_it(tmp_path):
+    log = open(tmp_path / "checks.log", "w")
+    checks = device_check.Checks(str(tmp_path), log)
+    ok = ("ref", python("print('recorded')"), None)
+    broken = ("seed", python("raise ImportError('no such name')"), None)
+    checks.check("first", [ok, broken, ("cand", python("print('never')"), None)], python("print('PASS')"))
+    checks.check("second", [ok, broken], python("print('PASS')"))
+    log.close()
+    for result in checks.results:
+        assert result["result"] == "not run to the end: seed exited 1: ImportError: no such name"
+        assert "verdict" not in result
+    text = (tmp_path / "checks.log").read_text()
+    assert text.count("print('recorded')") == 1 and text.count("no such name") == 2  # each command ran once
+    assert "never" not in text
+
+
+def test_the_diff_gives_the_verdict_and_an_exit_over_1_is_no_verdict(tmp_path):
+    with open(tmp_path / "checks.log", "w") as log:
+        checks = device_check.Checks(str(tmp_path), log)
+        ref = ("ref", python("print('recorded')"), None)
+        checks.check("passes", [ref], python("print('PASS comparison ranks=1 steps=5')"))
+        checks.check("fails", [ref], python("import sys; print('FAIL comparison ranks=1 steps=5'); sys.exit(1)"))
+        checks.check("broken", [ref], python("import sys; print('Error: not a tracekit store'); sys.exit(2)"))
+    passes, fails, broken = checks.results
+    assert passes["verdict"] == "PASS comparison ranks=1 steps=5" and "result" not in passes
+    assert fails["verdict"] == "FAIL comparison ranks=1 steps=5" and "result" not in fails  # a FAIL is a finding
+    assert broken["result"] == "the diff gave no verdict (exit 2): Error: not a tracekit store"
+
+
+@pytest.mark.parametrize("argv", [[], ["--out", "x", "--steps", "0"], ["--out", "x", "--only", "titan"]])
+def test_a_wrong_flag_exits_2(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        device_check.main(argv)
+    assert e.value.code == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_the_wheels_are_the_versions_the_tests_run_with():
+    """The GPU machine gets these packages at these versions: those installed here, which the
+    TorchTitan tests ran with (a version bumped here and not there is caught here)."""
+    for pin in device_check.WHEELS:
+        name, version = pin.split("==")
+        try:
+            here = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pytest.skip(f"{name} is not installed here (pip install -e '.[dev]' installs it)")
+        assert here == version, f"{name}: {here} here, {version} in device_check.WHEELS"
+
+
+def test_a_check_not_run_to_the_end_exits_1_and_the_summary_names_it(tmp_path, monkeypatch):
+    """The summary and the log are written whatever the checks came to."""
+    monkeypatch.setattr(device_check, "cuda_here", lambda: False)
+    monkeypatch.setattr(device_check.Checks, "check", lambda self, name, commands, diff: self.results.append(
+        {"check": name, "steps": [], "result": "not run to the end: seed exited 1: ImportError: x"}))
+    assert device_check.main(["--out", str(tmp_path), "--only", "titan-eager"]) == 1
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["cuda"] is False and [c["check"] for c in summary["checks"]] == ["titan-eager"]
+    assert (tmp_path / "checks.log").exists()
+
+
+def test_prepare_fetches_each_pinned_wheel_for_the_gpu_machines_python_then_builds_tracekits(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(device_check.subprocess, "run",
+                        lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 0))
+    assert device_check.prepare(str(tmp_path / "wheels")) == 0
+    download, wheel = calls
+    assert download[3:5] == ["download", "--no-deps"] and set(device_check.WHEELS) <= set(download)
+    assert download[download.index("--python-version") + 1] == "3.12" and "--only-binary=:all:" in download
+    assert wheel[3] == "wheel" and wheel[-1] == device_check.ROOT
+    assert download[download.index("-d") + 1] == wheel[wheel.index("-w") + 1] == str(tmp_path / "wheels")
+
+
+def test_prepare_stops_at_a_failed_download(tmp_path, monkeypatch, capsys):
+    calls = []
+    monkeypatch.setattr(device_check.subprocess, "run",
+                        lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 1))
+    assert device_check.prepare(str(tmp_path / "wheels")) == 1
+    assert len(calls) == 1 and capsys.readouterr().err == "Error: pip download failed (above)\n"
