@@ -66,6 +66,10 @@ HEAVY: list[tuple[str, float, tuple[str, ...]]] = [
         "tests/e2e/docs/test_doc_commands.py::test_doc_commands_run_as_written[main]",
         "tests/e2e/docs/test_doc_commands.py::test_doc_commands_run_as_written[zerocode]",
     )),
+    # samples/device_check.py's dry run: 5 launches and 3 diffs in one test
+    ("samples: the device check's dry run", 40, (
+        "tests/e2e/samples/test_device_check.py::",
+    )),
     # tests/e2e/samples/traced_layouts.py's recordings: per layout a traced reference (samples/plain's one
     # recording, which many tests read) and a replayed candidate
     ("root-cause matrix: traced layouts (simplefsdp_tp 2 x 2 first)", 130, (
