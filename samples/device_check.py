@@ -5,8 +5,8 @@ Here, on a machine with the package index:
 
     python samples/device_check.py --prepare .whl
 
-writes into .whl the wheels the GPU machine lacks: tracekit's own, zarr's, and TorchTitan 0.3.0's
-with the packages it imports (that machine reaches no index; its image holds Python 3.12, torch,
+writes into .whl the wheels the GPU machine lacks, at the versions installed here: tracekit's
+own, zarr's, and TorchTitan 0.3.0's with the packages it imports (that machine reaches no index; its image holds Python 3.12, torch,
 numpy, click, xarray, xxhash, safetensors and tokenizers). There, with .whl carried:
 
     python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl
@@ -46,12 +46,11 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# What the GPU machine's image lacks, pinned to the versions the tests here run with: what a
-# recorded TorchTitan rank imports (PYTHONPROFILEIMPORTTIME), less the packages that image holds.
-WHEELS = ("zarr==3.1.6", "numcodecs==0.16.6", "donfig==0.8.1.post1", "google-crc32c==1.9.0",
-          "torchtitan==0.3.0", "spmd_types==0.2.3", "torchdata==0.11.0", "tyro==1.0.17",
-          "docstring_parser==0.18.0", "typeguard==4.6.1", "datasets==4.7.0", "dill==0.4.0",
-          "multiprocess==0.70.18")
+# What the GPU machine's image lacks: what a recorded TorchTitan rank imports
+# (PYTHONPROFILEIMPORTTIME), less the packages that image holds. Each goes there at the version
+# installed here, which the tests ran with (pins()).
+WHEELS = ("zarr", "numcodecs", "donfig", "google-crc32c", "torchtitan", "spmd_types", "torchdata", "tyro",
+          "docstring_parser", "typeguard", "datasets", "dill", "multiprocess")
 # The GPU machine's Python (3.12) and platform: pip picks the wheels for it, not for this machine.
 TARGET = ["--python-version", "3.12", "--implementation", "cp", "--only-binary=:all:",
           "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
@@ -61,10 +60,29 @@ TITAN = ["--module", "llama3", "--config", "llama3_debugmodel", "--training.seq-
          "--training.local-batch-size", "2", "--debug.seed", "0"]
 
 
+def pins() -> list[str]:
+    """WHEELS at the versions installed here (KeyError naming one that is not installed)."""
+    import importlib.metadata
+
+    found = []
+    for name in WHEELS:
+        try:
+            found.append(f"{name}=={importlib.metadata.version(name)}")
+        except importlib.metadata.PackageNotFoundError:
+            raise KeyError(name) from None
+    return found
+
+
 def prepare(folder: str) -> int:
+    try:
+        wanted = pins()
+    except KeyError as e:
+        print(f"Error: {e.args[0]} is not installed here, and the GPU machine gets the versions installed "
+              f"here: pip install -e '.[dev]' first", file=sys.stderr)
+        return 1
     os.makedirs(folder, exist_ok=True)
     pip = [sys.executable, "-m", "pip"]
-    steps = [pip + ["download", "--no-deps", "-d", folder, *TARGET, *WHEELS],
+    steps = [pip + ["download", "--no-deps", "-d", folder, *TARGET, *wanted],
              pip + ["wheel", "--no-deps", "--no-build-isolation", "-w", folder, ROOT]]
     for cmd in steps:
         if subprocess.run(cmd).returncode:
