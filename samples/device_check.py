@@ -126,7 +126,9 @@ class Checks:
         self.ran: dict[str, dict] = {}  # key -> its step (below)
         self.results: list[dict] = []
 
-    def run(self, key: str, cmd: list[str], env: dict | None = None) -> dict:
+    def run(self, key: str, cmd: list[str], env: dict | None = None, verdict: bool = False) -> dict:
+        """Run `cmd` (once per key); `verdict`: its last line says how it ended whatever its exit
+        code (a diff's FAIL, exit 1, is a verdict, not an error to look for)."""
         if key in self.ran:
             return self.ran[key]
         self.log.write(f"$ {' '.join(cmd)}\n")
@@ -138,7 +140,7 @@ class Checks:
         self.log.write(done.stdout + f"[exit {done.returncode}, {seconds} s]\n\n")
         self.log.flush()
         step = self.ran[key] = {"key": key, "command": " ".join(cmd), "rc": done.returncode, "seconds": seconds,
-                                "last": _telling_line(done.stdout, done.returncode)}
+                                "last": _telling_line(done.stdout, 0 if verdict else done.returncode)}
         return step
 
     def check(self, name: str, commands: list[tuple], diff: list[str]) -> None:
@@ -152,7 +154,7 @@ class Checks:
                 entry["result"] = f"not run to the end: {step['key']} exited {step['rc']}: {step['last']}"
                 break
         else:
-            step = self.run(f"diff {name}", diff)
+            step = self.run(f"diff {name}", diff, verdict=True)
             entry["steps"].append(step)
             entry["verdict"] = step["last"]
             if step["rc"] not in (0, 1):

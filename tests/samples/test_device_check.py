@@ -74,7 +74,8 @@ def test_the_diff_gives_the_verdict_and_an_exit_over_1_is_no_verdict(tmp_path):
         checks = device_check.Checks(str(tmp_path), log)
         ref = ("ref", python("print('recorded')"), None)
         checks.check("passes", [ref], python("print('PASS comparison ranks=1 steps=5')"))
-        checks.check("fails", [ref], python("import sys; print('FAIL comparison ranks=1 steps=5'); sys.exit(1)"))
+        checks.check("fails", [ref], python("import sys; print('Error: a line of the report'); "
+                                            "print('FAIL comparison ranks=1 steps=5'); sys.exit(1)"))
         checks.check("broken", [ref], python("import sys; print('Error: not a tracekit store'); sys.exit(2)"))
     passes, fails, broken = checks.results
     assert passes["verdict"] == "PASS comparison ranks=1 steps=5" and "result" not in passes
