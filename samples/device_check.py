@@ -27,8 +27,9 @@ a CUDA candidate is a result, not an error of this script. Without CUDA every ca
 the CPU, as its reference did, and each diff must PASS, bit for bit (--exact) but for the compiled
 one's (aot_eager there): that checks the script's plumbing (tests/e2e/samples/test_device_check.py).
 
-Writes OUT/summary.json (per check: commands, exit codes, seconds, the verdict line) and
-OUT/checks.log (every command's output). Exit 0 when every check ran and gave its verdict, 1 when
+Writes OUT/summary.json (per check: commands, exit codes, seconds, the verdict line; rewritten
+after each check) and OUT/checks.log (every command's output). A command that runs past
+--timeout (default 300 s) is ended with its ranks and reported as timed out (exit code 124). Exit 0 when every check ran and gave its verdict, 1 when
 any command failed, 2 on a wrong flag.
 """
 
@@ -39,6 +40,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -56,8 +58,10 @@ TARGET = ["--python-version", "3.12", "--implementation", "cp", "--only-binary=:
           "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux_2_17_x86_64",
           "--platform", "manylinux2014_x86_64"]
 
+# Both sides of a TorchTitan check run the same configuration: the backend the CPU runner needs
+# (samples/torchtitan/train.py) is named for the CUDA candidate too.
 TITAN = ["--module", "llama3", "--config", "llama3_debugmodel", "--training.seq-len", "64",
-         "--training.local-batch-size", "2", "--debug.seed", "0"]
+         "--training.local-batch-size", "2", "--debug.seed", "0", "--parallelism.spmd-backend", "partial_dtensor"]
 
 
 def pins() -> list[str]:
@@ -100,6 +104,25 @@ def cuda_here() -> bool:
     return torch.cuda.is_available()
 
 
+TIMED_OUT = 124  # a command's exit code in the summary when --timeout ended it (as timeout(1) gives it)
+
+
+def _end_group(proc: subprocess.Popen) -> str:
+    """End a command that ran out of time, and every process of its group (torchrun's ranks): SIGTERM,
+    then SIGKILL 10 s on. What it printed, as far as it can be read (a process that left the group,
+    such as a writer process, may hold the output open a while longer: then what came before)."""
+    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            return proc.communicate(timeout=grace)[0] or ""
+        except subprocess.TimeoutExpired:
+            continue
+    return ""
+
+
 _EXCEPTION = re.compile(r"^(\[rank\d+\]: )?([A-Za-z_.]+(Error|Exception)|Exception):")
 
 
@@ -121,8 +144,9 @@ class Checks:
     """Runs the checks' commands in a scratch folder, each command once: a reference two checks
     share is recorded once, and a failure of it is every such check's result."""
 
-    def __init__(self, work: str, log):
-        self.work, self.log = work, log
+    def __init__(self, work: str, log, timeout: float | None = None, on_result=None):
+        self.work, self.log, self.timeout = work, log, timeout
+        self.on_result = on_result  # called after each check: the summary is written as they come
         self.ran: dict[str, dict] = {}  # key -> its step (below)
         self.results: list[dict] = []
 
@@ -134,13 +158,20 @@ class Checks:
         self.log.write(f"$ {' '.join(cmd)}\n")
         self.log.flush()
         began = time.monotonic()
-        done = subprocess.run(cmd, cwd=self.work, env={**os.environ, **(env or {})},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        # a process group of its own, so that a timeout ends the command's ranks with it
+        proc = subprocess.Popen(cmd, cwd=self.work, env={**os.environ, **(env or {})}, start_new_session=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            output, _ = proc.communicate(timeout=self.timeout)
+            rc, last = proc.returncode, None
+        except subprocess.TimeoutExpired:
+            output, rc, last = _end_group(proc), TIMED_OUT, f"timed out after {self.timeout:g} s (--timeout)"
         seconds = round(time.monotonic() - began, 1)
-        self.log.write(done.stdout + f"[exit {done.returncode}, {seconds} s]\n\n")
+        self.log.write(output + f"[exit {rc}, {seconds} s]\n\n")
         self.log.flush()
-        step = self.ran[key] = {"key": key, "command": " ".join(cmd), "rc": done.returncode, "seconds": seconds,
-                                "last": _telling_line(done.stdout, 0 if verdict else done.returncode)}
+        if last is None:
+            last = _telling_line(output, 0 if verdict else rc)
+        step = self.ran[key] = {"key": key, "command": " ".join(cmd), "rc": rc, "seconds": seconds, "last": last}
         return step
 
     def check(self, name: str, commands: list[tuple], diff: list[str]) -> None:
@@ -161,6 +192,8 @@ class Checks:
                 entry["result"] = f"the diff gave no verdict (exit {step['rc']}): {step['last']}"
         self.results.append(entry)
         print(f"{name}: {entry.get('result') or entry['verdict']}", flush=True)
+        if self.on_result is not None:
+            self.on_result()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -169,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prepare", metavar="DIR", help="download the GPU machine's wheels into DIR, and stop")
     parser.add_argument("--out", metavar="DIR", help="where summary.json and checks.log go")
     parser.add_argument("--steps", type=int, default=5, help="training steps of each run (default 5)")
+    parser.add_argument("--timeout", type=float, default=300, metavar="S",
+                        help="seconds one command may take before it and its ranks are ended (default 300)")
     parser.add_argument("--only", action="append", choices=("plain-fp32", "plain-bf16", "titan-eager", "titan-compiled"),
                         help="run this check only (repeatable; default: all four)")
     args = parser.parse_args(argv)
@@ -178,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--out DIR is required (or --prepare DIR)")
     if args.steps < 1:
         parser.error("--steps must be at least 1")
+    if args.timeout <= 0:
+        parser.error("--timeout must be more than 0 seconds")
     os.makedirs(args.out, exist_ok=True)
     wanted = set(args.only or ("plain-fp32", "plain-bf16", "titan-eager", "titan-compiled"))
     cuda = cuda_here()
@@ -195,8 +232,20 @@ def main(argv: list[str] | None = None) -> int:
                    "--training.steps", str(args.steps), "--assets", os.path.join(work, "assets")]
     seed = ["--checkpoint.enable", "--checkpoint.load-only", "--checkpoint.initial-load-path",
             os.path.join(work, "seed", "checkpoint", "step-0")]
+    summary: dict = {"cuda": cuda, "steps": args.steps, "checks": []}
+    try:
+        import torch
+        summary["torch"] = torch.__version__
+        summary["device"] = torch.cuda.get_device_name(0) if cuda else "cpu"
+    except ImportError:
+        pass
+
+    def write_summary() -> None:  # after each check: a run cut short still leaves the checks done
+        with open(os.path.join(args.out, "summary.json"), "w") as f:
+            json.dump({**summary, "checks": checks.results}, f, indent=1)
+
     with open(os.path.join(args.out, "checks.log"), "w") as log:
-        checks = Checks(work, log)
+        checks = Checks(work, log, args.timeout, write_summary)
         try:
             def record(store: str, command: list[str], env: dict | None = None) -> tuple:
                 return store, tk + ["record", "-o", store, "--"] + command, env
@@ -219,15 +268,7 @@ def main(argv: list[str] | None = None) -> int:
                     checks.check(name, [seed_checkpoint, titan_ref, record(name, titan + seed + extra, None if cuda else hidden)],
                                  diff + (exact if name == "titan-eager" else []) + ["titan-cpu", name])
         finally:
-            summary = {"cuda": cuda, "steps": args.steps, "checks": checks.results}
-            try:
-                import torch
-                summary["torch"] = torch.__version__
-                summary["device"] = torch.cuda.get_device_name(0) if cuda else "cpu"
-            except ImportError:
-                pass
-            with open(os.path.join(args.out, "summary.json"), "w") as f:
-                json.dump(summary, f, indent=1)
+            write_summary()
             shutil.rmtree(work, ignore_errors=True)
     failed = [c["check"] for c in checks.results if c.get("result")]
     print(f"{'ERROR' if failed else 'DONE'} device check: {len(checks.results)} check(s), "

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
@@ -149,3 +150,31 @@ def test_prepare_stops_at_a_failed_download(tmp_path, monkeypatch, capsys):
                         lambda cmd, **kw: calls.append(cmd) or subprocess.CompletedProcess(cmd, 1))
     assert device_check.prepare(str(tmp_path / "wheels")) == 1
     assert len(calls) == 1 and capsys.readouterr().err == "Error: pip download failed (above)\n"
+
+
+def test_a_command_past_the_timeout_is_ended_with_its_process_group(tmp_path):
+    """torchrun's ranks are the command's children: they end with it, and the check says so."""
+    code = ("import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            "print(child.pid, flush=True); time.sleep(60)")
+    with open(tmp_path / "checks.log", "w") as log:
+        checks = device_check.Checks(str(tmp_path), log, timeout=2)
+        checks.check("slow", [("ref", python(code), None)], python("print('PASS')"))
+    (result,) = checks.results
+    assert result["result"] == "not run to the end: ref exited 124: timed out after 2 s (--timeout)"
+    child = int((tmp_path / "checks.log").read_text().splitlines()[1])
+    try:
+        os.kill(child, 0)
+    except ProcessLookupError:
+        pass
+    else:  # a zombie is ended too: only its parent (gone) would have reaped it
+        assert open(f"/proc/{child}/stat").read().rsplit(")", 1)[1].split()[0] == "Z", "the command's child outlived it"
+
+
+def test_each_check_is_reported_as_it_ends(tmp_path):
+    """The summary is rewritten after each check, so a run cut short keeps the checks it finished."""
+    seen = []
+    with open(tmp_path / "checks.log", "w") as log:
+        checks = device_check.Checks(str(tmp_path), log, on_result=lambda: seen.append([r["check"] for r in checks.results]))
+        for name in ("first", "second"):
+            checks.check(name, [], python("print('PASS comparison ranks=1 steps=1')"))
+    assert seen == [["first"], ["first", "second"]]
