@@ -157,10 +157,11 @@ def test_a_command_past_the_timeout_is_ended_with_its_process_group(tmp_path):
     code = ("import subprocess, sys, time; child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
             "print(child.pid, flush=True); time.sleep(60)")
     with open(tmp_path / "checks.log", "w") as log:
-        checks = device_check.Checks(str(tmp_path), log, timeout=2)
+        # 5 s: time for the command to start its child and say its pid on a loaded machine
+        checks = device_check.Checks(str(tmp_path), log, timeout=5)
         checks.check("slow", [("ref", python(code), None)], python("print('PASS')"))
     (result,) = checks.results
-    assert result["result"] == "not run to the end: ref exited 124: timed out after 2 s (--timeout)"
+    assert result["result"] == "not run to the end: ref exited 124: timed out after 5 s (--timeout)"
     child = int((tmp_path / "checks.log").read_text().splitlines()[1])
     assert ended(child), "the command's child outlived it"
 
