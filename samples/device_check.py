@@ -18,7 +18,7 @@ with `tracekit record`, then runs `tracekit diff REF CAND`:
   plain-fp32      samples/plain (ddp), float32, CPU against CUDA
   plain-bf16      the same, the candidate's forward under autocast bf16
   titan-eager     TorchTitan's llama3 debug model, both from one seed checkpoint written on the CPU
-                  (a seed alone draws different weights on a CPU and a GPU), CPU against CUDA eager
+                  (a seed alone need not draw the same weights on a CPU and a GPU), CPU against CUDA eager
   titan-compiled  the same, the candidate compiled (--compile.enable: inductor)
 
 A check whose command fails (TorchTitan 0.3.0 needs torch >= 2.12, for one) is reported with
@@ -215,7 +215,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--steps must be at least 1")
     if args.timeout <= 0:
         parser.error("--timeout must be more than 0 seconds")
-    os.makedirs(args.out, exist_ok=True)
+    try:  # an --out that cannot be written: one line now, not a traceback after the first check
+        os.makedirs(args.out, exist_ok=True)
+        log = open(os.path.join(args.out, "checks.log"), "w")
+    except OSError as e:
+        parser.error(f"cannot write into --out {args.out}: {e.strerror or e}")
     wanted = set(args.only or ("plain-fp32", "plain-bf16", "titan-eager", "titan-compiled"))
     cuda = cuda_here()
     work = tempfile.mkdtemp(prefix="tracekit-device-check-")
@@ -244,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(os.path.join(args.out, "summary.json"), "w") as f:
             json.dump({**summary, "checks": checks.results}, f, indent=1)
 
-    with open(os.path.join(args.out, "checks.log"), "w") as log:
+    with log:
         checks = Checks(work, log, args.timeout, write_summary)
         try:
             def record(store: str, command: list[str], env: dict | None = None) -> tuple:

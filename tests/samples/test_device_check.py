@@ -107,6 +107,15 @@ def installed(name: str) -> str:
     return f"{name}=={name.upper()}.0"  # a version no release has: the pin comes from here
 
 
+def test_an_out_folder_that_cannot_be_written_is_one_line_and_exit_2(tmp_path, capsys):
+    (tmp_path / "file").write_text("")
+    with pytest.raises(SystemExit) as e:
+        device_check.main(["--out", str(tmp_path / "file" / "out")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: cannot write into --out {tmp_path / 'file' / 'out'}: " in err and "Traceback" not in err
+
+
 def test_prepare_fetches_each_wheel_at_the_version_installed_here_for_the_gpu_machines_python(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(device_check.subprocess, "run",
